@@ -1,0 +1,172 @@
+"""Every failure the journal raises, under one root.
+
+    JournalError
+    ├── InvalidRunId          a run id that would build an unsafe or ambiguous key
+    ├── LeaseBusy             another live holder has the run; carries the time it has left
+    ├── LeaseLost             our lease expired or was taken over; nothing more may be written
+    │   └── Fenced            a write was refused because a newer holder owns the run
+    ├── ReplayMismatch        the code asks for a step the journal lacks while recorded ones wait
+    ├── CorruptJournal        a stored record is not what this library writes
+    ├── UnserializableResult  a step returned something JSON cannot hold
+    ├── RunParked             a run kept dying at start and was set aside
+    ├── StoreUnavailable      Redis could not be reached
+    ├── EmbeddedServerError   the embedded Valkey server could not be started or reached
+    └── UnknownScriptStatus   a Lua script returned a code this version does not know (a bug)
+
+Control flow that is not a failure (a run suspending until a time or a signal) derives
+from ``Suspend`` in ``journal.waits``, not from ``JournalError``, so ``except JournalError``
+never swallows a suspension.
+
+Every exception keeps its constructor arguments in ``args`` so it survives pickling across
+Celery's result backend and process pools.
+"""
+
+from __future__ import annotations
+
+
+class JournalError(Exception):
+    """Root of every error raised by the journal."""
+
+
+class InvalidRunId(JournalError):
+    """A run id is refused before any Redis key is built from it."""
+
+    def __init__(self, run_id: str, problem: str) -> None:
+        super().__init__(run_id, problem)
+        self.run_id = run_id
+        self.problem = problem
+
+    def __str__(self) -> str:
+        return (
+            f"invalid run id {self.run_id!r}: {self.problem}; "
+            "use 1-128 characters of letters, digits, '.', '_' or '-' (for example 2026-w42)"
+        )
+
+
+class LeaseBusy(JournalError):
+    """Another live worker holds the run's lease."""
+
+    def __init__(self, run: str, remaining_ms: int, holder: str | None = None) -> None:
+        super().__init__(run, remaining_ms, holder)
+        self.run = run
+        self.remaining_ms = remaining_ms
+        self.holder = holder
+
+    def __str__(self) -> str:
+        return (
+            f"run {self.run} is leased by another live worker (fence {self.holder or '?'}) "
+            f"for {self.remaining_ms / 1000:.1f}s more; it will resume it, or retry after that"
+        )
+
+
+class LeaseLost(JournalError):
+    """Our lease expired or was taken over; the run must stop without writing."""
+
+    def __init__(self, run: str, detail: str) -> None:
+        super().__init__(run, detail)
+        self.run = run
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"run {self.run}: lease lost ({self.detail}); this worker stops and records nothing"
+
+
+class Fenced(LeaseLost):
+    """A newer holder owns the run: our write was refused by the fence check."""
+
+
+class ReplayMismatch(JournalError):
+    """The workflow's steps no longer line up with what the journal recorded."""
+
+    def __init__(self, run: str, recorded: str, requested: str, position: int) -> None:
+        super().__init__(run, recorded, requested, position)
+        self.run = run
+        self.recorded = recorded
+        self.requested = requested
+        self.position = position
+
+    def __str__(self) -> str:
+        return (
+            f"run {self.run}: replay mismatch at step {self.position}: the code asks for "
+            f"{self.requested!r} but the journal recorded {self.recorded!r} there; the code "
+            "changed under a running job: gate the change with run.version(...) or finish "
+            "old runs on the old code"
+        )
+
+
+class CorruptJournal(JournalError):
+    """A journal record cannot be decoded; never treated as a missing step."""
+
+    def __init__(self, run: str, field: str, detail: str) -> None:
+        super().__init__(run, field, detail)
+        self.run = run
+        self.field = field
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return (
+            f"run {self.run}: journal field {self.field!r} is corrupt ({self.detail}); "
+            "inspect it with HGET, then repair or delete that field deliberately"
+        )
+
+
+class UnserializableResult(JournalError):
+    """A step's result cannot be stored as JSON."""
+
+    def __init__(self, run: str, step: str, detail: str) -> None:
+        super().__init__(run, step, detail)
+        self.run = run
+        self.step = step
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return (
+            f"run {self.run}: step {self.step!r} returned a value JSON cannot hold ({self.detail}); "
+            "return plain dicts, lists, strings, numbers, booleans or None"
+        )
+
+
+class RunParked(JournalError):
+    """A run that kept dying before it could record progress was set aside."""
+
+    def __init__(self, run: str, starts: int) -> None:
+        super().__init__(run, starts)
+        self.run = run
+        self.starts = starts
+
+    def __str__(self) -> str:
+        return (
+            f"run {self.run} was parked after {self.starts} starts without progress; "
+            "fix the cause, then reset it deliberately (digest run RUN --retry)"
+        )
+
+
+class StoreUnavailable(JournalError):
+    """Redis could not be reached or answered with a connection error."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        super().__init__(url, detail)
+        self.url = url
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return (
+            f"cannot reach the journal store at {self.url} ({self.detail}); "
+            "check that Redis is running and REDIS_URL is right"
+        )
+
+
+class EmbeddedServerError(JournalError):
+    """The embedded Valkey server could not be started or reached."""
+
+
+class UnknownScriptStatus(JournalError):
+    """A Lua script answered with a status this code does not know: a bug, never ignored."""
+
+    def __init__(self, script: str, status: object) -> None:
+        super().__init__(script, status)
+        self.script = script
+        self.status = status
+
+    def __str__(self) -> str:
+        return f"script {self.script} returned unknown status {self.status!r}"
