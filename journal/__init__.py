@@ -1,0 +1,56 @@
+"""Durable keyed steps for Celery tasks, journaled in Redis under a fenced lease.
+
+The public face; everything not listed in ``__all__`` may change.
+"""
+
+from journal.clock import Clock, ManualClock, SystemClock
+from journal.errors import (
+    CorruptJournal,
+    EmbeddedServerError,
+    Fenced,
+    InvalidRunId,
+    JournalError,
+    LeaseBusy,
+    LeaseLost,
+    ReplayMismatch,
+    RunParked,
+    StoreUnavailable,
+    UnknownScriptStatus,
+    UnserializableResult,
+)
+from journal.keys import Keyspace, RunKeys, validate_run_id
+from journal.retry import RetryPolicy
+from journal.steps import Record, Run, StepEvent
+from journal.store import Journal, Outcome, Settings
+from journal.waits import SignalResult, Suspend, Wait
+
+__all__ = [
+    "Clock",
+    "CorruptJournal",
+    "EmbeddedServerError",
+    "Fenced",
+    "InvalidRunId",
+    "Journal",
+    "JournalError",
+    "Keyspace",
+    "LeaseBusy",
+    "LeaseLost",
+    "ManualClock",
+    "Outcome",
+    "Record",
+    "ReplayMismatch",
+    "RetryPolicy",
+    "Run",
+    "RunKeys",
+    "RunParked",
+    "Settings",
+    "SignalResult",
+    "StepEvent",
+    "StoreUnavailable",
+    "Suspend",
+    "SystemClock",
+    "UnknownScriptStatus",
+    "UnserializableResult",
+    "Wait",
+    "validate_run_id",
+]

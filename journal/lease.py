@@ -1,0 +1,136 @@
+"""The run's lease: ``SET NX PX`` with an owner token, plus the fence redis-py's lock lacks.
+
+Acquisition increments a per-run fence counter and stores ``<fence>:<token>`` as the lease
+value in one script, so every later write can prove, inside the same script as the write,
+that it still comes from the current holder. A worker that was paused past its lease (GC,
+SIGSTOP, a slow network) and wakes up after another took over is refused at its next write.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from journal.errors import LeaseBusy, LeaseLost
+from journal.keys import RunKeys
+from journal.scripts import Scripts, status_of
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What a successful acquisition hands the holder."""
+
+    holder: str
+    fence: int
+    starts_without_progress: int
+
+
+@dataclass
+class Lease:
+    """One holder's claim on one run."""
+
+    keys: RunKeys
+    scripts: Scripts
+    ttl_ms: int
+    token: str = field(default_factory=lambda: secrets.token_hex(8))
+
+    def acquire(self, now_ms: int) -> Grant:
+        """Take the lease, or learn how long the current holder still has.
+
+        Raises:
+            LeaseBusy: another holder's lease is live; carries its remaining milliseconds.
+        """
+        reply = self.scripts.acquire(
+            keys=[self.keys.lease, self.keys.fence, self.keys.meta],
+            args=[self.token, self.ttl_ms, now_ms],
+        )
+        if status_of("acquire", reply, (0, 1)) == 0:
+            holder = reply[2].decode() if isinstance(reply[2], bytes) else str(reply[2])
+            raise LeaseBusy(self.keys.run, max(int(reply[1]), 0), holder.split(":", 1)[0])
+        fence = int(reply[1])
+        return Grant(f"{fence}:{self.token}", fence, int(reply[2]))
+
+    def renew(self, holder: str) -> bool:
+        """Extend the lease if we still hold it (compare-and-PEXPIRE)."""
+        reply = self.scripts.renew(keys=[self.keys.lease], args=[holder, self.ttl_ms])
+        return status_of("renew", reply, (0, 1)) == 1
+
+    def release(self, holder: str) -> bool:
+        """Give the lease back if we still hold it (compare-and-DEL)."""
+        reply = self.scripts.release(keys=[self.keys.lease], args=[holder])
+        return status_of("release", reply, (0, 1)) == 1
+
+
+class Heartbeat:
+    """Renews a lease every ttl/3 from a daemon thread, and guards each step boundary.
+
+    A failed renewal only sets ``lost``; the run notices at its next step boundary, and the
+    fenced record refuses anything it tries to write in between. ``ensure`` closes the gap a
+    paused process (SIGSTOP, a long GC, a frozen VM) would otherwise leave: when the last
+    confirmation is older than half the TTL, it renews synchronously before a step may start,
+    so a worker that slept through its lease learns it before running a side effect.
+    """
+
+    def __init__(
+        self, lease: Lease, holder: str, on_renew: Callable[[], None] | None = None
+    ) -> None:
+        self._lease = lease
+        self._holder = holder
+        self._stop = threading.Event()
+        self._confirmed_at = time.monotonic()
+        self._on_renew = on_renew
+        self.lost = threading.Event()
+        self.renewals = 0
+        self._thread = threading.Thread(
+            target=self._beat, name=f"lease-heartbeat-{lease.keys.run}", daemon=True
+        )
+
+    def start(self) -> Heartbeat:
+        """Start renewing in the background."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop renewing; the caller releases or lets the lease expire."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def ensure(self) -> None:
+        """Raise unless the lease is known to be held now.
+
+        Raises:
+            LeaseLost: renewal failed, or a synchronous check found the lease gone.
+        """
+        if not self.lost.is_set():
+            stale = time.monotonic() - self._confirmed_at > self._lease.ttl_ms / 2000
+            if not stale or self._renew():
+                return
+        raise LeaseLost(self._lease.keys.run, "the lease expired or was taken over")
+
+    def _renew(self) -> bool:
+        if not self._lease.renew(self._holder):
+            self.lost.set()
+            return False
+        self._confirmed_at = time.monotonic()
+        self.renewals += 1
+        if self._on_renew is not None:
+            self._on_renew()
+        return True
+
+    def _beat(self) -> None:
+        interval = self._lease.ttl_ms / 3000
+        while not self._stop.wait(interval) and not self.lost.is_set():
+            try:
+                if not self._renew():
+                    log.error(
+                        "lease on %s lost; the run stops at its next step", self._lease.keys.run
+                    )
+            except Exception:  # a blip must not kill the thread; the next beat retries
+                log.warning("lease renewal for %s failed; retrying", self._lease.keys.run)

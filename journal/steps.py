@@ -1,0 +1,474 @@
+"""A run in progress: keyed steps replayed from the journal or executed and recorded.
+
+Every value the control flow depends on comes from a step, so a resumed run takes the same
+path as the first attempt and finds each step's recorded result where it left it. Steps are
+identified by stable keys chosen by the workflow, never by position: that is what makes
+parallel steps safe, and what lets drift be detected by name.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid as uuid_module
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import redis
+
+from journal import codec
+from journal.clock import Clock, millis
+from journal.errors import CorruptJournal, Fenced, LeaseLost, ReplayMismatch, UnserializableResult
+from journal.keys import RunKeys
+from journal.lease import Heartbeat
+from journal.retry import RetryPolicy
+from journal.scripts import Scripts, status_of
+from journal.waits import SignalResult, Suspend, Wait
+
+T = TypeVar("T")
+X = TypeVar("X")
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """Reported for every step the run passes: ran now, or replayed from the journal."""
+
+    key: str
+    replayed: bool
+    kind: str = "step"
+    attempt: int = 1
+
+
+@dataclass(frozen=True)
+class Record:
+    """One completed step, as stored in the steps hash."""
+
+    key: str
+    result: Any
+    seq: int
+    attempt: int
+    fence: int
+    started_at: int
+    finished_at: int
+    kind: str = "step"
+    group: str | None = None
+
+    def encode(self) -> bytes:
+        """The stored JSON; the key is the hash field, so it is not repeated inside."""
+        data: dict[str, Any] = {
+            "result": self.result,
+            "seq": self.seq,
+            "attempt": self.attempt,
+            "fence": self.fence,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "kind": self.kind,
+        }
+        if self.group is not None:
+            data["group"] = self.group
+        return codec.dumps(data)
+
+    @classmethod
+    def decode(cls, run: str, key: str, raw: bytes) -> Record:
+        """Read one stored record, refusing anything this library did not write.
+
+        Raises:
+            CorruptJournal: a record that is not JSON or lacks its fields. Never treated as a
+                missing step: silently running it again could repeat a paid call.
+        """
+        try:
+            data = codec.loads(raw)
+            return cls(
+                key=key,
+                result=data["result"],
+                seq=int(data["seq"]),
+                attempt=int(data["attempt"]),
+                fence=int(data["fence"]),
+                started_at=int(data["started_at"]),
+                finished_at=int(data["finished_at"]),
+                kind=str(data.get("kind", "step")),
+                group=data.get("group"),
+            )
+        except codec.DecodeError as exc:
+            raise CorruptJournal(run, key, f"not valid JSON: {exc}") from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptJournal(run, key, f"not a step record: {exc!r}") from None
+
+
+def decode_journal(run: str, raw: dict[bytes, bytes]) -> dict[str, Record]:
+    """Decode a whole HGETALL reply."""
+    records: dict[str, Record] = {}
+    for field, value in raw.items():
+        key = field.decode("utf-8", errors="replace")
+        records[key] = Record.decode(run, key, value)
+    return records
+
+
+class _NotStarted(Exception):
+    """A map item skipped because another item had already failed."""
+
+
+class Run:
+    """The handle a workflow receives: ``step``, ``map``, deterministic helpers and waits.
+
+    A ``Run`` belongs to one lease holder. Every write goes through the fenced record script,
+    so once the lease is lost nothing more reaches the journal.
+    """
+
+    def __init__(
+        self,
+        *,
+        client: redis.Redis,
+        scripts: Scripts,
+        keys: RunKeys,
+        holder: str,
+        fence: int,
+        clock: Clock,
+        records: dict[str, Record],
+        guard: Heartbeat,
+        retry_state: Wait | None = None,
+        on_step: Callable[[StepEvent], None] | None = None,
+        fsync_records: bool = False,
+    ) -> None:
+        self.keys = keys
+        self.holder = holder
+        self.fence = fence
+        self.clock = clock
+        self._client = client
+        self._scripts = scripts
+        self._records = records
+        self._unconsumed: dict[str, Record] = dict(records)
+        self._open_groups: set[str] = set()
+        self._next_seq = max((r.seq for r in records.values()), default=0) + 1
+        self._guard = guard
+        self._retry_state = retry_state
+        self._on_step = on_step
+        self._fsync_records = fsync_records
+        self._lock = threading.Lock()
+        self.ran = 0
+        self.replayed = 0
+
+    @property
+    def run_id(self) -> str:
+        """The run id the workflow was started with (``2026-w42``)."""
+        return self.keys.run_id
+
+    @property
+    def workflow(self) -> str:
+        """The workflow name (``digest``)."""
+        return self.keys.workflow
+
+    def idempotency_key(self, step: str | None = None) -> str:
+        """A key for a side effect, stable across every attempt and delivery of this run.
+
+        Derived from the run (and the step), never random or time-based: a retry must present
+        the same key for the receiver to recognise the repeat.
+        """
+        base = f"{self.keys.workflow}-{self.keys.run_id}"
+        return base if step is None else f"{base}-{step}"
+
+    def has(self, key: str) -> bool:
+        """Whether the journal holds ``key`` (recorded in an earlier attempt or this one)."""
+        with self._lock:
+            return key in self._records
+
+    def step(self, key: str, fn: Callable[[], T], *, retry: RetryPolicy | None = None) -> T:
+        """Run ``fn`` once for this run: replay its recorded result, or call and record it.
+
+        Raises:
+            ReplayMismatch: ``key`` is new while earlier-recorded steps have not been replayed.
+            LeaseLost: the lease was lost before the step could start or record.
+            UnserializableResult: ``fn`` returned something JSON cannot hold.
+        """
+        recorded = self._take(key)
+        if recorded is not None:
+            return self._replay(recorded)  # type: ignore[no-any-return]
+        return self._execute(key, fn, retry, kind="step", group=None)
+
+    def map(
+        self,
+        prefix: str,
+        items: Sequence[X],
+        fn: Callable[[X], T],
+        *,
+        key: Callable[[X], str],
+        concurrency: int = 3,
+        retry: RetryPolicy | None = None,
+    ) -> list[T]:
+        """One step per item, ``concurrency`` at a time, each recorded as it completes.
+
+        The group counts as one position for drift detection: its steps may complete and be
+        recorded in any order. When one item fails, items already running finish and are
+        recorded (their cost is not thrown away), items not started are cancelled, and the
+        first error is raised.
+        """
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        keys = [f"{prefix}:{key(item)}" for item in items]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"map {prefix!r}: item keys are not unique")
+        results: list[Any] = [None] * len(items)
+        todo: list[int] = []
+        with self._lock:
+            recorded = [self._records.get(k) for k in keys]
+            if keys and not any(recorded):
+                self._check_drift(keys[0])
+            for index, record in enumerate(recorded):
+                if record is None:
+                    todo.append(index)
+                else:
+                    self._unconsumed.pop(record.key, None)
+            self._open_groups.add(prefix)
+        try:
+            for index, record in enumerate(recorded):
+                if record is not None:
+                    results[index] = self._replay(record)
+            if todo:
+                self._map_pending(prefix, items, keys, fn, retry, concurrency, todo, results)
+        finally:
+            with self._lock:
+                self._open_groups.discard(prefix)
+        return results
+
+    def _map_pending(
+        self,
+        prefix: str,
+        items: Sequence[X],
+        keys: list[str],
+        fn: Callable[[X], T],
+        retry: RetryPolicy | None,
+        concurrency: int,
+        todo: list[int],
+        results: list[Any],
+    ) -> None:
+        stop = threading.Event()
+
+        def one(index: int) -> T:
+            if stop.is_set():
+                raise _NotStarted()
+            try:
+                return self._execute(keys[index], lambda: fn(items[index]), retry, "step", prefix)
+            except BaseException:
+                stop.set()  # items not yet started stay unstarted
+                raise
+
+        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=prefix) as pool:
+            futures: dict[Future[T], int] = {pool.submit(one, i): i for i in todo}
+            wait(futures)
+        first_error: BaseException | None = None
+        for future, index in futures.items():
+            error = future.exception()
+            if error is None:
+                results[index] = future.result()
+            elif isinstance(error, _NotStarted):
+                continue
+            elif first_error is None or isinstance(first_error, Suspend):
+                first_error = error
+        if first_error is not None:
+            raise first_error
+
+    def now(self, key: str) -> float:
+        """The wall time, recorded once: a replay sees the time of the first attempt."""
+        recorded = self._take(f"now:{key}")
+        if recorded is not None:
+            return float(self._replay(recorded))
+        return self._execute(f"now:{key}", self.clock.now, None, kind="now", group=None)
+
+    def uuid(self, key: str) -> str:
+        """A random id, recorded once, for values that must not change on replay."""
+        recorded = self._take(f"uuid:{key}")
+        if recorded is not None:
+            return str(self._replay(recorded))
+        return self._execute(
+            f"uuid:{key}", lambda: str(uuid_module.uuid4()), None, kind="uuid", group=None
+        )
+
+    def version(self, key: str, current: int) -> int:
+        """The code version this run started under, for branching safely after a deploy.
+
+        A run that first passes this gate records ``current``. A run replaying history
+        recorded before the gate existed gets 0 and records nothing, so it keeps the old path
+        to its end; new steps go behind ``if run.version(key, N) >= N``.
+        """
+        recorded = self._take(f"version:{key}", drift_check=False)
+        if recorded is not None:
+            return int(self._replay(recorded))
+        with self._lock:
+            older_history = bool(self._unconsumed_outside_groups())
+        if older_history:
+            return 0
+        return self._execute(f"version:{key}", lambda: current, None, kind="version", group=None)
+
+    def sleep(self, key: str, seconds: float) -> None:
+        """Wait durably: the wake time is recorded once, and the run suspends until then.
+
+        A replay never extends the sleep; a run woken early suspends again until the
+        recorded time.
+        """
+        step = f"sleep:{key}"
+        recorded = self._take(step)
+        if recorded is not None:
+            wake_at = float(self._replay(recorded))
+        else:
+            wake_at = self._execute(
+                step, lambda: self.clock.now() + seconds, None, kind="sleep", group=None
+            )
+        if self.clock.now() < wake_at:
+            raise Suspend(Wait(kind="sleep", step=step, until=wake_at))
+
+    def wait_for_signal(self, name: str, timeout: float | None) -> SignalResult:
+        """The first payload sent as ``name`` to this run, or a timed-out result.
+
+        The deadline is recorded on first execution; the outcome is recorded when it is known,
+        so a later signal of the same name never changes a wait that already returned.
+        """
+        deadline_step = f"wait:{name}"
+        outcome_step = f"signal:{name}"
+        recorded = self._take(deadline_step)
+        if recorded is not None:
+            deadline = self._replay(recorded)
+        else:
+            deadline = self._execute(
+                deadline_step,
+                lambda: None if timeout is None else self.clock.now() + timeout,
+                None,
+                kind="wait",
+                group=None,
+            )
+        recorded = self._take(outcome_step)
+        if recorded is not None:
+            outcome = self._replay(recorded)
+            return SignalResult(bool(outcome["received"]), outcome.get("payload"))
+        raw = self._client.hget(self.keys.signals, name)
+        if raw is not None:
+            outcome = {"received": True, "payload": codec.loads(raw)}
+        elif deadline is not None and self.clock.now() >= float(deadline):
+            outcome = {"received": False, "payload": None}
+        else:
+            until = None if deadline is None else float(deadline)
+            raise Suspend(Wait(kind="signal", step=outcome_step, until=until, signal=name))
+        stored = self._execute(outcome_step, lambda: outcome, None, kind="signal", group=None)
+        return SignalResult(bool(stored["received"]), stored.get("payload"))
+
+    def check_lease(self) -> None:
+        """The step boundary check: raise unless the lease is known to be held."""
+        self._guard.ensure()
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _take(self, key: str, *, drift_check: bool = True) -> Record | None:
+        with self._lock:
+            record = self._records.get(key)
+            if record is not None:
+                self._unconsumed.pop(key, None)
+                return record
+            if drift_check:
+                self._check_drift(key)
+            return None
+
+    def _unconsumed_outside_groups(self) -> list[Record]:
+        return [r for r in self._unconsumed.values() if r.group not in self._open_groups]
+
+    def _check_drift(self, requested: str) -> None:
+        if not self._unconsumed:
+            return
+        pending = self._unconsumed_outside_groups()
+        if pending:
+            first = min(pending, key=lambda r: r.seq)
+            raise ReplayMismatch(self.keys.run, first.key, requested, first.seq)
+
+    def _replay(self, record: Record) -> Any:
+        with self._lock:
+            self.replayed += 1
+        if self._on_step is not None:
+            self._on_step(StepEvent(record.key, True, record.kind, record.attempt))
+        return record.result
+
+    def _execute(
+        self,
+        key: str,
+        fn: Callable[[], T],
+        retry: RetryPolicy | None,
+        kind: str,
+        group: str | None,
+    ) -> T:
+        self.check_lease()
+        started = millis(self.clock.now())
+        attempt, result = self._attempt(key, fn, retry)
+        return self._record(key, result, attempt, started, kind, group)  # type: ignore[no-any-return]
+
+    def _attempt(self, key: str, fn: Callable[[], T], retry: RetryPolicy | None) -> tuple[int, T]:
+        attempt = 0
+        if self._retry_state is not None and self._retry_state.step == key:
+            attempt = self._retry_state.attempt
+        while True:
+            attempt += 1
+            try:
+                return attempt, fn()
+            except Exception as error:
+                if retry is None or not retry.retryable(error) or attempt >= retry.max_attempts:
+                    raise
+                delay = retry.delay(attempt, error)
+                if delay > retry.suspend_over:
+                    until = self.clock.now() + delay
+                    wait = Wait("retry", key, until=until, attempt=attempt, reason=str(error))
+                    raise Suspend(wait) from error
+                self.clock.sleep(delay)
+                self.check_lease()
+
+    def _record(
+        self, key: str, result: Any, attempt: int, started: int, kind: str, group: str | None
+    ) -> Any:
+        with self._lock:
+            seq = self._next_seq
+            self._next_seq += 1
+        record = Record(
+            key=key,
+            result=result,
+            seq=seq,
+            attempt=attempt,
+            fence=self.fence,
+            started_at=started,
+            finished_at=millis(self.clock.now()),
+            kind=kind,
+            group=group,
+        )
+        try:
+            encoded = record.encode()
+        except codec.EncodeError as exc:
+            raise UnserializableResult(self.keys.run, key, str(exc)) from None
+        reply = self._write(key, encoded, record.finished_at)
+        status = status_of("record", reply, (1, 2, -1, -2))
+        if status == -1:
+            raise LeaseLost(self.keys.run, f"the lease expired before {key!r} could be recorded")
+        if status == -2:
+            raise Fenced(
+                self.keys.run, f"{key!r} refused: the run is now held by fence {reply[1]!r}"
+            )
+        if status == 2:
+            record = Record.decode(self.keys.run, key, reply[1])
+        else:
+            record = Record.decode(self.keys.run, key, encoded)
+        with self._lock:
+            self._records[key] = record
+            self.ran += 1
+        if self._on_step is not None:
+            self._on_step(StepEvent(key, status == 2, kind, record.attempt))
+        return record.result
+
+    def _write(self, key: str, encoded: bytes, now_ms: int) -> Any:
+        keys = [self.keys.lease, self.keys.steps, self.keys.meta]
+        args: list[bytes | str | int] = [self.holder, key, encoded, now_ms]
+        if not self._fsync_records:
+            return self._scripts.record(keys=keys, args=args)
+        # Same round trip: the script, then WAITAOF for the local fsync of what it wrote.
+        pipe = self._client.pipeline(transaction=False)
+        self._scripts.record(keys=keys, args=args, client=pipe)
+        pipe.execute_command("WAITAOF", 1, 0, 1000)  # type: ignore[no-untyped-call]
+        return pipe.execute()[0]
+
+
+def ordered(records: Iterable[Record]) -> list[Record]:
+    """Records in the order they were written."""
+    return sorted(records, key=lambda r: r.seq)

@@ -1,0 +1,407 @@
+"""The journal store: opens runs under a lease, runs workflows, and keeps the indexes.
+
+``Journal.execute`` is the one way a workflow body runs, whether a Celery worker or a command
+line calls it, so both take the same lease, replay the same journal and leave the same meta.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import redis
+
+from journal import codec
+from journal.clock import Clock, SystemClock, millis
+from journal.errors import (
+    CorruptJournal,
+    LeaseLost,
+    RunParked,
+    StoreUnavailable,
+)
+from journal.keys import Keyspace, RunKeys
+from journal.lease import Heartbeat, Lease
+from journal.scripts import Scripts, status_of
+from journal.steps import Run, StepEvent, decode_journal
+from journal.waits import Suspend, Wait
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+DELETE = "\0"
+TERMINAL = ("done", "cancelled")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How runs are held and recovered.
+
+    Attributes:
+        lease_ttl: seconds a lease lives without renewal; a crashed holder's run is taken
+            over this long after it died.
+        recovery_grace: seconds after a lease's expiry before the due sweep re-enqueues the run.
+        rearm_after: seconds before the sweep looks again at a run it enqueued, in case that
+            message was lost.
+        max_stalled_starts: starts that died without recording anything before a run is parked.
+        fsync_records: wait for the local AOF fsync of every record (WAITAOF; Redis 7.2+, Valkey).
+    """
+
+    lease_ttl: float = 30.0
+    recovery_grace: float = 5.0
+    rearm_after: float = 300.0
+    max_stalled_starts: int = 5
+    fsync_records: bool = False
+
+    def __post_init__(self) -> None:
+        if self.lease_ttl < 0.3:
+            raise ValueError(f"lease_ttl={self.lease_ttl}: must be at least 0.3 s")
+        if self.max_stalled_starts < 1:
+            raise ValueError("max_stalled_starts must be at least 1")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one execution ended (failures raise instead).
+
+    Attributes:
+        status: ``done`` (the body returned now), ``already-done`` (it had returned before and
+            did not run), or ``waiting`` (the run suspended).
+        result: the body's return value (for ``already-done``, the one it returned then).
+        wait: what a waiting run waits for.
+        ran: steps executed in this attempt; replayed: steps replayed from the journal.
+    """
+
+    run: str
+    status: str
+    result: Any = None
+    wait: Wait | None = None
+    ran: int = 0
+    replayed: int = 0
+
+
+@dataclass
+class Journal:
+    """A handle on the journal in one Redis database; cheap to share across threads."""
+
+    client: redis.Redis
+    keyspace: Keyspace = field(default_factory=Keyspace)
+    settings: Settings = field(default_factory=Settings)
+    clock: Clock = field(default_factory=SystemClock)
+    url: str = "redis"
+
+    def __post_init__(self) -> None:
+        self.scripts = Scripts.register(self.client)
+
+    def keys(self, workflow: str, run_id: str) -> RunKeys:
+        """The validated keys of one run."""
+        return self.keyspace.run(workflow, run_id)
+
+    def meta(self, keys: RunKeys) -> dict[str, str]:
+        """The run's meta hash, decoded."""
+        raw = self._call(self.client.hgetall, keys.meta)
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    def execute(
+        self,
+        workflow: str,
+        run_id: str,
+        body: Callable[[Run], R],
+        *,
+        args: dict[str, Any] | None = None,
+        on_step: Callable[[StepEvent], None] | None = None,
+    ) -> Outcome:
+        """Run ``body`` for one run under its lease, replaying what the journal holds.
+
+        ``args`` are stored in the run's meta so that whoever re-enqueues the run later (the
+        due sweep) can deliver it with the same arguments.
+
+        Raises:
+            LeaseBusy: another live holder has the run.
+            RunParked: the run kept dying at start and was set aside.
+            LeaseLost: the lease was lost mid-run; nothing more was written.
+            StoreUnavailable: Redis could not be reached.
+            Exception: whatever ``body`` raised, after the run was marked failed.
+        """
+        keys = self.keys(workflow, run_id)
+        meta = self.meta(keys)
+        if meta.get("status") in TERMINAL:
+            return Outcome(keys.run, "already-done", self._decode_meta(keys, meta, "outcome"))
+        if meta.get("parked"):
+            raise RunParked(keys.run, int(meta.get("starts_without_progress", "0")))
+        lease = Lease(keys, self.scripts, millis(self.settings.lease_ttl))
+        grant = self._call(lease.acquire, millis(self.clock.now()))
+        try:
+            if grant.starts_without_progress > self.settings.max_stalled_starts:
+                self._park(keys, grant.holder, grant.starts_without_progress - 1)
+            self._announce(keys, grant.holder, args)
+            run, heartbeat = self._open(keys, grant.holder, grant.fence, on_step, lease)
+        except BaseException:
+            self._call(lease.release, grant.holder)
+            raise
+        return self._drive(keys, grant.holder, run, heartbeat, body)
+
+    def _open(
+        self,
+        keys: RunKeys,
+        holder: str,
+        fence: int,
+        on_step: Callable[[StepEvent], None] | None,
+        lease: Lease,
+    ) -> tuple[Run, Heartbeat]:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(keys.steps)
+        pipe.hget(keys.meta, "wait")
+        raw_steps, raw_wait = self._call(pipe.execute)
+        records = decode_journal(keys.run, raw_steps)
+        wait = Wait.from_json(codec.loads(raw_wait)) if raw_wait else None
+        heartbeat = Heartbeat(lease, holder, on_renew=lambda: self._push_due(keys, xx=True))
+        run = Run(
+            client=self.client,
+            scripts=self.scripts,
+            keys=keys,
+            holder=holder,
+            fence=fence,
+            clock=self.clock,
+            records=records,
+            guard=heartbeat,
+            retry_state=wait if wait is not None and wait.kind == "retry" else None,
+            on_step=on_step,
+            fsync_records=self.settings.fsync_records,
+        )
+        heartbeat.start()
+        return run, heartbeat
+
+    def _drive(
+        self,
+        keys: RunKeys,
+        holder: str,
+        run: Run,
+        heartbeat: Heartbeat,
+        body: Callable[[Run], R],
+    ) -> Outcome:
+        try:
+            while True:
+                try:
+                    result = body(run)
+                except Suspend as suspend:
+                    if self._suspend(keys, holder, suspend.wait):
+                        return Outcome(
+                            keys.run, "waiting", None, suspend.wait, run.ran, run.replayed
+                        )
+                    continue  # the signal it waits for arrived meanwhile: replay and go on
+                break
+        except LeaseLost:
+            heartbeat.stop()
+            raise
+        except Exception as error:
+            heartbeat.stop()
+            self._fail(keys, holder, error)
+            raise
+        except BaseException:
+            heartbeat.stop()  # interpreter exit: behave like a crash, the lease expires
+            raise
+        heartbeat.stop()
+        self._finish(keys, holder, result)
+        return Outcome(keys.run, "done", result, None, run.ran, run.replayed)
+
+    # -- meta transitions, each a fenced write ---------------------------------------------
+
+    def _update_meta(
+        self, keys: RunKeys, holder: str, fields: dict[str, Any], unless_signal: str = ""
+    ) -> int:
+        flat: list[Any] = []
+        for name, value in fields.items():
+            flat += [name, value]
+        reply = self._call(
+            self.scripts.update_meta,
+            keys=[keys.lease, keys.meta, keys.signals],
+            args=[holder, unless_signal, *flat],
+        )
+        status = status_of("update_meta", reply, (1, 3, -1, -2))
+        if status < 0:
+            raise LeaseLost(keys.run, "the lease was lost before the run's status could be saved")
+        return status
+
+    def _announce(self, keys: RunKeys, holder: str, args: dict[str, Any] | None) -> None:
+        now = self.clock.now()
+        fields: dict[str, Any] = {
+            "status": "running",
+            "workflow": keys.workflow,
+            "run_id": keys.run_id,
+            "holder": holder,
+            "wait": DELETE,
+        }
+        if args is not None:
+            fields["args"] = codec.dumps(args)
+        self._update_meta(keys, holder, fields)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zadd(self.keyspace.runs, {keys.run: millis(now)})
+        pipe.zadd(self.keyspace.due, {keys.run: self._lease_deadline_ms()})
+        self._call(pipe.execute)
+
+    def _push_due(self, keys: RunKeys, *, xx: bool) -> None:
+        self.client.zadd(self.keyspace.due, {keys.run: self._lease_deadline_ms()}, xx=xx)
+
+    def _lease_deadline_ms(self) -> int:
+        return millis(self.clock.now() + self.settings.lease_ttl + self.settings.recovery_grace)
+
+    def _suspend(self, keys: RunKeys, holder: str, wait: Wait) -> bool:
+        fields = {
+            "status": "waiting",
+            "wait": codec.dumps(wait.to_json()),
+            "starts_without_progress": 0,
+            "updated_at": millis(self.clock.now()),
+        }
+        if self._update_meta(keys, holder, fields, unless_signal=wait.signal or "") == 3:
+            return False
+        pipe = self.client.pipeline(transaction=False)
+        if wait.until is None:
+            pipe.zrem(self.keyspace.due, keys.run)
+        else:
+            pipe.zadd(self.keyspace.due, {keys.run: millis(wait.until)})
+        pipe.zadd(self.keyspace.runs, {keys.run: millis(self.clock.now())})
+        self._call(pipe.execute)
+        self._release(keys, holder)
+        return True
+
+    def _finish(self, keys: RunKeys, holder: str, result: Any) -> None:
+        now = millis(self.clock.now())
+        fields = {
+            "status": "done",
+            "outcome": codec.dumps(result),
+            "finished_at": now,
+            "updated_at": now,
+            "starts_without_progress": 0,
+            "wait": DELETE,
+            "last_error": DELETE,
+        }
+        self._update_meta(keys, holder, fields)
+        self._settle(keys, holder, now)
+
+    def _fail(self, keys: RunKeys, holder: str, error: BaseException) -> None:
+        now = millis(self.clock.now())
+        fields = {
+            "status": "failed",
+            "last_error": f"{type(error).__name__}: {error}",
+            "updated_at": now,
+            "starts_without_progress": 0,
+            "wait": DELETE,
+        }
+        try:
+            self._update_meta(keys, holder, fields)
+            self._settle(keys, holder, now)
+        except (LeaseLost, StoreUnavailable):
+            log.warning("run %s failed (%s) and its status could not be saved", keys.run, error)
+
+    def _park(self, keys: RunKeys, holder: str, starts: int) -> None:
+        now = millis(self.clock.now())
+        fields = {
+            "status": "failed",
+            "parked": "1",
+            "last_error": str(RunParked(keys.run, starts)),
+            "updated_at": now,
+        }
+        self._update_meta(keys, holder, fields)
+        self._settle(keys, holder, now)
+        raise RunParked(keys.run, starts)
+
+    def _settle(self, keys: RunKeys, holder: str, now_ms: int) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrem(self.keyspace.due, keys.run)
+        pipe.zadd(self.keyspace.runs, {keys.run: now_ms})
+        self._call(pipe.execute)
+        self._release(keys, holder)
+
+    def _release(self, keys: RunKeys, holder: str) -> None:
+        lease = Lease(keys, self.scripts, millis(self.settings.lease_ttl))
+        self._call(lease.release, holder)
+
+    def _decode_meta(self, keys: RunKeys, meta: dict[str, str], name: str) -> Any:
+        raw = meta.get(name)
+        if raw is None:
+            return None
+        try:
+            return codec.loads(raw)
+        except codec.DecodeError as exc:
+            raise CorruptJournal(keys.run, f"meta.{name}", str(exc)) from None
+
+    # -- operations on runs from outside ---------------------------------------------------
+
+    def reset(self, workflow: str, run_id: str) -> bool:
+        """Un-park a run deliberately, so the next delivery starts it again.
+
+        Its recorded steps stay: the reset run resumes where it stopped.
+        """
+        keys = self.keys(workflow, run_id)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hdel(keys.meta, "parked", "last_error")
+        pipe.hset(keys.meta, mapping={"starts_without_progress": 0, "status": "failed"})
+        pipe.exists(keys.meta)
+        return bool(self._call(pipe.execute)[-1])
+
+    def delete(self, workflow: str, run_id: str) -> int:
+        """Remove every key of one run and its index entries (a dry run's scratch journal)."""
+        keys = self.keys(workflow, run_id)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.delete(*keys.all())
+        pipe.zrem(self.keyspace.runs, keys.run)
+        pipe.zrem(self.keyspace.due, keys.run)
+        return int(self._call(pipe.execute)[0])
+
+    def send_signal(self, workflow: str, run_id: str, name: str, payload: Any) -> bool:
+        """Deliver a signal: stored first-wins, then the run is woken if it waits for it.
+
+        Stored before the wait is checked, and the run checks for it in the same script that
+        records its wait, so a signal racing a run about to suspend is never lost.
+
+        Returns:
+            True if this payload was stored; False if a signal of that name was already there.
+        """
+        keys = self.keys(workflow, run_id)
+        stored = bool(self._call(self.client.hsetnx, keys.signals, name, codec.dumps(payload)))
+        meta = self.meta(keys)
+        wait = meta.get("wait")
+        if meta.get("status") == "waiting" and wait:
+            waiting_for = Wait.from_json(codec.loads(wait))
+            if waiting_for.signal == name:
+                self._call(
+                    self.client.zadd, self.keyspace.due, {keys.run: millis(self.clock.now())}
+                )
+        return stored
+
+    def claim_due(self, limit: int = 100) -> list[RunKeys]:
+        """Claim runs whose wake-up or lease-expiry time has passed (atomic across sweepers)."""
+        now = self.clock.now()
+        reply = self._call(
+            self.scripts.claim_due,
+            keys=[self.keyspace.due],
+            args=[millis(now), limit, millis(now + self.settings.rearm_after)],
+        )
+        claimed: list[RunKeys] = []
+        for raw in reply:
+            try:
+                claimed.append(self.keyspace.parse_run(raw.decode()))
+            except Exception:
+                log.error("due index holds an unreadable run %r; removing it", raw)
+                self.client.zrem(self.keyspace.due, raw)
+        return claimed
+
+    def run_args(self, keys: RunKeys) -> dict[str, Any]:
+        """The arguments a run was delivered with, for re-enqueueing it."""
+        args = self._decode_meta(keys, self.meta(keys), "args")
+        return args if isinstance(args, dict) else {}
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailable(self.url, str(exc) or type(exc).__name__) from exc
+
+
+def jitter(seconds: float, spread: float = 0.2) -> float:
+    """``seconds`` plus up to ``spread`` of itself, so retries of many runs do not align."""
+    return seconds + random.uniform(0, spread * max(seconds, 1.0))
