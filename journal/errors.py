@@ -121,8 +121,8 @@ class UnserializableResult(JournalError):
 
     def __str__(self) -> str:
         return (
-            f"run {self.run}: step {self.step!r} returned a value JSON cannot hold ({self.detail}); "
-            "return plain dicts, lists, strings, numbers, booleans or None"
+            f"run {self.run}: step {self.step!r} returned a value JSON cannot hold "
+            f"({self.detail}); return plain dicts, lists, strings, numbers, booleans or None"
         )
 
 
