@@ -1,0 +1,360 @@
+"""Sending the digest, once per idempotency key.
+
+The ``send`` step can run twice: a worker may die after the email left but before the step was
+recorded. Every mailer therefore takes an idempotency key derived from the run (never random)
+and behaves like a provider that honours one: the first send with a key delivers, and every
+later send with it returns a receipt with ``sent=False`` and delivers nothing.
+
+``FileOutbox`` writes each email to a directory (the default, and the tutorial's outbox);
+``SmtpMailer`` delivers through an SMTP server and keeps its receipts in Redis.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import smtplib
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.message import EmailMessage
+from email.utils import formatdate
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import unquote, urlsplit
+
+from redis import Redis
+
+from tasks.errors import BadInput, MailFailed
+
+log = logging.getLogger(__name__)
+
+MESSAGE_ID_DOMAIN = "durable-digest"
+SMTP_TIMEOUT_S = 30.0
+
+# A key that is already a safe file name and a valid Message-ID left part is used as is.
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+_UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9_-]+")
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class Email:
+    """One message to deliver."""
+
+    to: str
+    subject: str
+    body: str
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """What a send returns; ``sent`` is False when the key was delivered earlier."""
+
+    id: str
+    sent: bool
+
+    def to_json(self) -> dict[str, Any]:
+        """The form the ``send`` step records."""
+        return {"id": self.id, "sent": self.sent}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Receipt:
+        """Rebuild a receipt from a recorded step or a stored receipt."""
+        return cls(id=data["id"], sent=data["sent"])
+
+
+class Mailer(Protocol):
+    """Anything that delivers an email at most once per idempotency key."""
+
+    def send(self, key: str, email: Email) -> Receipt:
+        """Deliver ``email`` unless ``key`` was delivered before."""
+        ...
+
+
+class FileOutbox:
+    """A directory standing in for an email provider: one JSON file per idempotency key.
+
+    The file is written under a temporary name, flushed to disk, then hard-linked to its final
+    name. ``os.link`` fails if the name exists, so among concurrent senders of one key exactly
+    one wins, and a reader never sees a half-written file: a crash mid-write leaves only a
+    temporary file, which does not count as sent.
+    """
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+
+    def path_for(self, key: str) -> Path:
+        """The file that records ``key``'s email."""
+        return self.directory / f"{_safe_token(key)}.json"
+
+    def send(self, key: str, email: Email) -> Receipt:
+        """Write the email unless a file for ``key`` exists.
+
+        Raises:
+            MailFailed: The outbox cannot be written, or holds a damaged record for ``key``.
+        """
+        _check_key(key)
+        final = self.path_for(key)
+        record = {
+            "key": key,
+            "to": email.to,
+            "subject": email.subject,
+            "body": email.body,
+            "at": datetime.now(UTC).isoformat(),
+        }
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd, temp = tempfile.mkstemp(dir=self.directory, prefix=".", suffix=".tmp")
+        except OSError as exc:
+            raise self._unwritable(exc) from None
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(record, handle, indent=2, ensure_ascii=False)
+                handle.flush()
+                os.fsync(handle.fileno())
+            try:
+                os.link(temp, final)
+            except FileExistsError:
+                return self._earlier(key, final)
+            _fsync_directory(self.directory)
+        except OSError as exc:
+            raise self._unwritable(exc) from None
+        finally:
+            os.unlink(temp)
+        return Receipt(id=key, sent=True)
+
+    def _unwritable(self, exc: OSError) -> MailFailed:
+        return MailFailed(
+            f"outbox {self.directory}: cannot write ({exc.strerror}); "
+            "check that the directory is writable and has space"
+        )
+
+    def _earlier(self, key: str, final: Path) -> Receipt:
+        # The name appears only after the whole file was written, so a record that does not
+        # parse was changed by hand; sending again could be a duplicate, so stop instead.
+        try:
+            stored = json.loads(final.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise MailFailed(
+                f"{final}: not a readable outbox record ({exc}); "
+                "restore it, or delete it to send this email again"
+            ) from None
+        if not isinstance(stored, dict) or stored.get("key") != key:
+            raise MailFailed(
+                f"{final}: records another key than {key!r}; "
+                "restore it, or delete it to send this email again"
+            )
+        return Receipt(id=key, sent=False)
+
+
+class SmtpMailer:
+    """Delivery through an SMTP server, with receipts in Redis.
+
+    Before sending, the receipt for the key is read from Redis: if it is there the email went
+    out earlier and nothing is sent. Otherwise the email is sent and then its receipt is saved.
+
+    The honest window: if the process dies (or Redis fails, or the connection drops before the
+    server's answer arrives) after the server accepted the email but before the receipt was
+    saved, the next attempt sends it once more. Both copies
+    carry the same ``Message-ID`` and ``Idempotency-Key`` headers, derived from the key, so a
+    receiver or relay that deduplicates on them drops the repeat. Claiming the key before
+    sending would close the window the other way, by losing the email after such a crash;
+    a digest is better twice than never. Concurrent sends of one key are not guarded here:
+    the run's lease already allows only one worker at a time.
+
+    Credentials in the URL cross the network in clear with ``smtp://``; use ``smtps://``
+    (implicit TLS) whenever the server is not on the same host.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        redis: Redis,
+        receipt_key: Callable[[str], str],
+        sender: str,
+        timeout: float = SMTP_TIMEOUT_S,
+    ) -> None:
+        """Check the URL at once, so a typo fails at start rather than at the first send.
+
+        Args:
+            url: ``smtp://[user:pass@]host[:port]`` or ``smtps://...`` (implicit TLS).
+            redis: Where receipts are kept; they must outlive every retry of the run.
+            receipt_key: Builds the Redis key of a receipt from an idempotency key.
+            sender: The ``From`` address.
+            timeout: Seconds to wait for the server on each operation.
+
+        Raises:
+            BadInput: The URL is not a usable SMTP URL.
+        """
+        self._server = _SmtpServer.parse(url)
+        self._redis = redis
+        self._receipt_key = receipt_key
+        self._sender = sender
+        self._timeout = timeout
+
+    def send(self, key: str, email: Email) -> Receipt:
+        """Send ``email`` unless a receipt for ``key`` is stored.
+
+        Raises:
+            MailFailed: The server could not be reached or refused the email.
+        """
+        _check_key(key)
+        receipt_key = self._receipt_key(key)
+        stored = self._redis.get(receipt_key)
+        if stored is not None:
+            earlier = Receipt.from_json(json.loads(stored))
+            return Receipt(id=earlier.id, sent=False)
+        self._deliver(_message(key, email, self._sender))
+        receipt = Receipt(id=key, sent=True)
+        self._redis.set(receipt_key, json.dumps(receipt.to_json()))
+        return receipt
+
+    def _deliver(self, message: EmailMessage) -> None:
+        server = self._server
+        try:
+            client = server.connect(self._timeout)
+            try:
+                if server.user is not None:
+                    client.login(server.user, server.password or "")
+                refused = client.send_message(message)
+            finally:
+                # The email is accepted once DATA is answered; a failing QUIT must not make a
+                # delivered email look failed, or the retry would send it again.
+                with contextlib.suppress(smtplib.SMTPException, OSError):
+                    client.quit()
+                client.close()
+        except smtplib.SMTPException as exc:
+            raise MailFailed(_smtp_problem(server.where, exc)) from None
+        except OSError as exc:
+            raise MailFailed(
+                f"cannot reach SMTP server {server.where} ({exc.strerror or exc}); "
+                "check DIGEST_SMTP_URL and that the server is running"
+            ) from None
+        if refused:
+            log.warning(
+                "SMTP %s refused some recipients of %s: %s",
+                server.where,
+                message["Message-ID"],
+                ", ".join(sorted(refused)),
+            )
+
+
+@dataclass(frozen=True)
+class _SmtpServer:
+    host: str
+    port: int
+    tls: bool
+    user: str | None
+    password: str | None = field(repr=False)
+
+    @property
+    def where(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @classmethod
+    def parse(cls, url: str) -> _SmtpServer:
+        parts = urlsplit(url)
+        # Never echo a password into an error message or a log.
+        shown = url if parts.password is None else url.replace(f":{parts.password}@", ":***@")
+        example = "for example smtp://localhost:1025 or smtps://user:pass@smtp.example.com"
+        if parts.scheme not in ("smtp", "smtps"):
+            raise BadInput(f"DIGEST_SMTP_URL {shown!r}: scheme must be smtp or smtps; {example}")
+        if not parts.hostname:
+            raise BadInput(f"DIGEST_SMTP_URL {shown!r}: names no host; {example}")
+        try:
+            port = parts.port
+        except ValueError:
+            raise BadInput(
+                f"DIGEST_SMTP_URL {shown!r}: the port must be a number from 1 to 65535; {example}"
+            ) from None
+        tls = parts.scheme == "smtps"
+        return cls(
+            host=parts.hostname,
+            port=port or (465 if tls else 25),
+            tls=tls,
+            user=None if parts.username is None else unquote(parts.username),
+            password=None if parts.password is None else unquote(parts.password),
+        )
+
+    def connect(self, timeout: float) -> smtplib.SMTP:
+        if self.tls:
+            return smtplib.SMTP_SSL(self.host, self.port, timeout=timeout)
+        return smtplib.SMTP(self.host, self.port, timeout=timeout)
+
+
+def _message(key: str, email: Email, sender: str) -> EmailMessage:
+    message = EmailMessage()
+    message["From"] = sender
+    message["To"] = email.to
+    message["Subject"] = email.subject
+    message["Date"] = formatdate(usegmt=True)
+    message["Message-ID"] = f"<{_safe_token(key)}@{MESSAGE_ID_DOMAIN}>"
+    message["Idempotency-Key"] = key
+    message.set_content(email.body)
+    return message
+
+
+def _smtp_problem(where: str, exc: smtplib.SMTPException) -> str:
+    if isinstance(exc, smtplib.SMTPRecipientsRefused):
+        address, (code, text) = next(iter(exc.recipients.items()))
+        return (
+            f"SMTP {where} refused the recipient {address} ({code} {_one_line(text)}); "
+            "check DIGEST_TO"
+        )
+    if isinstance(exc, smtplib.SMTPAuthenticationError):
+        return (
+            f"SMTP {where} rejected the login ({exc.smtp_code} {_one_line(exc.smtp_error)}); "
+            "check the user and password in DIGEST_SMTP_URL"
+        )
+    if isinstance(exc, smtplib.SMTPSenderRefused):
+        return (
+            f"SMTP {where} refused the sender {exc.sender} "
+            f"({exc.smtp_code} {_one_line(exc.smtp_error)}); use a sender the server accepts"
+        )
+    if isinstance(exc, smtplib.SMTPResponseException):
+        return (
+            f"SMTP {where} answered {exc.smtp_code} {_one_line(exc.smtp_error)}; "
+            "check the server's log and relay rules, then retry the run"
+        )
+    if isinstance(exc, smtplib.SMTPServerDisconnected):
+        return (
+            f"SMTP {where} closed the connection ({_one_line(str(exc))}); "
+            "check that it speaks SMTP on that port (smtps:// for implicit TLS) and retry"
+        )
+    return f"SMTP {where} failed ({_one_line(str(exc))}); check DIGEST_SMTP_URL and retry"
+
+
+def _one_line(text: bytes | str) -> str:
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    return " ".join(text.split())
+
+
+def _check_key(key: str) -> None:
+    # The key travels in a mail header and names a file: it must be one printable line.
+    if not key or _CONTROL_CHARS.search(key):
+        raise ValueError(f"idempotency key must be a non-empty printable line, got {key!r}")
+
+
+def _safe_token(key: str) -> str:
+    """The key as a file name and Message-ID part; distinct keys stay distinct."""
+    if len(key) <= 128 and _PLAIN_KEY.fullmatch(key):
+        return key
+    readable = _UNSAFE_CHARS.sub("_", key)[:96]
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{readable}-{digest}"
+
+
+def _fsync_directory(directory: Path) -> None:
+    # The new name is durable only once the directory entry is on disk.
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
