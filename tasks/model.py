@@ -1,0 +1,267 @@
+"""The model side of the digest: one call per summary, one for the opening paragraph.
+
+The SDK's own retries are switched off (``max_retries=0``): the journal's step retry policy owns
+the attempts and the back-off, so every attempt is counted, bounded and visible in the journal,
+and a ``retry-after`` hint can become a durable sleep instead of a blocked worker. The functions
+at the bottom are the plain callables that policy takes:
+
+- ``is_transient``: worth another attempt (408, 409, 429, 529 and other 5xx, timeouts,
+  connection errors), unless the server said ``x-should-retry: false``.
+- ``retry_after_seconds``: the server's ``retry-after-ms`` / ``retry-after`` hint.
+- ``is_item_rejected``: the API refused this item's request itself (400, 413); retrying the same
+  request cannot help, so the item is skipped.
+
+A refused key (401/403) is neither: it becomes ``ModelAuthFailed`` at once and fails the run.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import os
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from datetime import UTC
+from typing import Any, Protocol, TypeGuard
+
+import anthropic
+from anthropic.types import OutputConfigParam
+
+from tasks.errors import ModelAuthFailed
+from tasks.items import Item
+from tasks.prompts import INTRO_SYSTEM, SUMMARY_SYSTEM, intro_prompt, summary_prompt
+
+DEFAULT_SUMMARY_MODEL = "claude-haiku-5-5"
+DEFAULT_INTRO_MODEL = "claude-sonnet-5-5"
+MAX_TOKENS = 1024
+# Connecting is quick or not happening; a slow connect should not eat the whole budget.
+CONNECT_TIMEOUT_S = 5.0
+
+# A sentence ends at . ! or ? then space and a capital or digit; "Press ? anywhere" does not.
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One model answer as a step records it: the text plus what it cost."""
+
+    text: str
+    input_tokens: int
+    output_tokens: int
+    model: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The step result: plain JSON, so a journal outlives this class's code."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Completion:
+        """Rebuild a recorded completion, refusing a record of another shape.
+
+        Raises:
+            ValueError: A field is missing or has the wrong type.
+        """
+        text, model = data.get("text"), data.get("model")
+        input_tokens, output_tokens = data.get("input_tokens"), data.get("output_tokens")
+        if not (
+            isinstance(text, str)
+            and isinstance(model, str)
+            and _is_count(input_tokens)
+            and _is_count(output_tokens)
+        ):
+            raise ValueError(
+                "a recorded completion needs text and model (strings) and input_tokens and "
+                f"output_tokens (counts), got {dict(data)!r:.200}"
+            )
+        return cls(text=text, input_tokens=input_tokens, output_tokens=output_tokens, model=model)
+
+
+def _is_count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+class Summarizer(Protocol):
+    """What the digest needs from a model; ``name`` is shown to the operator."""
+
+    name: str
+
+    def summarize(self, item: Item) -> Completion:
+        """One item's summary; one attempt, which the step's retry policy may repeat."""
+        ...
+
+    def compose(self, pairs: list[tuple[Item, str]]) -> Completion:
+        """The opening paragraph, from each item and its recorded summary."""
+        ...
+
+
+class AnthropicSummarizer:
+    """Summaries and the opening paragraph from the Anthropic Messages API.
+
+    Args:
+        client: Built with ``max_retries=0`` and a timeout (see ``from_env``): one method call
+            is exactly one HTTP request, and it ends in bounded time.
+        summary_model: The model for each item's summary.
+        intro_model: The model for the opening paragraph.
+    """
+
+    def __init__(self, client: anthropic.Anthropic, summary_model: str, intro_model: str) -> None:
+        self._client = client
+        self._summary_model = summary_model
+        self._intro_model = intro_model
+        self.name = f"anthropic ({summary_model}, {intro_model})"
+
+    @classmethod
+    def from_env(cls, timeout_s: float) -> AnthropicSummarizer:
+        """Build from the SDK's own variables and ``DIGEST_SUMMARY_MODEL`` / ``DIGEST_INTRO_MODEL``.
+
+        Args:
+            timeout_s: The longest one call may wait for its answer. Keep it well under the lease
+                TTL and the task time limit, so a hung call fails as a transient error that the
+                step policy retries, rather than outliving the worker's lease.
+        """
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        client = anthropic.Anthropic(
+            max_retries=0,
+            timeout=anthropic.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s)),
+        )
+        return cls(
+            client,
+            summary_model=os.environ.get("DIGEST_SUMMARY_MODEL") or DEFAULT_SUMMARY_MODEL,
+            intro_model=os.environ.get("DIGEST_INTRO_MODEL") or DEFAULT_INTRO_MODEL,
+        )
+
+    def summarize(self, item: Item) -> Completion:
+        """One request to the summary model; API errors propagate for the step policy to judge.
+
+        Raises:
+            ModelAuthFailed: The API refused the key (401/403).
+        """
+        return self._complete(self._summary_model, SUMMARY_SYSTEM, summary_prompt(item))
+
+    def compose(self, pairs: list[tuple[Item, str]]) -> Completion:
+        """One request to the intro model; errors as for ``summarize``."""
+        # Two sentences need no deliberation; low effort keeps the call short and cheap.
+        return self._complete(
+            self._intro_model, INTRO_SYSTEM, intro_prompt(pairs), output_config={"effort": "low"}
+        )
+
+    def _complete(
+        self,
+        model: str,
+        system: str,
+        prompt: str,
+        output_config: OutputConfigParam | anthropic.Omit = anthropic.omit,
+    ) -> Completion:
+        try:
+            message = self._client.messages.create(
+                model=model,
+                max_tokens=MAX_TOKENS,
+                system=system,
+                messages=[{"role": "user", "content": prompt}],
+                output_config=output_config,
+            )
+        except (anthropic.AuthenticationError, anthropic.PermissionDeniedError) as exc:
+            raise ModelAuthFailed(
+                f"the Anthropic API at {self._client.base_url} refused the key for model {model} "
+                f"(HTTP {exc.status_code} {exc.type or 'error'}): set ANTHROPIC_API_KEY to a valid "
+                "key with access to that model"
+            ) from exc
+        text = "".join(block.text for block in message.content if block.type == "text")
+        return Completion(
+            text=text.strip(),
+            input_tokens=message.usage.input_tokens,
+            output_tokens=message.usage.output_tokens,
+            model=message.model,
+        )
+
+
+class OfflineSummarizer:
+    """A stand-in that never touches the network, for running the digest without a key.
+
+    The summary is the body's first sentence and the opening lists the titles, so a run is
+    deterministic and free, and its email still reads sensibly.
+    """
+
+    name = "offline"
+
+    def summarize(self, item: Item) -> Completion:
+        """The body's first sentence, with its line breaks folded into spaces."""
+        first = _SENTENCE_END.split(" ".join(item.body.split()), maxsplit=1)[0]
+        return Completion(text=first, input_tokens=0, output_tokens=0, model=self.name)
+
+    def compose(self, pairs: list[tuple[Item, str]]) -> Completion:
+        """A fixed sentence naming every title, in order."""
+        titles = [item.title for item, _ in pairs]
+        listed = titles[0] if len(titles) == 1 else f"{', '.join(titles[:-1])} and {titles[-1]}"
+        count = "one update" if len(titles) == 1 else f"{len(titles)} updates"
+        text = f"This week brings {count}: {listed}. Each is summarized below."
+        return Completion(text=text, input_tokens=0, output_tokens=0, model=self.name)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether another attempt at the same request may succeed.
+
+    Mirrors the SDK's own retry rule, which ``max_retries=0`` switches off: connection errors and
+    timeouts, 408, 409, 429 and every 5xx (529 is ``overloaded_error``), unless the server sent
+    ``x-should-retry: false``.
+    """
+    if isinstance(exc, anthropic.APIConnectionError):  # APITimeoutError included
+        return True
+    if not isinstance(exc, anthropic.APIStatusError):
+        return False
+    should_retry = exc.response.headers.get("x-should-retry")
+    if should_retry in ("true", "false"):
+        return should_retry == "true"
+    return exc.status_code in (408, 409, 429) or exc.status_code >= 500
+
+
+def retry_after_seconds(
+    exc: BaseException, *, now: Callable[[], float] = time.time
+) -> float | None:
+    """The wait the server asked for, in seconds, or None if it gave no usable hint.
+
+    ``retry-after-ms`` wins (it is the more precise), then ``retry-after`` as seconds, then as an
+    HTTP date (a date already past means 0).
+
+    Args:
+        exc: Any exception; only an API status error can carry the headers.
+        now: The clock that turns an HTTP date into a wait.
+    """
+    if not isinstance(exc, anthropic.APIStatusError):
+        return None
+    headers = exc.response.headers
+    millis = _non_negative(headers.get("retry-after-ms"))
+    if millis is not None:
+        return millis / 1000
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    seconds = _non_negative(value)
+    if seconds is not None:
+        return seconds
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # a "-0000" zone; HTTP dates are always GMT
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, when.timestamp() - now())
+
+
+def _non_negative(value: str | None) -> float | None:
+    try:
+        number = float(value) if value is not None else math.nan
+    except ValueError:
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def is_item_rejected(exc: BaseException) -> bool:
+    """Whether the API refused this item's request as such (400, 413): skip the item.
+
+    Sending the same prompt again would be refused again, and the other items are unaffected.
+    """
+    return isinstance(exc, anthropic.APIStatusError) and exc.status_code in (400, 413)

@@ -1,0 +1,1 @@
+"""Local stand-ins for the external services the digest talks to, driven over real sockets."""

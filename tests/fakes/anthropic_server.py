@@ -1,0 +1,447 @@
+"""A fake Anthropic Messages API served over real HTTP on 127.0.0.1.
+
+Tests point the real SDK at it (``base_url=server.url``, or ``ANTHROPIC_BASE_URL`` for a CLI or a
+Celery worker in another process), so the SDK's own request building, error mapping and timeouts
+are what gets exercised, and every call is counted where the test can see it.
+
+Faults are scripted per server:
+
+- ``fail_next(status, times=, contains=)``: the next matching calls fail, then calls succeed.
+- ``fail_when(contains, status)`` and ``fail_always(status)``: matching calls keep failing.
+- ``delay`` (seconds before answering) and ``hold()`` / ``release()``: keep a call open so a
+  client can time out or a worker can be killed in the middle of it; ``wait_for_calls(n)``
+  tells the test the call has arrived.
+
+Error answers use the API's shape, ``{"type": "error", "error": {"type": ..., "message": ...}}``,
+with the ``error.type`` the real API gives that status (``overloaded_error`` for 529).
+
+Run on its own for manual runs; it serves until killed::
+
+    python -m tests.fakes.anthropic_server --port 8787
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import re
+import signal
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import FrameType, TracebackType
+from typing import Any
+
+import anthropic
+import pytest
+
+API_KEY = "test-key"
+MESSAGES_PATH = "/v1/messages"
+
+# The `error.type` and a message like the real API's, for each status.
+ERRORS = {
+    400: ("invalid_request_error", "Invalid request"),
+    401: ("authentication_error", "invalid x-api-key"),
+    402: ("billing_error", "Your credit balance is too low"),
+    403: ("permission_error", "Your API key does not have permission to use this resource"),
+    404: ("not_found_error", "Not found"),
+    413: ("request_too_large", "Request exceeds the maximum allowed number of bytes"),
+    429: ("rate_limit_error", "This request would exceed your rate limit"),
+    500: ("api_error", "Internal server error"),
+    504: ("timeout_error", "Request timed out"),
+    529: ("overloaded_error", "Overloaded"),
+}
+
+_TITLE = re.compile(r'<update title="([^"]*)"')
+
+
+@dataclass(frozen=True)
+class Fault:
+    """An error answer, given to calls whose prompt text contains ``contains`` (any, if None)."""
+
+    status: int
+    headers: Mapping[str, str] = field(default_factory=dict)
+    message: str = ""
+    contains: str | None = None
+
+    def matches(self, text: str) -> bool:
+        return self.contains is None or self.contains in text
+
+
+@dataclass(frozen=True)
+class Received:
+    """One ``POST /v1/messages`` as the server saw it, with the status it answered."""
+
+    number: int
+    body: dict[str, Any]
+    headers: dict[str, str]
+    status: int
+
+    @property
+    def model(self) -> str:
+        return str(self.body.get("model", ""))
+
+    @property
+    def text(self) -> str:
+        """The text of every message, joined by newlines: what ``contains`` matches against."""
+        return message_text(self.body)
+
+
+def message_text(body: Mapping[str, Any]) -> str:
+    parts: list[str] = []
+    messages = body.get("messages")
+    for message in messages if isinstance(messages, list) else []:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts.extend(
+                str(block.get("text", ""))
+                for block in content
+                if isinstance(block, dict) and block.get("type") == "text"
+            )
+    return "\n".join(parts)
+
+
+def default_reply(request: Received) -> str:
+    """``summary of <title>`` for one update, ``opening for <title>, ...`` for the intro."""
+    titles = [html.unescape(title) for title in _TITLE.findall(request.text)]
+    if "<updates>" in request.text:
+        return "opening for " + ", ".join(titles)
+    if titles:
+        return f"summary of {titles[0]}"
+    return f"reply to {len(request.text)} characters"
+
+
+def error_body(status: int, message: str = "") -> dict[str, Any]:
+    fallback = (
+        ("api_error", "Internal server error")
+        if status >= 500
+        else ("invalid_request_error", "Invalid request")
+    )
+    kind, default = ERRORS.get(status, fallback)
+    return {"type": "error", "error": {"type": kind, "message": message or default}}
+
+
+class FakeAnthropic:
+    """A running fake API; thread-safe counters of what it received.
+
+    Args:
+        port: 0 picks a free port.
+        delay: Seconds every call waits before it is answered (settable later).
+        reply: The text of a successful answer, from the request.
+        log: Receives one line per call (the CLI prints them).
+    """
+
+    def __init__(
+        self,
+        port: int = 0,
+        *,
+        delay: float = 0.0,
+        reply: Callable[[Received], str] = default_reply,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.delay = delay
+        self._port = port
+        self._reply = reply
+        self._log = log
+        self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)
+        self._received: list[Received] = []
+        self._rules: list[Fault] = []
+        self._queue: list[tuple[Fault, int]] = []
+        self._released = threading.Event()
+        self._released.set()
+        self._stopping = threading.Event()
+        self._httpd: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle
+
+    def start(self) -> FakeAnthropic:
+        httpd = _Server(("127.0.0.1", self._port), _Handler)
+        httpd.fake = self
+        self._httpd = httpd
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving; held or delayed calls are let go first so their threads can end."""
+        self._stopping.set()
+        self._released.set()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join()
+
+    def __enter__(self) -> FakeAnthropic:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        if self._httpd is None:
+            raise RuntimeError("the fake Anthropic server is not started; call start() first")
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+
+    def env(self) -> dict[str, str]:
+        """The variables that send the SDK, in this process or a child, to this server."""
+        return {"ANTHROPIC_BASE_URL": self.url, "ANTHROPIC_API_KEY": API_KEY}
+
+    def client(self, **options: Any) -> anthropic.Anthropic:
+        """A real SDK client on this server; no SDK retries unless ``max_retries`` is given."""
+        settings: dict[str, Any] = {"api_key": API_KEY, "base_url": self.url, "max_retries": 0}
+        return anthropic.Anthropic(**(settings | options))
+
+    # --- what was received
+
+    @property
+    def calls(self) -> int:
+        with self._lock:
+            return len(self._received)
+
+    @property
+    def requests(self) -> list[Received]:
+        with self._lock:
+            return list(self._received)
+
+    @property
+    def models(self) -> list[str]:
+        return [request.model for request in self.requests]
+
+    def calls_for(self, substring: str) -> int:
+        """Calls whose prompt text contains ``substring``, such as one item's title."""
+        return sum(substring in request.text for request in self.requests)
+
+    def wait_for_calls(self, count: int, timeout: float = 5.0) -> None:
+        """Block until ``count`` calls have arrived (answered or not)."""
+        with self._arrived:
+            if not self._arrived.wait_for(lambda: len(self._received) >= count, timeout):
+                raise TimeoutError(
+                    f"expected {count} calls at the fake Anthropic API within {timeout} s, "
+                    f"got {len(self._received)}"
+                )
+
+    # --- scripting
+
+    def fail_next(
+        self,
+        status: int = 429,
+        *,
+        times: int = 1,
+        headers: Mapping[str, str] | None = None,
+        contains: str | None = None,
+        message: str = "",
+    ) -> None:
+        """Answer the next ``times`` matching calls with ``status``; later ones succeed."""
+        with self._lock:
+            self._queue.append((Fault(status, dict(headers or {}), message, contains), times))
+
+    def fail_when(
+        self,
+        contains: str,
+        status: int = 400,
+        *,
+        headers: Mapping[str, str] | None = None,
+        message: str = "",
+    ) -> None:
+        """Answer every call whose prompt contains ``contains`` with ``status``."""
+        with self._lock:
+            self._rules.append(Fault(status, dict(headers or {}), message, contains))
+
+    def fail_always(
+        self, status: int = 401, *, headers: Mapping[str, str] | None = None, message: str = ""
+    ) -> None:
+        """Answer every call with ``status``."""
+        with self._lock:
+            self._rules.append(Fault(status, dict(headers or {}), message))
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._rules.clear()
+            self._queue.clear()
+
+    def hold(self) -> None:
+        """Keep every call open, unanswered, until ``release()``."""
+        self._released.clear()
+
+    def release(self) -> None:
+        self._released.set()
+
+    # --- serving
+
+    def respond(
+        self, path: str, headers: Mapping[str, str], raw: bytes
+    ) -> tuple[int, dict[str, str], bytes]:
+        """Record one request and build its answer; the handler thread waits, then writes it."""
+        if path.partition("?")[0] != MESSAGES_PATH:
+            return _json(404, {}, error_body(404, f"no route for POST {path}"))
+        lowered = {name.lower(): value for name, value in headers.items()}
+        try:
+            decoded = json.loads(raw)
+        except ValueError:
+            decoded = None
+        body: dict[str, Any] = decoded if isinstance(decoded, dict) else {}
+        problem = _invalid(body if decoded is not None else None, lowered)
+        text = message_text(body)
+
+        with self._arrived:
+            fault = None if problem else self._pick_fault(text)
+            status = problem[0] if problem else fault.status if fault else 200
+            request = Received(len(self._received) + 1, body, lowered, status)
+            self._received.append(request)
+            self._arrived.notify_all()
+        if self._log is not None:
+            self._log(f"call {request.number}: model={request.model or '-'} -> {status}")
+
+        if self.delay > 0:
+            self._stopping.wait(self.delay)
+        self._released.wait()
+
+        ids = {"request-id": f"req_fake_{request.number}"}
+        if problem:
+            return _json(problem[0], ids, error_body(*problem))
+        if fault:
+            return _json(
+                fault.status, ids | dict(fault.headers), error_body(fault.status, fault.message)
+            )
+        return _json(200, ids, self._message(request))
+
+    def _pick_fault(self, text: str) -> Fault | None:
+        for rule in self._rules:
+            if rule.matches(text):
+                return rule
+        for index, (fault, left) in enumerate(self._queue):
+            if fault.matches(text):
+                if left <= 1:
+                    del self._queue[index]
+                else:
+                    self._queue[index] = (fault, left - 1)
+                return fault
+        return None
+
+    def _message(self, request: Received) -> dict[str, Any]:
+        text = self._reply(request)
+        system = request.body.get("system")
+        prompt_words = len(request.text.split()) + len(str(system or "").split())
+        return {
+            "id": f"msg_fake_{request.number}",
+            "type": "message",
+            "role": "assistant",
+            "model": request.model,
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": prompt_words, "output_tokens": len(text.split())},
+        }
+
+
+def _invalid(body: dict[str, Any] | None, headers: Mapping[str, str]) -> tuple[int, str] | None:
+    """The status and message the real API would refuse this request with, if any."""
+    if not headers.get("x-api-key") and not headers.get("authorization"):
+        return 401, "x-api-key header is required"
+    if not headers.get("anthropic-version"):
+        return 400, "anthropic-version: header is required"
+    if body is None:
+        return 400, "request body is not valid JSON"
+    if not isinstance(body.get("model"), str):
+        return 400, "model: Field required"
+    if not isinstance(body.get("max_tokens"), int):
+        return 400, "max_tokens: Field required"
+    if not isinstance(body.get("messages"), list) or not body["messages"]:
+        return 400, "messages: at least one message is required"
+    return None
+
+
+def _json(
+    status: int, headers: dict[str, str], payload: dict[str, Any]
+) -> tuple[int, dict[str, str], bytes]:
+    return status, {"content-type": "application/json", **headers}, json.dumps(payload).encode()
+
+
+class _Server(ThreadingHTTPServer):
+    fake: FakeAnthropic
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+    timeout = 30  # a client that connects and sends nothing must not pin a thread forever
+
+    def do_POST(self) -> None:
+        raw = self.rfile.read(int(self.headers.get("content-length") or 0))
+        status, headers, payload = self.server.fake.respond(self.path, dict(self.headers), raw)
+        self._send(status, headers, payload)
+
+    def do_GET(self) -> None:
+        self._send(*_json(404, {}, error_body(404, f"no route for GET {self.path}")))
+
+    def _send(self, status: int, headers: Mapping[str, str], payload: bytes) -> None:
+        # One request per connection: stop() then never waits on an idle keep-alive socket.
+        self.close_connection = True
+        try:
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("content-length", str(len(payload)))
+            self.send_header("connection", "close")
+            self.end_headers()
+            self.wfile.write(payload)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client timed out or was killed mid-call: nobody is left to answer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # the fake's own log, if any, has one line per call
+
+
+@pytest.fixture
+def fake_anthropic(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAnthropic]:
+    """A started server, with this process's environment (and so its children's) pointed at it.
+
+    Share it with ``pytest_plugins = ["tests.fakes.anthropic_server"]`` in the root conftest.
+    """
+    with FakeAnthropic() as server:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        yield server
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.fakes.anthropic_server",
+        description="Serve a fake Anthropic Messages API on 127.0.0.1 until killed.",
+    )
+    parser.add_argument("--port", type=int, default=8787, help="0 picks a free port")
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds before each answer")
+    args = parser.parse_args(argv)
+
+    stopped = threading.Event()
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        stopped.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    with FakeAnthropic(
+        args.port, delay=args.delay, log=lambda line: print(line, flush=True)
+    ) as server:
+        for name, value in server.env().items():
+            print(f"export {name}={value}", flush=True)
+        stopped.wait()
+
+
+if __name__ == "__main__":
+    main()
