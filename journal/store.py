@@ -102,7 +102,7 @@ class Journal:
 
     def meta(self, keys: RunKeys) -> dict[str, str]:
         """The run's meta hash, decoded."""
-        raw = self._call(self.client.hgetall, keys.meta)
+        raw = self.call(self.client.hgetall, keys.meta)
         return {k.decode(): v.decode() for k, v in raw.items()}
 
     def execute(
@@ -133,14 +133,14 @@ class Journal:
         if meta.get("parked"):
             raise RunParked(keys.run, int(meta.get("starts_without_progress", "0")))
         lease = Lease(keys, self.scripts, millis(self.settings.lease_ttl))
-        grant = self._call(lease.acquire, millis(self.clock.now()))
+        grant = self.call(lease.acquire, millis(self.clock.now()))
         try:
             if grant.starts_without_progress > self.settings.max_stalled_starts:
                 self._park(keys, grant.holder, grant.starts_without_progress - 1)
             self._announce(keys, grant.holder, args)
             run, heartbeat = self._open(keys, grant.holder, grant.fence, on_step, lease)
         except BaseException:
-            self._call(lease.release, grant.holder)
+            self.call(lease.release, grant.holder)
             raise
         return self._drive(keys, grant.holder, run, heartbeat, body)
 
@@ -155,7 +155,7 @@ class Journal:
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(keys.steps)
         pipe.hget(keys.meta, "wait")
-        raw_steps, raw_wait = self._call(pipe.execute)
+        raw_steps, raw_wait = self.call(pipe.execute)
         records = decode_journal(keys.run, raw_steps)
         wait = Wait.from_json(codec.loads(raw_wait)) if raw_wait else None
         heartbeat = Heartbeat(lease, holder, on_renew=lambda: self._push_due(keys, xx=True))
@@ -216,7 +216,7 @@ class Journal:
         flat: list[Any] = []
         for name, value in fields.items():
             flat += [name, value]
-        reply = self._call(
+        reply = self.call(
             self.scripts.update_meta,
             keys=[keys.lease, keys.meta, keys.signals],
             args=[holder, unless_signal, *flat],
@@ -241,7 +241,7 @@ class Journal:
         pipe = self.client.pipeline(transaction=False)
         pipe.zadd(self.keyspace.runs, {keys.run: millis(now)})
         pipe.zadd(self.keyspace.due, {keys.run: self._lease_deadline_ms()})
-        self._call(pipe.execute)
+        self.call(pipe.execute)
 
     def _push_due(self, keys: RunKeys, *, xx: bool) -> None:
         self.client.zadd(self.keyspace.due, {keys.run: self._lease_deadline_ms()}, xx=xx)
@@ -264,7 +264,7 @@ class Journal:
         else:
             pipe.zadd(self.keyspace.due, {keys.run: millis(wait.until)})
         pipe.zadd(self.keyspace.runs, {keys.run: millis(self.clock.now())})
-        self._call(pipe.execute)
+        self.call(pipe.execute)
         self._release(keys, holder)
         return True
 
@@ -313,12 +313,12 @@ class Journal:
         pipe = self.client.pipeline(transaction=False)
         pipe.zrem(self.keyspace.due, keys.run)
         pipe.zadd(self.keyspace.runs, {keys.run: now_ms})
-        self._call(pipe.execute)
+        self.call(pipe.execute)
         self._release(keys, holder)
 
     def _release(self, keys: RunKeys, holder: str) -> None:
         lease = Lease(keys, self.scripts, millis(self.settings.lease_ttl))
-        self._call(lease.release, holder)
+        self.call(lease.release, holder)
 
     def _decode_meta(self, keys: RunKeys, meta: dict[str, str], name: str) -> Any:
         raw = meta.get(name)
@@ -341,7 +341,7 @@ class Journal:
         pipe.hdel(keys.meta, "parked", "last_error")
         pipe.hset(keys.meta, mapping={"starts_without_progress": 0, "status": "failed"})
         pipe.exists(keys.meta)
-        return bool(self._call(pipe.execute)[-1])
+        return bool(self.call(pipe.execute)[-1])
 
     def delete(self, workflow: str, run_id: str) -> int:
         """Remove every key of one run and its index entries (a dry run's scratch journal)."""
@@ -350,7 +350,7 @@ class Journal:
         pipe.delete(*keys.all())
         pipe.zrem(self.keyspace.runs, keys.run)
         pipe.zrem(self.keyspace.due, keys.run)
-        return int(self._call(pipe.execute)[0])
+        return int(self.call(pipe.execute)[0])
 
     def send_signal(self, workflow: str, run_id: str, name: str, payload: Any) -> bool:
         """Deliver a signal: stored first-wins, then the run is woken if it waits for it.
@@ -362,13 +362,13 @@ class Journal:
             True if this payload was stored; False if a signal of that name was already there.
         """
         keys = self.keys(workflow, run_id)
-        stored = bool(self._call(self.client.hsetnx, keys.signals, name, codec.dumps(payload)))
+        stored = bool(self.call(self.client.hsetnx, keys.signals, name, codec.dumps(payload)))
         meta = self.meta(keys)
         wait = meta.get("wait")
         if meta.get("status") == "waiting" and wait:
             waiting_for = Wait.from_json(codec.loads(wait))
             if waiting_for.signal == name:
-                self._call(
+                self.call(
                     self.client.zadd, self.keyspace.due, {keys.run: millis(self.clock.now())}
                 )
         return stored
@@ -376,7 +376,7 @@ class Journal:
     def claim_due(self, limit: int = 100) -> list[RunKeys]:
         """Claim runs whose wake-up or lease-expiry time has passed (atomic across sweepers)."""
         now = self.clock.now()
-        reply = self._call(
+        reply = self.call(
             self.scripts.claim_due,
             keys=[self.keyspace.due],
             args=[millis(now), limit, millis(now + self.settings.rearm_after)],
@@ -395,7 +395,8 @@ class Journal:
         args = self._decode_meta(keys, self.meta(keys), "args")
         return args if isinstance(args, dict) else {}
 
-    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call a Redis operation, turning a lost connection into ``StoreUnavailable``."""
         try:
             return fn(*args, **kwargs)
         except (redis.ConnectionError, redis.TimeoutError) as exc:

@@ -1,0 +1,179 @@
+"""Celery integration: a durable workflow is a Celery task that replays its journal.
+
+The queue gives at-least-once delivery; this module turns each delivery into at-least-once
+progress. A delivery opens the run under its lease and replays; a delivery that finds the
+lease held retries itself after the holder's remaining time plus jitter (it never waits in a
+worker slot and never runs concurrently); a run that suspends returns at once and is woken
+later by the due sweep, a beat task that also re-enqueues runs whose worker died.
+
+Settings this relies on (see ``at_least_once_settings``): late acks and reject-on-worker-lost
+so a killed child's message is redelivered, prefetch 1 so a dead worker strands one message at
+most, JSON only, and no countdown longer than a fraction of the broker's visibility timeout:
+long waits go to the due index instead of the broker.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from celery import Celery, Task
+
+from journal.clock import SystemClock
+from journal.errors import InvalidRunId, LeaseBusy, LeaseLost, RunParked, StoreUnavailable
+from journal.steps import StepEvent
+from journal.store import Journal, Outcome, jitter
+
+log = logging.getLogger(__name__)
+
+SWEEP_TASK = "journal.sweep"
+
+Workflow = Callable[..., Any]
+
+
+def at_least_once_settings(*, visibility_timeout: float, task_time_limit: float) -> dict[str, Any]:
+    """The Celery settings durable workflows need, with the reason for each in the README.
+
+    Raises:
+        ValueError: the time limit is not safely below the visibility timeout, which would let
+            the broker redeliver a task that is still running.
+    """
+    if task_time_limit >= visibility_timeout * 0.9:
+        raise ValueError(
+            f"task_time_limit={task_time_limit:g}s must stay below 90% of the broker's "
+            f"visibility_timeout={visibility_timeout:g}s, or Redis redelivers running tasks"
+        )
+    return {
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "broker_transport_options": {"visibility_timeout": int(visibility_timeout)},
+        "task_time_limit": int(task_time_limit),
+        "task_soft_time_limit": int(task_time_limit * 0.9),
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "broker_connection_retry_on_startup": True,
+        "task_track_started": True,
+    }
+
+
+class Durable:
+    """Registers durable workflows as Celery tasks and runs the due sweep.
+
+    Args:
+        app: the Celery app.
+        journal: returns this process's Journal; called lazily, after the pool forks, so no
+            Redis connection is shared between parent and child.
+        on_step: told of every step each delivery runs or replays (logging, fault injection).
+        max_countdown: the longest countdown this module will ever ask the broker for; keep it
+            a fraction of the visibility timeout.
+        store_retries: deliveries retried while Redis is unreachable, with exponential back-off.
+    """
+
+    def __init__(
+        self,
+        app: Celery,
+        journal: Callable[[], Journal],
+        *,
+        on_step: Callable[[StepEvent], None] | None = None,
+        max_countdown: float = 300.0,
+        store_retries: int = 20,
+    ) -> None:
+        self.app = app
+        self._journal = journal
+        self._on_step = on_step
+        self.max_countdown = max_countdown
+        self.store_retries = store_retries
+        self.tasks: dict[str, Task] = {}
+        app.task(name=SWEEP_TASK, ignore_result=True)(self.sweep)
+
+    def workflow(self, name: str, *, task_name: str, **options: Any) -> Callable[[Workflow], Task]:
+        """Turn ``fn(run, **kwargs)`` into a task delivered as ``task.delay(run_id, **kwargs)``."""
+
+        def decorate(fn: Workflow) -> Task:
+            def deliver(task: Task, run_id: str, **kwargs: Any) -> dict[str, Any]:
+                return self._deliver(task, name, fn, run_id, kwargs)
+
+            deliver.__doc__ = fn.__doc__
+            task: Task = self.app.task(
+                name=task_name,
+                bind=True,
+                acks_late=True,
+                reject_on_worker_lost=True,
+                **options,
+            )(deliver)
+            self.tasks[name] = task
+            return task
+
+        return decorate
+
+    def _deliver(
+        self, task: Task, name: str, fn: Workflow, run_id: str, kwargs: dict[str, Any]
+    ) -> dict[str, Any]:
+        try:
+            journal = self._journal()
+            keys = journal.keys(name, run_id)
+            journal.client.hincrby(keys.meta, "deliveries", 1)
+            outcome = journal.execute(
+                name, run_id, lambda run: fn(run, **kwargs), args=kwargs, on_step=self._on_step
+            )
+        except InvalidRunId as invalid:
+            log.error("%s", invalid)
+            return {"run": f"{name}:{run_id!r}", "status": "invalid", "error": str(invalid)}
+        except LeaseBusy as busy:
+            countdown = min(jitter(busy.remaining_ms / 1000), self.max_countdown)
+            log.info("%s; retrying this delivery in %.1fs", busy, countdown)
+            raise task.retry(countdown=countdown, max_retries=None) from None
+        except StoreUnavailable as down:
+            attempt = task.request.retries
+            countdown = min(jitter(2.0**attempt), self.max_countdown)
+            log.warning("%s; retrying this delivery in %.1fs", down, countdown)
+            retries = self.store_retries
+            raise task.retry(exc=down, countdown=countdown, max_retries=retries) from None
+        except RunParked as parked:
+            log.error("%s", parked)
+            return {"run": f"{name}:{run_id}", "status": "parked", "error": str(parked)}
+        except LeaseLost as lost:
+            log.warning("%s", lost)
+            return {"run": f"{name}:{run_id}", "status": "lease-lost", "error": str(lost)}
+        self._wake_soon(task, outcome, run_id, kwargs)
+        return {
+            "run": outcome.run,
+            "status": outcome.status,
+            "result": outcome.result,
+            "ran": outcome.ran,
+            "replayed": outcome.replayed,
+        }
+
+    def _wake_soon(self, task: Task, outcome: Outcome, run_id: str, kwargs: dict[str, Any]) -> None:
+        """A short wait is cheaper as a countdown than as a trip through the due sweep."""
+        if outcome.wait is None or outcome.wait.until is None:
+            return
+        delay = outcome.wait.until - SystemClock().now()
+        if 0 < delay <= self.max_countdown:
+            task.apply_async(args=[run_id], kwargs=kwargs, countdown=delay)
+
+    def sweep(self, limit: int = 100) -> int:
+        """Enqueue the runs whose wake-up or lease-expiry time has come.
+
+        The claim is one script, so two beats never both enqueue a run; a claimed run is
+        re-armed rather than removed, so a lost message is found again by a later sweep.
+
+        Returns:
+            How many runs were enqueued.
+        """
+        journal = self._journal()
+        enqueued = 0
+        for keys in journal.claim_due(limit):
+            task = self.tasks.get(keys.workflow)
+            if task is None:
+                log.warning("due run %s has no workflow registered in this app", keys.run)
+                continue
+            task.apply_async(args=[keys.run_id], kwargs=journal.run_args(keys))
+            enqueued += 1
+        if enqueued:
+            log.info("due sweep enqueued %d run(s)", enqueued)
+        return enqueued

@@ -1,0 +1,303 @@
+"""``digest``: run, enqueue, inspect, approve and reject digests from a shell.
+
+``digest run`` executes the same task body a worker runs, in this process, and prints the
+tutorial's transcript. Exit status: 0 done (sent, nothing-new, already-done, waiting), 1 the
+run failed, 2 bad input or usage, 3 the run is leased by another live worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, NoReturn
+
+from journal import JournalError, LeaseBusy, RunParked, StepEvent, validate_run_id
+from journal.errors import InvalidRunId
+from journal.inspect import RunView, inspect_run, recent_runs
+from tasks.config import Config
+from tasks.digest import crash_point, receipt_line, run_digest
+from tasks.errors import BadInput, DigestError
+from tasks.items import load_items
+from tasks.model import OfflineSummarizer
+from tasks.runtime import Runtime
+from tasks.schedule import iso_week_run_id
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BUSY = 0, 1, 2, 3
+WORKFLOW = "digest"
+DRY_RUN_WORKFLOW = "digest-dry"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"digest: {message} (see digest --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="digest", description="The weekly AI digest, durable on Redis.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = sub.add_parser("run", help="run a digest in this process (resumes where it stopped)")
+    run.add_argument("run_id", nargs="?", help="the run id, e.g. 2026-w42 (default: this week)")
+    run.add_argument("--to", help="recipient (default: DIGEST_TO)")
+    run.add_argument("--items", help="items file (default: DIGEST_ITEMS)")
+    run.add_argument("--dry-run", action="store_true", help="run every step but send/mark-seen")
+    run.add_argument("--approval", action="store_true", help="wait for `digest approve` first")
+    run.add_argument("--retry", action="store_true", help="reset a parked run, then run it")
+
+    enqueue = sub.add_parser("enqueue", help="hand a run to the Celery workers")
+    enqueue.add_argument("run_id", nargs="?", help="the run id (default: this week)")
+
+    show = sub.add_parser("show", help="what a run did: steps, attempts, usage, lease, errors")
+    show.add_argument("run_id", nargs="?", help="the run id (default: this week)")
+    show.add_argument("--json", action="store_true", help="machine-readable output")
+
+    sub.add_parser("runs", help="the most recently updated runs")
+
+    approve = sub.add_parser("approve", help="approve a digest waiting for approval")
+    approve.add_argument("run_id")
+    reject = sub.add_parser("reject", help="reject a digest waiting for approval")
+    reject.add_argument("run_id")
+    reject.add_argument("--reason", required=True)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``digest`` command."""
+    args = _parser().parse_args(argv)
+    try:
+        config = Config.from_env()
+        run_id = args.run_id or iso_week_run_id(datetime.now(config.zone))
+        validate_run_id(run_id)
+        return int(COMMANDS[args.command](config, run_id, args))
+    except (BadInput, InvalidRunId) as bad:
+        print(f"digest: {bad}", file=sys.stderr)
+        return EXIT_USAGE
+    except LeaseBusy as busy:
+        print(f"digest: {busy}", file=sys.stderr)
+        return EXIT_BUSY
+    except (DigestError, JournalError) as failure:
+        print(f"failed: {failure}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _print_step(event: StepEvent) -> None:
+    print(f"{'  replayed' if event.replayed else '  ran     '} {event.key}", flush=True)
+    if not event.replayed:
+        crash_point(f"after:{event.key}")
+
+
+def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
+    """Run (or resume) one digest here, printing each step as it runs or replays."""
+    runtime = Runtime.build(config, allow_offline=True)
+    journal = runtime.journal
+    if isinstance(runtime.summarizer, OfflineSummarizer):
+        print("  (no ANTHROPIC_API_KEY: using the offline summarizer)", file=sys.stderr)
+    if args.retry and journal.reset(WORKFLOW, run_id):
+        print(f"  reset {WORKFLOW}:{run_id}: its next start is a deliberate retry", file=sys.stderr)
+    workflow = DRY_RUN_WORKFLOW if args.dry_run else WORKFLOW
+    view = inspect_run(journal, workflow, run_id)
+    if view.step("select") is None and view.status not in ("done", "cancelled"):
+        load_items(args.items or config.items_path)  # bad input: refused before any write
+    options: dict[str, Any] = {"to": args.to, "items": args.items, "dry_run": args.dry_run}
+    if args.approval:
+        options["approval"] = True
+    try:
+        outcome = journal.execute(
+            workflow,
+            run_id,
+            lambda run: run_digest(run, runtime, **options),
+            args=options,
+            on_step=_print_step,
+        )
+    except RunParked as parked:
+        print(f"failed: {parked}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        if args.dry_run:
+            journal.delete(DRY_RUN_WORKFLOW, run_id)
+    if outcome.status == "already-done":
+        print("already-done: 0 items, 0 model calls in this attempt")
+        return EXIT_OK
+    if outcome.status == "waiting":
+        assert outcome.wait is not None
+        until = _when(outcome.wait.until) if outcome.wait.until else "no time limit"
+        print(
+            f"waiting: {outcome.wait.kind} {outcome.wait.signal or outcome.wait.step} "
+            f"(until {until}); `digest approve {run_id}` or `digest reject {run_id} --reason ...`"
+            if outcome.wait.signal == "approval"
+            else f"waiting: {outcome.wait.kind} at {outcome.wait.step} until {until}; "
+            f"run `digest run {run_id}` again then, or let a worker and beat resume it"
+        )
+        return EXIT_OK
+    result: dict[str, Any] = outcome.result
+    for skipped in result.get("skipped", []):
+        print(f"  skipped  summarize:{skipped['id']} ({skipped['error']})")
+    if result["status"] == "dry-run":
+        email = result["email"]
+        print(f"\nTo: {email['to']}\nSubject: {email['subject']}\n\n{email['body']}\n")
+    print(
+        f"{result['status']}: {result['items']} items, {result['model_calls']} model calls "
+        f"in this attempt{receipt_line(result)}"
+    )
+    return EXIT_OK
+
+
+def cmd_enqueue(config: Config, run_id: str, args: argparse.Namespace) -> int:
+    """Hand the run to the workers; a duplicate enqueue is harmless (the lease and journal)."""
+    from tasks.app import digest
+
+    result = digest.apply_async(args=[run_id])
+    print(f"enqueued digest:{run_id} as task {result.id}; `celery -A tasks worker` runs it")
+    return EXIT_OK
+
+
+def cmd_show(config: Config, run_id: str, args: argparse.Namespace) -> int:
+    """Print what the journal knows about a run."""
+    runtime = Runtime.build(config, allow_offline=True)
+    view = inspect_run(runtime.journal, WORKFLOW, run_id)
+    if args.json:
+        print(json.dumps(_view_json(view), indent=2, sort_keys=True))
+    else:
+        print(_render(view))
+    return EXIT_OK
+
+
+def cmd_runs(config: Config, run_id: str, args: argparse.Namespace) -> int:
+    """List recent runs with their status."""
+    runtime = Runtime.build(config, allow_offline=True)
+    for full_id, updated_ms in recent_runs(runtime.journal):
+        keys = runtime.journal.keyspace.parse_run(full_id)
+        status = runtime.journal.meta(keys).get("status", "?")
+        print(f"{full_id:32} {status:10} updated {_when(updated_ms / 1000)}")
+    return EXIT_OK
+
+
+def cmd_approve(config: Config, run_id: str, args: argparse.Namespace) -> int:
+    """Approve a digest waiting at its approval gate."""
+    return _decide(config, run_id, {"approved": True})
+
+
+def cmd_reject(config: Config, run_id: str, args: argparse.Namespace) -> int:
+    """Reject a digest waiting at its approval gate; it ends without sending."""
+    return _decide(config, run_id, {"approved": False, "reason": args.reason})
+
+
+def _decide(config: Config, run_id: str, decision: dict[str, Any]) -> int:
+    runtime = Runtime.build(config, allow_offline=True)
+    stored = runtime.journal.send_signal(WORKFLOW, run_id, "approval", decision)
+    if not stored:
+        print(
+            f"digest: {WORKFLOW}:{run_id} already has a decision; the first one stands",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    verb = "approved" if decision["approved"] else "rejected"
+    print(
+        f"{verb} {WORKFLOW}:{run_id}; a worker resumes it at the next sweep, "
+        f"or run `digest run {run_id}`"
+    )
+    return EXIT_OK
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "enqueue": cmd_enqueue,
+    "show": cmd_show,
+    "runs": cmd_runs,
+    "approve": cmd_approve,
+    "reject": cmd_reject,
+}
+
+
+# -- rendering ------------------------------------------------------------------------------
+
+
+def _when(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _preview(value: Any, width: int = 60) -> str:
+    text = value.get("text") if isinstance(value, dict) and "text" in value else value
+    flat = json.dumps(text, ensure_ascii=False) if not isinstance(text, str) else text
+    flat = " ".join(flat.split())
+    return flat if len(flat) <= width else flat[: width - 3] + "..."
+
+
+def _usage(value: Any) -> str:
+    if isinstance(value, dict) and "input_tokens" in value:
+        return f"{value['input_tokens']}+{value['output_tokens']} tok"
+    return ""
+
+
+def _render(view: RunView) -> str:
+    meta = view.meta
+    lines = [f"run      {view.run}", f"status   {view.status}"]
+    if meta.get("parked"):
+        lines.append("parked   yes: starts kept dying; `digest run RUN --retry` resets it")
+    if view.lease_holder:
+        expires = f"{(view.lease_ttl_ms or 0) / 1000:.1f}s"
+        lines.append(f"lease    fence {view.lease_holder.split(':')[0]}, expires in {expires}")
+    else:
+        lines.append("lease    free")
+    lines.append(
+        f"starts   {meta.get('starts', '0')} (deliveries {meta.get('deliveries', '0')}, "
+        f"fence {meta.get('fence', '0')})"
+    )
+    if meta.get("last_error"):
+        lines.append(f"error    {meta['last_error']}")
+    if view.wait is not None:
+        until = _when(view.wait.until) if view.wait.until else "no limit"
+        lines.append(
+            f"waiting  {view.wait.kind} {view.wait.signal or view.wait.step} until {until}"
+        )
+    lines.append("")
+    lines.append(f"{'step':22} {'finished':23} {'try':>3} {'usage':>13}  result")
+    tokens = [0, 0]
+    for record in view.steps:
+        if isinstance(record.result, dict) and "input_tokens" in record.result:
+            tokens[0] += int(record.result["input_tokens"])
+            tokens[1] += int(record.result["output_tokens"])
+        lines.append(
+            f"{record.key:22} {_when(record.finished_at / 1000):23} {record.attempt:>3} "
+            f"{_usage(record.result):>13}  {_preview(record.result)}"
+        )
+    lines.append(f"\n{len(view.steps)} steps, {tokens[0]} input + {tokens[1]} output tokens")
+    draft = view.step("draft")
+    if view.wait is not None and view.wait.signal == "approval" and draft is not None:
+        email = draft.result
+        lines.append(f"\nawaiting approval:\nTo: {email['to']}\nSubject: {email['subject']}\n")
+        lines.append(email["body"])
+    return "\n".join(lines)
+
+
+def _view_json(view: RunView) -> dict[str, Any]:
+    return {
+        "run": view.run,
+        "status": view.status,
+        "meta": view.meta,
+        "lease": {"holder": view.lease_holder, "ttl_ms": view.lease_ttl_ms},
+        "wait": view.wait.to_json() if view.wait else None,
+        "signals": view.signals,
+        "steps": [
+            {
+                "key": r.key,
+                "kind": r.kind,
+                "seq": r.seq,
+                "attempt": r.attempt,
+                "fence": r.fence,
+                "started_at": r.started_at,
+                "finished_at": r.finished_at,
+                "result": r.result,
+            }
+            for r in view.steps
+        ],
+    }
+
+
+if __name__ == "__main__":
+    started = time.monotonic()
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""The digest's configuration: read once from the environment, typed, checked at start.
+
+Conflicting settings are refused when a process starts, not discovered at 3 a.m.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from tasks.errors import BadInput
+
+
+def _number(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadInput(
+            f"{name}={raw!r}: not a number; use a value from {low:g} to {high:g}"
+        ) from None
+    if not low <= value <= high:
+        raise BadInput(f"{name}={raw!r}: out of range; use a value from {low:g} to {high:g}")
+    return value
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise BadInput(f"{name}={raw!r}: not a flag; use 1 or 0")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every setting of the digest, with the defaults the README documents.
+
+    Attributes:
+        redis_url: the journal store; None means the embedded Valkey in ``state_dir``.
+        broker_url: Celery's broker; None means the journal store.
+        state_dir: embedded server data and the file outbox.
+        items_path: this week's updates.
+        key_prefix: the prefix of every Redis key the project writes.
+        summary_model, intro_model: model ids.
+        concurrency: summaries in flight at once.
+        lease_ttl: seconds a run's lease lives without renewal.
+        model_timeout: seconds one model call may take; well inside the lease and time limit.
+        retry_base_delay: the first back-off of a failed model call, in seconds.
+        long_backoff: back-offs longer than this become a durable sleep, in seconds.
+        smtp_url: real SMTP delivery; None means the file outbox.
+        sender, recipient: the email's From and To.
+        timezone: the zone of the Monday 08:00 schedule.
+        offline: allow the worker to summarize without an API key.
+        approval: wait for a human approval before sending.
+        approval_timeout: seconds to wait for it.
+        sweep_interval: seconds between due sweeps (wake-ups and crash recovery).
+        catch_up_weeks: how many missed weeks the dispatcher enqueues after an outage.
+        visibility_timeout: the Redis broker's redelivery timeout, in seconds.
+        task_time_limit: the hard limit of one delivery, in seconds.
+    """
+
+    redis_url: str | None = None
+    broker_url: str | None = None
+    state_dir: Path = Path(".digest")
+    items_path: Path = Path("data/items.json")
+    key_prefix: str = "journal"
+    summary_model: str = "claude-haiku-5-5"
+    intro_model: str = "claude-sonnet-5-5"
+    concurrency: int = 3
+    lease_ttl: float = 30.0
+    model_timeout: float = 60.0
+    retry_base_delay: float = 1.0
+    long_backoff: float = 30.0
+    smtp_url: str | None = None
+    sender: str = "digest@example.com"
+    recipient: str = "team@example.com"
+    timezone: str = "UTC"
+    offline: bool = False
+    approval: bool = False
+    approval_timeout: float = 24 * 3600.0
+    sweep_interval: float = 15.0
+    catch_up_weeks: int = 4
+    visibility_timeout: float = 3600.0
+    task_time_limit: float = 1800.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
+        """Read and check every variable.
+
+        Raises:
+            BadInput: one line naming the variable, what is wrong and what to use.
+        """
+        env = os.environ if env is None else env
+        config = cls(
+            redis_url=env.get("REDIS_URL") or None,
+            broker_url=env.get("CELERY_BROKER_URL") or None,
+            state_dir=Path(env.get("DIGEST_STATE_DIR") or ".digest"),
+            items_path=Path(env.get("DIGEST_ITEMS") or "data/items.json"),
+            key_prefix=env.get("DIGEST_KEY_PREFIX") or "journal",
+            summary_model=env.get("DIGEST_SUMMARY_MODEL") or "claude-haiku-5-5",
+            intro_model=env.get("DIGEST_INTRO_MODEL") or "claude-sonnet-5-5",
+            concurrency=int(_number(env, "DIGEST_CONCURRENCY", 3, 1, 64)),
+            lease_ttl=_number(env, "DIGEST_LEASE_TTL", 30, 0.5, 3600),
+            model_timeout=_number(env, "DIGEST_MODEL_TIMEOUT", 60, 1, 600),
+            retry_base_delay=_number(env, "DIGEST_RETRY_BASE_DELAY", 1.0, 0, 60),
+            long_backoff=_number(env, "DIGEST_LONG_BACKOFF", 30, 0, 3600),
+            smtp_url=env.get("DIGEST_SMTP_URL") or None,
+            sender=env.get("DIGEST_FROM") or "digest@example.com",
+            recipient=env.get("DIGEST_TO") or "team@example.com",
+            timezone=env.get("DIGEST_TIMEZONE") or "UTC",
+            offline=_flag(env, "DIGEST_OFFLINE"),
+            approval=_flag(env, "DIGEST_APPROVAL"),
+            approval_timeout=_number(env, "DIGEST_APPROVAL_TIMEOUT", 86400, 1, 30 * 86400),
+            sweep_interval=_number(env, "DIGEST_SWEEP_INTERVAL", 15, 0.5, 3600),
+            catch_up_weeks=int(_number(env, "DIGEST_CATCH_UP_WEEKS", 4, 0, 52)),
+            visibility_timeout=_number(env, "DIGEST_VISIBILITY_TIMEOUT", 3600, 60, 43200),
+            task_time_limit=_number(env, "DIGEST_TASK_TIME_LIMIT", 1800, 30, 43200),
+        )
+        config.check()
+        return config
+
+    def check(self) -> None:
+        """Refuse combinations that would break a guarantee.
+
+        Raises:
+            BadInput: naming the settings that conflict.
+        """
+        try:
+            ZoneInfo(self.timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise BadInput(
+                f"DIGEST_TIMEZONE={self.timezone!r}: unknown time zone; use an IANA name such "
+                "as Europe/Berlin"
+            ) from None
+        if self.task_time_limit >= self.visibility_timeout * 0.9:
+            raise BadInput(
+                f"DIGEST_TASK_TIME_LIMIT={self.task_time_limit:g} must stay below 90% of "
+                f"DIGEST_VISIBILITY_TIMEOUT={self.visibility_timeout:g}, or the broker "
+                "redelivers tasks that are still running"
+            )
+        if self.model_timeout >= self.task_time_limit:
+            raise BadInput(
+                f"DIGEST_MODEL_TIMEOUT={self.model_timeout:g} must be shorter than "
+                f"DIGEST_TASK_TIME_LIMIT={self.task_time_limit:g}"
+            )
+        if self.lease_ttl * 2 > self.visibility_timeout * 0.25:
+            raise BadInput(
+                f"DIGEST_LEASE_TTL={self.lease_ttl:g} is too long for "
+                f"DIGEST_VISIBILITY_TIMEOUT={self.visibility_timeout:g}: a busy delivery waits "
+                "up to the lease's remaining time, which must stay a fraction of it"
+            )
+
+    @property
+    def zone(self) -> ZoneInfo:
+        """The schedule's time zone."""
+        return ZoneInfo(self.timezone)
+
+    @property
+    def max_countdown(self) -> float:
+        """The longest broker countdown allowed: a quarter of the visibility timeout."""
+        return self.visibility_timeout * 0.25

@@ -1,0 +1,234 @@
+"""The weekly digest as durable steps: select, summarize, compose, send, mark-seen, done.
+
+Read it top to bottom as the job; everything durable happens in ``run.step`` and
+``run.map``. Every value the control flow depends on comes from a step, so a resumed run takes
+the same path as the first attempt, and the only side effects (the email, the seen set) carry
+a key derived from the run or are a set union, so repeating them is harmless.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from journal import RetryPolicy, Run
+from tasks.errors import ModelUnavailable
+from tasks.items import Item, load_items
+from tasks.keys import text
+from tasks.mail import Email, Receipt
+from tasks.model import is_item_rejected, is_transient, retry_after_seconds
+from tasks.runtime import Runtime
+
+CRASH_EXIT_STATUS = 137
+
+
+def crash_point(point: str) -> None:
+    """Fault injection: ``CRASH=<point>`` ends the process here at once, like a kill -9.
+
+    No cleanup runs and the lease stays behind, which is the realistic case to test.
+    """
+    if os.environ.get("CRASH") == point:
+        print(f"  ** simulated crash at {point} **", flush=True)
+        sys.stdout.flush()
+        os._exit(CRASH_EXIT_STATUS)
+
+
+class CallCounter:
+    """Model calls made in this attempt (replayed steps make none)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def add(self) -> None:
+        """Count one call."""
+        with self._lock:
+            self.count += 1
+
+
+def model_retry_policy(runtime: Runtime) -> RetryPolicy:
+    """429, 529, other 5xx, timeouts and connection errors: five attempts, then the run fails."""
+    return RetryPolicy(
+        max_attempts=5,
+        base_delay=runtime.config.retry_base_delay,
+        max_delay=30.0,
+        retryable=is_transient,
+        retry_after=retry_after_seconds,
+        suspend_over=runtime.config.long_backoff,
+    )
+
+
+def run_digest(
+    run: Run,
+    runtime: Runtime,
+    *,
+    to: str | None = None,
+    items: str | None = None,
+    approval: bool | None = None,
+    dry_run: bool = False,
+) -> dict[str, Any]:
+    """The job. Returns the report the CLI prints and the Celery result stores."""
+    config = runtime.config
+    calls = CallCounter()
+    policy = model_retry_policy(runtime)
+
+    # 1. Freeze this week's unseen items, so a resumed run works on exactly the same list.
+    selected = run.step("select", lambda: select_unseen(runtime, Path(items or config.items_path)))
+    week = [Item.from_json(entry) for entry in selected]
+    if not week:
+        run.step("done", lambda: True)
+        return report("nothing-new", 0, calls)
+
+    # 2. One model call per item, each its own step: a crash loses at most the calls in flight.
+    with giving_up("summarize", policy):
+        summaries = run.map(
+            "summarize",
+            week,
+            lambda item: summarize(runtime, item, calls),
+            key=lambda item: item.id,
+            concurrency=config.concurrency,
+            retry=policy,
+        )
+    kept = [(item, s["text"]) for item, s in zip(week, summaries, strict=True) if "text" in s]
+    skipped = [
+        {"id": item.id, "error": s["error"]}
+        for item, s in zip(week, summaries, strict=True)
+        if "error" in s
+    ]
+    if not kept:
+        run.step("done", lambda: True)
+        return report("nothing-new", 0, calls, skipped=skipped)
+
+    # 3. The opening paragraph, from the summaries.
+    with giving_up("compose", policy):
+        intro = run.step("compose", lambda: compose(runtime, kept, calls), retry=policy)
+    email = draft_email(run.run_id, to or config.recipient, intro["text"], kept)
+    if dry_run:
+        return report("dry-run", len(kept), calls, skipped=skipped, email=email)
+
+    # An optional human gate: the run suspends (no worker slot held) until approved.
+    if config.approval if approval is None else approval:
+        run.step("draft", lambda: email_json(email))
+        decision = run.wait_for_signal("approval", timeout=config.approval_timeout)
+        if decision.timed_out or not decision.payload.get("approved"):
+            status = "expired" if decision.timed_out else "rejected"
+            run.step("done", lambda: True)
+            return report(status, 0, calls, skipped=skipped, reason=_reason(decision.payload))
+
+    # 4. The side effect, under an idempotency key derived from the run: a repeat is a no-op.
+    receipt = run.step("send", lambda: send(runtime, run.idempotency_key(), email))
+
+    # 5. Remember what this digest covered. A set union: safe to repeat.
+    run.step("mark-seen", lambda: mark_seen(runtime, [item.id for item, _ in kept]))
+    run.step("done", lambda: True)
+    return report("sent", len(kept), calls, skipped=skipped, receipt=receipt)
+
+
+# -- the steps' bodies ------------------------------------------------------------------------
+
+
+def select_unseen(runtime: Runtime, path: Path) -> list[dict[str, str]]:
+    """This week's items that no earlier digest covered, validated."""
+    seen = {text(member) for member in runtime.client.smembers(runtime.keys.seen)}
+    return [item.to_json() for item in load_items(path) if item.id not in seen]
+
+
+def summarize(runtime: Runtime, item: Item, calls: CallCounter) -> dict[str, Any]:
+    """One model call. A request the API refuses for this item (400) skips the item only."""
+    calls.add()
+    try:
+        return runtime.summarizer.summarize(item).to_json()
+    except Exception as error:
+        if is_item_rejected(error):
+            return {"error": f"the model refused this item: {error}"}
+        raise
+
+
+def compose(runtime: Runtime, kept: list[tuple[Item, str]], calls: CallCounter) -> dict[str, Any]:
+    """One model call for the opening paragraph."""
+    calls.add()
+    return runtime.summarizer.compose(kept).to_json()
+
+
+def draft_email(run_id: str, to: str, intro: str, kept: list[tuple[Item, str]]) -> Email:
+    """The email, built only from recorded step results, so every attempt builds the same."""
+    lines = "\n".join(f"* {item.title}: {summary}" for item, summary in kept)
+    return Email(to=to, subject=f"Your weekly digest ({run_id})", body=f"{intro}\n\n{lines}")
+
+
+def email_json(email: Email) -> dict[str, str]:
+    """The email as a step result."""
+    return {"to": email.to, "subject": email.subject, "body": email.body}
+
+
+def send(runtime: Runtime, key: str, email: Email) -> dict[str, Any]:
+    """Deliver once per key; the dangerous moment is after delivery, before the record."""
+    receipt = runtime.mailer.send(key, email)
+    crash_point("before-save:send")
+    return receipt.to_json()
+
+
+def mark_seen(runtime: Runtime, ids: list[str]) -> int:
+    """Add this digest's items to the seen set; returns how many items it now holds."""
+    pipe = runtime.client.pipeline(transaction=True)
+    pipe.sadd(runtime.keys.seen, *ids)
+    pipe.scard(runtime.keys.seen)
+    return int(pipe.execute()[1])
+
+
+def report(
+    status: str,
+    items: int,
+    calls: CallCounter,
+    *,
+    skipped: list[dict[str, str]] | None = None,
+    receipt: dict[str, Any] | None = None,
+    email: Email | None = None,
+    reason: str | None = None,
+) -> dict[str, Any]:
+    """The run's result: JSON, so it survives Celery's result backend and the journal."""
+    result: dict[str, Any] = {"status": status, "items": items, "model_calls": calls.count}
+    if skipped:
+        result["skipped"] = skipped
+    if receipt is not None:
+        result["receipt"] = receipt
+    if email is not None:
+        result["email"] = email_json(email)
+    if reason:
+        result["reason"] = reason
+    return result
+
+
+def receipt_line(result: dict[str, Any]) -> str:
+    """``, email sent (digest-2026-w42)``, as the tutorial prints it."""
+    raw = result.get("receipt")
+    if not raw:
+        return ""
+    receipt = Receipt.from_json(raw)
+    state = "sent" if receipt.sent else "already sent earlier, not resent"
+    return f", email {state} ({receipt.id})"
+
+
+def _reason(payload: Any) -> str | None:
+    return (
+        str(payload.get("reason")) if isinstance(payload, dict) and payload.get("reason") else None
+    )
+
+
+@contextmanager
+def giving_up(step: str, policy: RetryPolicy) -> Iterator[None]:
+    """Name the step and the way out when transient model errors outlast the retry budget."""
+    try:
+        yield
+    except Exception as error:
+        if not is_transient(error):
+            raise
+        raise ModelUnavailable(
+            f"{step}: the model API kept failing after {policy.max_attempts} attempts "
+            f"({type(error).__name__}: {error}); run the digest again later to resume from here"
+        ) from error

@@ -1,0 +1,120 @@
+"""What a process needs to run digests, built lazily and once per process.
+
+Lazily, because Celery's prefork pool forks after import: a Redis connection or HTTP client
+made before the fork would be shared by every child.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from dataclasses import dataclass
+
+import redis
+
+from journal import Journal, Keyspace, Settings
+from journal.durability import check_persistence
+from journal.embedded import embedded_broker_url, embedded_url
+from tasks.config import Config
+from tasks.errors import ModelNotConfigured
+from tasks.items import Item
+from tasks.keys import DigestKeys
+from tasks.mail import FileOutbox, Mailer, SmtpMailer
+from tasks.model import AnthropicSummarizer, Completion, OfflineSummarizer, Summarizer
+
+log = logging.getLogger(__name__)
+
+
+def store_url(config: Config) -> str:
+    """The journal store's URL: ``REDIS_URL``, or the embedded server (started on demand)."""
+    return config.redis_url or embedded_url(config.state_dir)
+
+
+def broker_url(config: Config) -> str:
+    """Celery's broker: ``CELERY_BROKER_URL``, else ``REDIS_URL``, else the embedded server."""
+    return config.broker_url or config.redis_url or embedded_broker_url(config.state_dir)
+
+
+def connect(url: str) -> redis.Redis:
+    """A client that fails fast: a dead store surfaces as an error within seconds, not hangs."""
+    return redis.Redis.from_url(
+        url, socket_timeout=5, socket_connect_timeout=3, health_check_interval=30
+    )
+
+
+@dataclass
+class Runtime:
+    """The process's journal, store client, summarizer and mailer."""
+
+    config: Config
+    client: redis.Redis
+    journal: Journal
+    keys: DigestKeys
+    summarizer: Summarizer
+    mailer: Mailer
+
+    @classmethod
+    def build(cls, config: Config, *, allow_offline: bool) -> Runtime:
+        """Connect and choose the adapters.
+
+        Args:
+            config: the settings.
+            allow_offline: use the offline summarizer when no API key is set (the CLI);
+                a worker passes ``config.offline`` so it refuses to fake summaries silently.
+        """
+        url = store_url(config)
+        client = connect(url)
+        check_persistence(client, logger=log)
+        journal = Journal(
+            client,
+            keyspace=Keyspace(config.key_prefix),
+            settings=Settings(lease_ttl=config.lease_ttl),
+            url=url,
+        )
+        keys = DigestKeys(config.key_prefix)
+        return cls(
+            config=config,
+            client=client,
+            journal=journal,
+            keys=keys,
+            summarizer=choose_summarizer(config, allow_offline=allow_offline),
+            mailer=choose_mailer(config, client, keys),
+        )
+
+
+def choose_summarizer(config: Config, *, allow_offline: bool) -> Summarizer:
+    """The Anthropic summarizer when a key is set; otherwise offline, where allowed."""
+    if os.environ.get("ANTHROPIC_API_KEY"):
+        return AnthropicSummarizer.from_env(config.model_timeout)
+    if allow_offline:
+        return OfflineSummarizer()
+    return MissingKey()
+
+
+def choose_mailer(config: Config, client: redis.Redis, keys: DigestKeys) -> Mailer:
+    """SMTP when ``DIGEST_SMTP_URL`` is set, else the file outbox in the state dir."""
+    if config.smtp_url:
+        return SmtpMailer(config.smtp_url, client, keys.receipt, config.sender)
+    return FileOutbox(config.state_dir / "outbox")
+
+
+class MissingKey:
+    """Stands in for a summarizer on a worker with no API key and no ``DIGEST_OFFLINE=1``."""
+
+    name = "none (ANTHROPIC_API_KEY is not set)"
+
+    def summarize(self, item: Item) -> Completion:
+        """Refuse: a worker must not send offline summaries unless told to."""
+        raise ModelNotConfigured()
+
+    def compose(self, pairs: list[tuple[Item, str]]) -> Completion:
+        """Refuse, as ``summarize`` does."""
+        raise ModelNotConfigured()
+
+
+@functools.cache
+def worker_runtime() -> Runtime:
+    """The worker process's runtime, built on first use after the fork."""
+    config = Config.from_env()
+    return Runtime.build(config, allow_offline=config.offline)
