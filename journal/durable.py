@@ -116,7 +116,7 @@ class Durable:
         try:
             journal = self._journal()
             keys = journal.keys(name, run_id)
-            journal.client.hincrby(keys.meta, "deliveries", 1)
+            journal.call(journal.client.hincrby, keys.meta, "deliveries", 1)
             outcome = journal.execute(
                 name, run_id, lambda run: fn(run, **kwargs), args=kwargs, on_step=self._on_step
             )

@@ -368,9 +368,7 @@ class Journal:
         if meta.get("status") == "waiting" and wait:
             waiting_for = Wait.from_json(codec.loads(wait))
             if waiting_for.signal == name:
-                self.call(
-                    self.client.zadd, self.keyspace.due, {keys.run: millis(self.clock.now())}
-                )
+                self.call(self.client.zadd, self.keyspace.due, {keys.run: millis(self.clock.now())})
         return stored
 
     def claim_due(self, limit: int = 100) -> list[RunKeys]:

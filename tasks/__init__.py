@@ -11,7 +11,7 @@ __all__ = ["app", "digest"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from tasks import app as app_module
+        from tasks import celery_app
 
-        return getattr(app_module, name)
+        return getattr(celery_app, name)
     raise AttributeError(f"module 'tasks' has no attribute {name!r}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, NoReturn
@@ -19,12 +18,12 @@ from journal import JournalError, LeaseBusy, RunParked, StepEvent, validate_run_
 from journal.errors import InvalidRunId
 from journal.inspect import RunView, inspect_run, recent_runs
 from tasks.config import Config
-from tasks.digest import crash_point, receipt_line, run_digest
 from tasks.errors import BadInput, DigestError
 from tasks.items import load_items
 from tasks.model import OfflineSummarizer
 from tasks.runtime import Runtime
 from tasks.schedule import iso_week_run_id
+from tasks.workflow import crash_point, receipt_line, run_digest
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BUSY = 0, 1, 2, 3
 WORKFLOW = "digest"
@@ -148,7 +147,7 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
 
 def cmd_enqueue(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Hand the run to the workers; a duplicate enqueue is harmless (the lease and journal)."""
-    from tasks.app import digest
+    from tasks.celery_app import digest
 
     result = digest.apply_async(args=[run_id])
     print(f"enqueued digest:{run_id} as task {result.id}; `celery -A tasks worker` runs it")
@@ -299,5 +298,4 @@ def _view_json(view: RunView) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    started = time.monotonic()
     sys.exit(main())

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import redis
 
-from journal import Journal, Keyspace, Settings
+from journal import Journal, Keyspace, Settings, StoreUnavailable
 from journal.durability import check_persistence
 from journal.embedded import embedded_broker_url, embedded_url
 from tasks.config import Config
@@ -65,7 +65,10 @@ class Runtime:
         """
         url = store_url(config)
         client = connect(url)
-        check_persistence(client, logger=log)
+        try:
+            check_persistence(client, logger=log)
+        except (redis.ConnectionError, redis.TimeoutError) as down:
+            raise StoreUnavailable(url, str(down) or type(down).__name__) from None
         journal = Journal(
             client,
             keyspace=Keyspace(config.key_prefix),

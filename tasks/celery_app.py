@@ -17,9 +17,9 @@ from celery.schedules import crontab
 from journal import StepEvent
 from journal.durable import SWEEP_TASK, Durable, at_least_once_settings
 from tasks.config import Config
-from tasks.digest import crash_point, run_digest
 from tasks.dispatch import dispatch_due
 from tasks.runtime import broker_url, worker_runtime
+from tasks.workflow import crash_point, run_digest
 
 log = logging.getLogger("tasks.digest")
 
