@@ -12,6 +12,8 @@ import redis
 
 from journal import Journal, Keyspace, Settings
 
+pytest_plugins = ["tests.fakes.anthropic_server"]
+
 # The machine's shared Redis: never flushed; every test uses its own prefix on this DB.
 SHARED_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
 
@@ -53,7 +55,20 @@ def make_journal(store: redis.Redis, prefix: str):  # type: ignore[no-untyped-de
         clock = settings.pop("clock", None)
         kwargs = {"clock": clock} if clock is not None else {}
         return Journal(
-            store, keyspace=Keyspace(prefix), settings=Settings(**settings), **kwargs  # type: ignore[arg-type]
+            store,
+            keyspace=Keyspace(prefix),
+            settings=Settings(**settings),
+            **kwargs,  # type: ignore[arg-type]
         )
 
     return make
+
+
+@pytest.fixture
+def deployment(tmp_path):  # type: ignore[no-untyped-def]
+    """An isolated deployment (own embedded server, own prefix), torn down after the test."""
+    from tests.support import Deployment
+
+    deployed = Deployment(tmp_path / "state")
+    yield deployed
+    deployed.close()

@@ -290,7 +290,7 @@ def test_live_lease_blocks_a_second_holder_who_learns_the_time_left(make_journal
     release = threading.Event()
 
     def slow(run: Run) -> int:
-        return run.step("x", lambda: entered.set() or release.wait(5) and 1)
+        return run.step("x", lambda: entered.set() or (release.wait(5) and 1))
 
     worker = threading.Thread(target=journal.execute, args=("wf", "r1", slow))
     worker.start()

@@ -1,0 +1,34 @@
+# Two entry points, both from a fresh clone with only Python 3.11+:
+#   make run    install, then run this week's digest (embedded Valkey, offline summarizer)
+#   make test   install, then ruff, mypy and every test
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: run test lint install bench clean
+
+$(BIN)/digest: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+install: $(BIN)/digest
+
+run: install
+	$(BIN)/digest run $(RUN)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest -q
+
+bench: install
+	$(BIN)/python bench/journal.py
+
+clean:
+	rm -rf $(VENV) .digest .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,205 @@
+"""Real processes for tests: the digest CLI, Celery workers and beat, each isolated.
+
+Every test that starts processes gets its own state dir, hence its own embedded Valkey server
+(journal store and Celery broker), and its own key prefix; nothing touches the shared Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from journal.embedded import embedded_url, stop_embedded
+from journal.inspect import RunView, inspect_run
+from tasks.config import Config
+from tasks.runtime import Runtime
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
+
+
+def digest_env(state_dir: Path, **overrides: str) -> dict[str, str]:
+    """The environment of a CLI, worker or beat process in an isolated deployment."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DIGEST_", "CRASH"))}
+    env.pop("REDIS_URL", None)
+    env.pop("CELERY_BROKER_URL", None)
+    env.update(
+        {
+            "DIGEST_STATE_DIR": str(state_dir),
+            "DIGEST_KEY_PREFIX": f"t{uuid.uuid4().hex[:8]}",
+            "DIGEST_ITEMS": str(ROOT / "data" / "items.json"),
+            "DIGEST_LEASE_TTL": "2",
+            "DIGEST_RETRY_BASE_DELAY": "0.01",
+            "DIGEST_SWEEP_INTERVAL": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(overrides)
+    return env
+
+
+class Deployment:
+    """One isolated deployment: a state dir, its embedded server, its environment."""
+
+    def __init__(self, state_dir: Path, **env: str) -> None:
+        self.state_dir = state_dir
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self.env = digest_env(state_dir, **env)
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def config(self) -> Config:
+        """The configuration these processes read."""
+        return Config.from_env(self.env)
+
+    def runtime(self) -> Runtime:
+        """The same runtime a process of this deployment builds, for inspecting from a test."""
+        return Runtime.build(self.config, allow_offline=True)
+
+    def client(self) -> redis.Redis:
+        """A client of this deployment's store (the embedded server, unless REDIS_URL is set)."""
+        return redis.Redis.from_url(self.env.get("REDIS_URL") or embedded_url(self.state_dir))
+
+    def view(self, run_id: str, workflow: str = "digest") -> RunView:
+        """What the journal holds for a run."""
+        return inspect_run(self.runtime().journal, workflow, run_id)
+
+    def outbox(self) -> list[Path]:
+        """Emails delivered to the file outbox."""
+        directory = self.state_dir / "outbox"
+        return sorted(directory.glob("*.json")) if directory.exists() else []
+
+    def cli(
+        self, *args: str, env: Mapping[str, str] | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``digest ARGS`` to completion and capture its output."""
+        return subprocess.run(
+            [str(BIN / "digest"), *args],
+            cwd=ROOT,
+            env={**self.env, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def worker(
+        self,
+        name: str,
+        *,
+        concurrency: int = 2,
+        env: Mapping[str, str] | None = None,
+        extra: tuple[str, ...] = (),
+    ) -> Worker:
+        """Start ``celery -A tasks worker`` and wait until it is ready."""
+        log = self.state_dir / f"worker-{name}.log"
+        process = subprocess.Popen(
+            [
+                str(BIN / "celery"),
+                "-A",
+                "tasks",
+                "worker",
+                f"--hostname={name}@%h",
+                f"--concurrency={concurrency}",
+                "--loglevel=INFO",
+                "--without-gossip",
+                "--without-mingle",
+                *extra,
+            ],
+            cwd=ROOT,
+            env={**self.env, **(env or {})},
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.processes.append(process)
+        worker = Worker(process, log)
+        wait_until(worker.ready, 30, f"worker {name} to be ready (log: {log})")
+        return worker
+
+    def beat(self, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Start ``celery -A tasks beat`` with its schedule file in the state dir."""
+        log = self.state_dir / "beat.log"
+        process = subprocess.Popen(
+            [
+                str(BIN / "celery"),
+                "-A",
+                "tasks",
+                "beat",
+                "--loglevel=INFO",
+                f"--schedule={self.state_dir / 'beat-schedule'}",
+            ],
+            cwd=ROOT,
+            env={**self.env, **(env or {})},
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.processes.append(process)
+        return process
+
+    def close(self) -> None:
+        """Kill every process started here and stop the embedded server."""
+        for process in self.processes:
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                process.wait(timeout=10)
+        stop_embedded(self.state_dir)
+
+
+class Worker:
+    """A running ``celery worker`` process group."""
+
+    def __init__(self, process: subprocess.Popen[bytes], log: Path) -> None:
+        self.process = process
+        self.log = log
+
+    def text(self) -> str:
+        """The worker's log so far."""
+        return self.log.read_text(errors="replace")
+
+    def ready(self) -> bool:
+        """Whether the worker said it is ready (or died trying)."""
+        if self.process.poll() is not None:
+            raise AssertionError(f"worker exited with {self.process.returncode}:\n{self.text()}")
+        return " ready." in self.text()
+
+    def children(self) -> list[int]:
+        """Pids of the pool's child processes."""
+        out = subprocess.run(
+            ["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True, check=False
+        )
+        return [int(pid) for pid in out.stdout.split()]
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the whole worker: main process and pool children."""
+        os.killpg(self.process.pid, sig)
+
+    def stop(self, timeout: float = 30) -> int:
+        """Warm shutdown (SIGTERM) and wait for it."""
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout)
