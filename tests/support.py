@@ -6,6 +6,7 @@ Every test that starts processes gets its own state dir, hence its own embedded 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -163,10 +164,8 @@ class Deployment:
         """Kill every process started here and stop the embedded server."""
         for process in self.processes:
             if process.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 process.wait(timeout=10)
         stop_embedded(self.state_dir)
 
