@@ -118,7 +118,7 @@ class Durable:
             keys = journal.keys(name, run_id)
             journal.call(journal.client.hincrby, keys.meta, "deliveries", 1)
             outcome = journal.execute(
-                name, run_id, lambda run: fn(run, **kwargs), args=kwargs, on_step=self._on_step
+                name, run_id, lambda run: fn(run, **run.args), args=kwargs, on_step=self._on_step
             )
         except InvalidRunId as invalid:
             log.error("%s", invalid)

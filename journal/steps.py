@@ -148,6 +148,7 @@ class Run:
         self._lock = threading.Lock()
         self.ran = 0
         self.replayed = 0
+        self.args: dict[str, Any] = {}
 
     @property
     def run_id(self) -> str:

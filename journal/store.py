@@ -116,8 +116,10 @@ class Journal:
     ) -> Outcome:
         """Run ``body`` for one run under its lease, replaying what the journal holds.
 
-        ``args`` are stored in the run's meta so that whoever re-enqueues the run later (the
-        due sweep) can deliver it with the same arguments.
+        ``args`` are the run's inputs. The first start freezes them in the run's meta; every
+        later delivery, however it was enqueued (the due sweep, a duplicate ``delay`` without
+        options, a command line), gets the frozen ones as ``run.args``, so a resumed run
+        takes the same path as its first attempt.
 
         Raises:
             LeaseBusy: another live holder has the run.
@@ -137,8 +139,10 @@ class Journal:
         try:
             if grant.starts_without_progress > self.settings.max_stalled_starts:
                 self._park(keys, grant.holder, grant.starts_without_progress - 1)
-            self._announce(keys, grant.holder, args)
+            frozen = self._decode_meta(keys, self.meta(keys), "args")
+            self._announce(keys, grant.holder, args if frozen is None else None)
             run, heartbeat = self._open(keys, grant.holder, grant.fence, on_step, lease)
+            run.args = dict(frozen if frozen is not None else args or {})
         except BaseException:
             self.call(lease.release, grant.holder)
             raise

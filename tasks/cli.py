@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -66,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``digest`` command."""
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `digest show | head` ends quietly
     args = _parser().parse_args(argv)
     try:
         config = Config.from_env()
@@ -108,7 +110,7 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
         outcome = journal.execute(
             workflow,
             run_id,
-            lambda run: run_digest(run, runtime, **options),
+            lambda run: run_digest(run, runtime, **run.args),
             args=options,
             on_step=_print_step,
         )
