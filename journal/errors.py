@@ -54,8 +54,9 @@ class LeaseBusy(JournalError):
 
     def __str__(self) -> str:
         return (
-            f"run {self.run} is leased by another live worker (fence {self.holder or '?'}) "
-            f"for {self.remaining_ms / 1000:.1f}s more; it will resume it, or retry after that"
+            f"run {self.run} is leased by another worker (fence {self.holder or '?'}) for "
+            f"{self.remaining_ms / 1000:.1f}s more; a live holder carries on, a dead one's "
+            "lease expires then: retry after that"
         )
 
 
