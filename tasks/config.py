@@ -51,7 +51,8 @@ class Config:
         summary_model, intro_model: model ids.
         concurrency: summaries in flight at once.
         lease_ttl: seconds a run's lease lives without renewal.
-        model_timeout: seconds one model call may take; well inside the lease and time limit.
+        model_timeout: seconds one model call may take: inside the lease, far inside the time
+            limit, so a hung call fails as a retryable error instead of holding the run.
         retry_base_delay: the first back-off of a failed model call, in seconds.
         long_backoff: back-offs longer than this become a durable sleep, in seconds.
         smtp_url: real SMTP delivery; None means the file outbox.
@@ -61,6 +62,8 @@ class Config:
         approval: wait for a human approval before sending.
         approval_timeout: seconds to wait for it.
         sweep_interval: seconds between due sweeps (wake-ups and crash recovery).
+        wait_aof: wait for the local AOF fsync of every record (WAITAOF; Redis 7.2+, Valkey),
+            for servers on ``appendfsync everysec``.
         catch_up_weeks: how many missed weeks the dispatcher enqueues after an outage.
         visibility_timeout: the Redis broker's redelivery timeout, in seconds.
         task_time_limit: the hard limit of one delivery, in seconds.
@@ -75,7 +78,7 @@ class Config:
     intro_model: str = "claude-sonnet-5-5"
     concurrency: int = 3
     lease_ttl: float = 30.0
-    model_timeout: float = 60.0
+    model_timeout: float = 20.0
     retry_base_delay: float = 1.0
     long_backoff: float = 30.0
     smtp_url: str | None = None
@@ -86,6 +89,7 @@ class Config:
     approval: bool = False
     approval_timeout: float = 24 * 3600.0
     sweep_interval: float = 15.0
+    wait_aof: bool = False
     catch_up_weeks: int = 4
     visibility_timeout: float = 3600.0
     task_time_limit: float = 1800.0
@@ -108,7 +112,7 @@ class Config:
             intro_model=env.get("DIGEST_INTRO_MODEL") or "claude-sonnet-5-5",
             concurrency=int(_number(env, "DIGEST_CONCURRENCY", 3, 1, 64)),
             lease_ttl=_number(env, "DIGEST_LEASE_TTL", 30, 0.5, 3600),
-            model_timeout=_number(env, "DIGEST_MODEL_TIMEOUT", 60, 1, 600),
+            model_timeout=_number(env, "DIGEST_MODEL_TIMEOUT", 20, 1, 600),
             retry_base_delay=_number(env, "DIGEST_RETRY_BASE_DELAY", 1.0, 0, 60),
             long_backoff=_number(env, "DIGEST_LONG_BACKOFF", 30, 0, 3600),
             smtp_url=env.get("DIGEST_SMTP_URL") or None,
@@ -119,6 +123,7 @@ class Config:
             approval=_flag(env, "DIGEST_APPROVAL"),
             approval_timeout=_number(env, "DIGEST_APPROVAL_TIMEOUT", 86400, 1, 30 * 86400),
             sweep_interval=_number(env, "DIGEST_SWEEP_INTERVAL", 15, 0.5, 3600),
+            wait_aof=_flag(env, "DIGEST_WAITAOF"),
             catch_up_weeks=int(_number(env, "DIGEST_CATCH_UP_WEEKS", 4, 0, 52)),
             visibility_timeout=_number(env, "DIGEST_VISIBILITY_TIMEOUT", 3600, 60, 43200),
             task_time_limit=_number(env, "DIGEST_TASK_TIME_LIMIT", 1800, 30, 43200),

@@ -72,7 +72,7 @@ class Runtime:
         journal = Journal(
             client,
             keyspace=Keyspace(config.key_prefix),
-            settings=Settings(lease_ttl=config.lease_ttl),
+            settings=Settings(lease_ttl=config.lease_ttl, fsync_records=config.wait_aof),
             url=url,
         )
         keys = DigestKeys(config.key_prefix)
