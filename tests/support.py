@@ -115,45 +115,33 @@ class Deployment:
     ) -> Worker:
         """Start ``celery -A tasks worker`` and wait until it is ready."""
         log = self.state_dir / f"worker-{name}.log"
-        process = subprocess.Popen(
-            [
-                str(BIN / "celery"),
-                "-A",
-                "tasks",
-                "worker",
-                f"--hostname={name}@%h",
-                f"--concurrency={concurrency}",
-                "--loglevel=INFO",
-                "--without-gossip",
-                "--without-mingle",
-                *extra,
-            ],
-            cwd=ROOT,
-            env={**self.env, **(env or {})},
-            stdout=log.open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        process = self._celery(
+            "worker",
+            f"--hostname={name}@%h",
+            f"--concurrency={concurrency}",
+            "--without-gossip",
+            "--without-mingle",
+            *extra,
+            log=log,
+            env=env,
         )
-        self.processes.append(process)
         worker = Worker(process, log)
         wait_until(worker.ready, 30, f"worker {name} to be ready (log: {log})")
         return worker
 
     def beat(self, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
         """Start ``celery -A tasks beat`` with its schedule file in the state dir."""
-        log = self.state_dir / "beat.log"
+        schedule = f"--schedule={self.state_dir / 'beat-schedule'}"
+        return self._celery("beat", schedule, log=self.state_dir / "beat.log", env=env)
+
+    def _celery(
+        self, *args: str, log: Path, env: Mapping[str, str] | None
+    ) -> subprocess.Popen[bytes]:
         process = subprocess.Popen(
-            [
-                str(BIN / "celery"),
-                "-A",
-                "tasks",
-                "beat",
-                "--loglevel=INFO",
-                f"--schedule={self.state_dir / 'beat-schedule'}",
-            ],
+            [str(BIN / "celery"), "-A", "tasks", *args, "--loglevel=INFO"],
             cwd=ROOT,
             env={**self.env, **(env or {})},
-            stdout=log.open("wb"),
+            stdout=log.open("ab"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
