@@ -88,7 +88,15 @@ class Durable:
         self.max_countdown = max_countdown
         self.store_retries = store_retries
         self.tasks: dict[str, Task] = {}
-        app.task(name=SWEEP_TASK, ignore_result=True)(self.sweep)
+
+        # A plain function, not the bound method: Celery checks call arguments against the
+        # function's argspec, which for a bound method still lists ``self``, so every
+        # ``apply_async`` of the sweep (beat's included) would be refused.
+        def sweep(limit: int = 100) -> int:
+            return self.sweep(limit)
+
+        sweep.__doc__ = self.sweep.__doc__
+        app.task(name=SWEEP_TASK, ignore_result=True)(sweep)
 
     def workflow(self, name: str, *, task_name: str, **options: Any) -> Callable[[Workflow], Task]:
         """Turn ``fn(run, **kwargs)`` into a task delivered as ``task.delay(run_id, **kwargs)``."""

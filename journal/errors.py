@@ -10,6 +10,8 @@
     ├── UnserializableResult  a step returned something JSON cannot hold
     ├── RunParked             a run kept dying at start and was set aside
     ├── StoreUnavailable      Redis could not be reached
+    ├── StoreUnsupported      the server lacks what a setting needs (WAITAOF for fsync_records)
+    ├── NotDurable            a record was written but its fsync was not confirmed in time
     ├── EmbeddedServerError   the embedded Valkey server could not be started or reached
     └── UnknownScriptStatus   a Lua script returned a code this version does not know (a bug)
 
@@ -154,6 +156,34 @@ class StoreUnavailable(JournalError):
         return (
             f"cannot reach the journal store at {self.url} ({self.detail}); "
             "check that Redis is running and REDIS_URL is right"
+        )
+
+
+class StoreUnsupported(JournalError):
+    """The server cannot honour a setting; refused when the journal is created."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        super().__init__(url, detail)
+        self.url = url
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"the journal store at {self.url} cannot be used as configured: {self.detail}"
+
+
+class NotDurable(JournalError):
+    """WAITAOF did not confirm the local fsync of a record; the run stops rather than trust it."""
+
+    def __init__(self, run: str, step: str, detail: str) -> None:
+        super().__init__(run, step, detail)
+        self.run = run
+        self.step = step
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return (
+            f"run {self.run}: step {self.step!r} was written but its fsync was not confirmed "
+            f"({self.detail}); check the Redis server's disk, then resume the run"
         )
 
 

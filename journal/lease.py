@@ -47,7 +47,7 @@ class Lease:
             LeaseBusy: another holder's lease is live; carries its remaining milliseconds.
         """
         reply = self.scripts.acquire(
-            keys=[self.keys.lease, self.keys.fence, self.keys.meta],
+            keys=[self.keys.lease, self.keys.fence, self.keys.meta, self.keys.steps],
             args=[self.token, self.ttl_ms, now_ms],
         )
         if status_of("acquire", reply, (0, 1)) == 0:

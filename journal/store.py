@@ -21,11 +21,12 @@ from journal.errors import (
     LeaseLost,
     RunParked,
     StoreUnavailable,
+    StoreUnsupported,
 )
 from journal.keys import Keyspace, RunKeys
 from journal.lease import Heartbeat, Lease
 from journal.scripts import Scripts, status_of
-from journal.steps import Run, StepEvent, decode_journal
+from journal.steps import Run, StepEvent
 from journal.waits import Suspend, Wait
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,18 @@ class Journal:
 
     def __post_init__(self) -> None:
         self.scripts = Scripts.register(self.client)
+        if self.settings.fsync_records:
+            self._require_waitaof()
+
+    def _require_waitaof(self) -> None:
+        """Refuse ``fsync_records`` at start on a server that cannot honour it."""
+        try:
+            self.call(self.client.execute_command, "WAITAOF", 1, 0, 100)
+        except redis.ResponseError as exc:
+            raise StoreUnsupported(
+                self.url,
+                f"fsync_records needs WAITAOF (Redis 7.2+ or Valkey with appendonly yes): {exc}",
+            ) from None
 
     def keys(self, workflow: str, run_id: str) -> RunKeys:
         """The validated keys of one run."""
@@ -139,9 +152,12 @@ class Journal:
         try:
             if grant.starts_without_progress > self.settings.max_stalled_starts:
                 self._park(keys, grant.holder, grant.starts_without_progress - 1)
-            frozen = self._decode_meta(keys, self.meta(keys), "args")
+            current = self.meta(keys)
+            frozen = self._decode_meta(keys, current, "args")
+            # Read before the announcement clears it: a retry wait carries its attempt count.
+            waited = self._decode_meta(keys, current, "wait")
             self._announce(keys, grant.holder, args if frozen is None else None)
-            run, heartbeat = self._open(keys, grant.holder, grant.fence, on_step, lease)
+            run, heartbeat = self._open(keys, grant.holder, grant.fence, on_step, lease, waited)
             run.args = dict(frozen if frozen is not None else args or {})
         except BaseException:
             self.call(lease.release, grant.holder)
@@ -155,13 +171,11 @@ class Journal:
         fence: int,
         on_step: Callable[[StepEvent], None] | None,
         lease: Lease,
+        waited: dict[str, Any] | None,
     ) -> tuple[Run, Heartbeat]:
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hgetall(keys.steps)
-        pipe.hget(keys.meta, "wait")
-        raw_steps, raw_wait = self.call(pipe.execute)
-        records = decode_journal(keys.run, raw_steps)
-        wait = Wait.from_json(codec.loads(raw_wait)) if raw_wait else None
+        raw_steps = self.call(self.client.hgetall, keys.steps)
+        recorded = {field.decode(): value for field, value in raw_steps.items()}
+        wait = Wait.from_json(waited) if waited else None
         heartbeat = Heartbeat(lease, holder, on_renew=lambda: self._push_due(keys, xx=True))
         run = Run(
             client=self.client,
@@ -170,7 +184,7 @@ class Journal:
             holder=holder,
             fence=fence,
             clock=self.clock,
-            records=records,
+            recorded=recorded,
             guard=heartbeat,
             retry_state=wait if wait is not None and wait.kind == "retry" else None,
             on_step=on_step,
@@ -268,7 +282,13 @@ class Journal:
         else:
             pipe.zadd(self.keyspace.due, {keys.run: millis(wait.until)})
         pipe.zadd(self.keyspace.runs, {keys.run: millis(self.clock.now())})
-        self.call(pipe.execute)
+        if wait.signal:
+            pipe.hexists(keys.signals, wait.signal)
+        replies = self.call(pipe.execute)
+        if wait.signal and replies[-1]:
+            # The signal landed after the wait was recorded: its sender may have made the run
+            # due before the line above overwrote that, so make it due again.
+            self.call(self.client.zadd, self.keyspace.due, {keys.run: millis(self.clock.now())})
         self._release(keys, holder)
         return True
 
@@ -307,6 +327,9 @@ class Journal:
             "status": "failed",
             "parked": "1",
             "last_error": str(RunParked(keys.run, starts)),
+            # The parking start itself ran nothing: count only the ones that died, so every
+            # later refusal (read back from here) names the same number as last_error.
+            "starts_without_progress": starts,
             "updated_at": now,
         }
         self._update_meta(keys, holder, fields)

@@ -1,11 +1,9 @@
 -- Record one completed step, fenced: only the current lease holder may write, first write wins.
 -- KEYS[1] - the run's lease key
 -- KEYS[2] - the run's steps hash
--- KEYS[3] - the run's meta hash
 -- ARGV[1] - the holder, "<fence>:<token>"
 -- ARGV[2] - the step key (hash field)
 -- ARGV[3] - the step record, JSON
--- ARGV[4] - now, in milliseconds
 -- returns {1} when recorded,
 --         {2, existing_record} when the step was already recorded (the caller adopts it),
 --         {-1} when the lease has expired (nobody holds it),
@@ -20,5 +18,4 @@ end
 if redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3]) == 0 then
   return {2, redis.call('HGET', KEYS[2], ARGV[2])}
 end
-redis.call('HSET', KEYS[3], 'updated_at', ARGV[4], 'starts_without_progress', 0)
 return {1}
