@@ -29,6 +29,15 @@ def _number(env: Mapping[str, str], name: str, default: float, low: float, high:
     return value
 
 
+def _count(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    value = _number(env, name, default, low, high)
+    if value != int(value):  # 2.5 workers would silently become 2
+        raise BadInput(
+            f"{name}={env[name]!r}: not a whole number; use a value from {low} to {high}"
+        )
+    return int(value)
+
+
 def _flag(env: Mapping[str, str], name: str) -> bool:
     raw = env.get(name, "").strip().lower()
     if raw in ("", "0", "false", "no", "off"):
@@ -110,7 +119,7 @@ class Config:
             key_prefix=env.get("DIGEST_KEY_PREFIX") or "journal",
             summary_model=env.get("DIGEST_SUMMARY_MODEL") or "claude-haiku-5-5",
             intro_model=env.get("DIGEST_INTRO_MODEL") or "claude-sonnet-5-5",
-            concurrency=int(_number(env, "DIGEST_CONCURRENCY", 3, 1, 64)),
+            concurrency=_count(env, "DIGEST_CONCURRENCY", 3, 1, 64),
             lease_ttl=_number(env, "DIGEST_LEASE_TTL", 30, 0.5, 3600),
             model_timeout=_number(env, "DIGEST_MODEL_TIMEOUT", 20, 1, 600),
             retry_base_delay=_number(env, "DIGEST_RETRY_BASE_DELAY", 1.0, 0, 60),
@@ -124,7 +133,7 @@ class Config:
             approval_timeout=_number(env, "DIGEST_APPROVAL_TIMEOUT", 86400, 1, 30 * 86400),
             sweep_interval=_number(env, "DIGEST_SWEEP_INTERVAL", 15, 0.5, 3600),
             wait_aof=_flag(env, "DIGEST_WAITAOF"),
-            catch_up_weeks=int(_number(env, "DIGEST_CATCH_UP_WEEKS", 4, 0, 52)),
+            catch_up_weeks=_count(env, "DIGEST_CATCH_UP_WEEKS", 4, 0, 52),
             visibility_timeout=_number(env, "DIGEST_VISIBILITY_TIMEOUT", 3600, 60, 43200),
             task_time_limit=_number(env, "DIGEST_TASK_TIME_LIMIT", 1800, 30, 43200),
         )

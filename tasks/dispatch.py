@@ -38,7 +38,13 @@ def dispatch_due(
     enqueued: list[str] = []
     for run_id in candidates:
         if client.set(keys.dispatched(run_id), now.isoformat(), nx=True, ex=MARKER_TTL_S):
-            enqueue(run_id)
+            try:
+                enqueue(run_id)
+            except BaseException:
+                # The broker did not take it: drop the marker so the next dispatch tries again,
+                # or this week's digest would never be sent.
+                client.delete(keys.dispatched(run_id))
+                raise
             enqueued.append(run_id)
     if candidates:
         # Markers already make every enqueue unique; the watermark only bounds the catch-up,

@@ -1,0 +1,244 @@
+"""The ``digest`` command as a user runs it: a real process, killed by ``CRASH``, resumed.
+
+Each test has its own deployment (state dir, embedded Valkey, key prefix, lease TTL of 2 s);
+runs of the tutorial transcript use the offline summarizer, runs that count model calls use the
+real SDK against the fake Anthropic server.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from journal import Run
+from journal.inspect import inspect_run
+from tests.fakes.anthropic_server import FakeAnthropic
+from tests.support import Deployment, wait_until
+
+pytestmark = pytest.mark.slow
+
+RUN = "2026-w42"
+OFFLINE_NOTE = "  (no ANTHROPIC_API_KEY: using the offline summarizer)\n"
+
+CRASHED = """\
+  ran      select
+  ran      summarize:i1
+  ran      summarize:i2
+  ran      summarize:i3
+  ** simulated crash at after:summarize:i3 **
+"""
+
+RESUMED = """\
+  replayed select
+  replayed summarize:i1
+  replayed summarize:i2
+  replayed summarize:i3
+  ran      summarize:i4
+  ran      summarize:i5
+  ran      summarize:i6
+  ran      summarize:i7
+  ran      summarize:i8
+  ran      compose
+  ran      send
+  ran      mark-seen
+  ran      done
+sent: 8 items, 6 model calls in this attempt, email sent (digest-2026-w42)
+"""
+
+SENT_TWICE = """\
+  ran      send
+  ran      mark-seen
+  ran      done
+sent: 8 items, 0 model calls in this attempt, email already sent earlier, not resent \
+(digest-2026-w42)
+"""
+
+
+def offline(deployment: Deployment, **env: str) -> None:
+    """No API key in the processes' environment: the CLI summarizes offline."""
+    deployment.env.pop("ANTHROPIC_API_KEY", None)
+    deployment.env.pop("ANTHROPIC_BASE_URL", None)
+    deployment.env.update(env)
+
+
+def wait_for_lease_expiry(deployment: Deployment, run_id: str = RUN) -> None:
+    journal = deployment.runtime().journal
+    wait_until(
+        lambda: inspect_run(journal, "digest", run_id).lease_holder is None,
+        10,
+        f"the crashed run's lease on {run_id} to expire",
+    )
+
+
+def prefix_keys(deployment: Deployment) -> list[Any]:
+    return deployment.client().keys(f"{deployment.env['DIGEST_KEY_PREFIX']}:*")
+
+
+def test_the_tutorial_transcript_crash_resume_rerun_and_next_week(
+    deployment: Deployment,
+) -> None:
+    offline(deployment, DIGEST_CONCURRENCY="1")
+    crashed = deployment.cli("run", RUN, env={"CRASH": "after:summarize:i3"})
+    assert (crashed.returncode, crashed.stdout, crashed.stderr) == (137, CRASHED, OFFLINE_NOTE)
+    assert deployment.view(RUN).lease_holder is not None  # a kill leaves the lease behind
+    wait_for_lease_expiry(deployment)
+
+    resumed = deployment.cli("run", RUN)
+    assert (resumed.returncode, resumed.stdout, resumed.stderr) == (0, RESUMED, OFFLINE_NOTE)
+    assert [p.name for p in deployment.outbox()] == ["digest-2026-w42.json"]
+
+    again = deployment.cli("run", RUN)
+    assert (again.returncode, again.stdout) == (
+        0,
+        "already-done: 0 items, 0 model calls in this attempt\n",
+    )
+    next_week = deployment.cli("run", "2026-w43")
+    assert (next_week.returncode, next_week.stdout) == (
+        0,
+        "  ran      select\n  ran      done\nnothing-new: 0 items, 0 model calls in this attempt\n",
+    )
+    assert len(deployment.outbox()) == 1
+
+
+def test_a_crash_after_sending_resumes_without_sending_again(deployment: Deployment) -> None:
+    offline(deployment, DIGEST_CONCURRENCY="1")
+    crashed = deployment.cli("run", RUN, env={"CRASH": "before-save:send"})
+    assert crashed.returncode == 137
+    assert crashed.stdout.endswith(
+        "  ran      compose\n  ** simulated crash at before-save:send **\n"
+    )
+    assert [p.name for p in deployment.outbox()] == ["digest-2026-w42.json"]
+    assert deployment.view(RUN).step("send") is None
+    wait_for_lease_expiry(deployment)
+
+    resumed = deployment.cli("run", RUN)
+    assert resumed.returncode == 0
+    replayed = [f"  replayed summarize:i{n}" for n in range(1, 9)]
+    assert resumed.stdout == "\n".join(
+        ["  replayed select", *replayed, "  replayed compose", SENT_TWICE]
+    )
+    assert [p.name for p in deployment.outbox()] == ["digest-2026-w42.json"]
+    send = deployment.view(RUN).step("send")
+    assert send is not None
+    assert send.result == {"id": "digest-2026-w42", "sent": False}
+
+
+def test_with_the_model_api_a_crash_costs_only_the_calls_in_flight(
+    deployment: Deployment, fake_anthropic: FakeAnthropic
+) -> None:
+    deployment.env.update(fake_anthropic.env(), DIGEST_CONCURRENCY="3")
+    crashed = deployment.cli("run", RUN, env={"CRASH": "after:summarize:i3"})
+    assert crashed.returncode == 137
+    first_attempt = fake_anthropic.calls
+    recorded = [r.key for r in deployment.view(RUN).steps if r.key.startswith("summarize:")]
+    assert "summarize:i3" in recorded
+    lost_in_flight = first_attempt - len(recorded)
+    assert 0 <= lost_in_flight <= 2  # the two other slots, at most
+    wait_for_lease_expiry(deployment)
+
+    fake_anthropic.fail_next(429, headers={"retry-after": "0"}, contains="<updates>")
+    resumed = deployment.cli("run", RUN)
+    second_attempt = fake_anthropic.calls - first_attempt
+    # The summaries not recorded, then compose twice (its first answer was a 429).
+    assert second_attempt == (8 - len(recorded)) + 2
+    assert resumed.stdout.count("  replayed summarize:") == len(recorded)
+    assert resumed.stdout.count("  ran      summarize:") == 8 - len(recorded)
+    assert resumed.stdout.endswith(
+        f"sent: 8 items, {second_attempt} model calls in this attempt, "
+        "email sent (digest-2026-w42)\n"
+    )
+    assert fake_anthropic.calls == 9 + 1 + lost_in_flight
+    assert len(deployment.outbox()) == 1
+
+    shown = deployment.cli("show", RUN)
+    as_json = json.loads(deployment.cli("show", RUN, "--json").stdout)
+    assert shown.returncode == 0
+    steps: list[dict[str, Any]] = as_json["steps"]
+    assert (as_json["status"], as_json["lease"]["holder"]) == ("done", None)
+    summaries = [f"summarize:i{n}" for n in range(1, 9)]
+    assert sorted(s["key"] for s in steps) == sorted(
+        ["select", *summaries, "compose", "send", "mark-seen", "done"]
+    )
+    assert {s["key"]: s["attempt"] for s in steps if s["attempt"] != 1} == {"compose": 2}
+    tokens = [0, 0]
+    for step in steps:
+        usage = ""
+        if step["key"].startswith("summarize:") or step["key"] == "compose":
+            result = step["result"]
+            assert result["input_tokens"] > 0 and result["output_tokens"] > 0
+            tokens = [tokens[0] + result["input_tokens"], tokens[1] + result["output_tokens"]]
+            usage = f"{result['input_tokens']}+{result['output_tokens']} tok"
+        finished = datetime.fromtimestamp(step["finished_at"] / 1000, UTC)
+        when = finished.strftime("%Y-%m-%d %H:%M:%S UTC")
+        assert f"\n{step['key']:22} {when:23} {step['attempt']:>3} {usage:>13}  " in shown.stdout
+    assert shown.stdout.endswith(f"\n13 steps, {tokens[0]} input + {tokens[1]} output tokens\n")
+    assert "status   done\nlease    free\n" in shown.stdout
+
+    runs = deployment.cli("runs")
+    [line] = runs.stdout.splitlines()
+    assert line.startswith(f"{'digest:' + RUN:32} {'done':10} updated ")
+
+
+def test_a_run_leased_by_a_live_worker_exits_3(
+    deployment: Deployment, fake_anthropic: FakeAnthropic
+) -> None:
+    deployment.env.update(fake_anthropic.env())
+    journal = deployment.runtime().journal
+    entered, finish = threading.Event(), threading.Event()
+
+    def body(run: Run) -> dict[str, Any]:
+        entered.set()
+        finish.wait(30)
+        return {}
+
+    holder = threading.Thread(target=journal.execute, args=("digest", RUN, body))
+    holder.start()
+    try:
+        assert entered.wait(10)
+        busy = deployment.cli("run", RUN)
+    finally:
+        finish.set()
+        holder.join(timeout=10)
+    assert busy.returncode == 3
+    assert busy.stdout == ""
+    [line] = busy.stderr.splitlines()
+    assert line.startswith(f"digest: run digest:{RUN} is leased by another")
+    assert "(fence 1)" in line
+    assert fake_anthropic.calls == 0
+
+
+def test_a_bad_items_file_exits_2_and_journals_nothing(
+    deployment: Deployment, fake_anthropic: FakeAnthropic, tmp_path: Path
+) -> None:
+    deployment.env.update(fake_anthropic.env())
+    broken = tmp_path / "broken.json"
+    broken.write_text('[{"id": "i1", "title": "Dark mode"', encoding="utf-8")
+    bad = deployment.cli("run", RUN, env={"DIGEST_ITEMS": str(broken)})
+    assert (bad.returncode, bad.stdout) == (2, "")
+    assert bad.stderr == (
+        f"digest: {broken}: not valid JSON at line 1 column 35 (Expecting ',' delimiter); "
+        "fix the syntax\n"
+    )
+    missing = tmp_path / "missing.json"
+    absent = deployment.cli("run", RUN, "--items", str(missing))
+    assert absent.returncode == 2
+    assert absent.stderr == (
+        f"digest: {missing}: file not found; create it or set DIGEST_ITEMS to this week's "
+        "updates file\n"
+    )
+    assert prefix_keys(deployment) == []
+    assert fake_anthropic.calls == 0
+
+
+def test_an_invalid_run_id_exits_2(deployment: Deployment) -> None:
+    invalid = deployment.cli("run", "2026 w42")
+    assert (invalid.returncode, invalid.stdout) == (2, "")
+    assert invalid.stderr == (
+        "digest: invalid run id '2026 w42': it contains ' '; use 1-128 characters of letters, "
+        "digits, '.', '_' or '-' (for example 2026-w42)\n"
+    )

@@ -1,0 +1,192 @@
+"""Every setting read from the environment: its default, its range, and the conflicts refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tasks.config import Config
+from tasks.errors import BadInput
+from tests.support import Deployment
+
+
+def test_an_empty_environment_gives_the_documented_defaults() -> None:
+    config = Config.from_env({})
+    assert config == Config()
+    assert (config.redis_url, config.broker_url, config.smtp_url) == (None, None, None)
+    assert config.state_dir == Path(".digest")
+    assert config.items_path == Path("data/items.json")
+    assert config.key_prefix == "journal"
+    assert (config.summary_model, config.intro_model) == ("claude-haiku-5-5", "claude-sonnet-5-5")
+    assert (config.concurrency, config.lease_ttl, config.model_timeout) == (3, 30.0, 20.0)
+    assert (config.retry_base_delay, config.long_backoff) == (1.0, 30.0)
+    assert (config.sender, config.recipient) == ("digest@example.com", "team@example.com")
+    assert (config.timezone, config.zone.key) == ("UTC", "UTC")
+    assert (config.offline, config.approval, config.wait_aof) == (False, False, False)
+    assert (config.approval_timeout, config.sweep_interval, config.catch_up_weeks) == (
+        86400.0,
+        15.0,
+        4,
+    )
+    assert (config.visibility_timeout, config.task_time_limit) == (3600.0, 1800.0)
+    assert config.max_countdown == 900.0
+
+
+def test_empty_values_count_as_unset() -> None:
+    blank = {"REDIS_URL": "", "DIGEST_CONCURRENCY": "", "DIGEST_TIMEZONE": "", "DIGEST_OFFLINE": ""}
+    assert Config.from_env(blank) == Config()
+
+
+def test_every_variable_is_read() -> None:
+    config = Config.from_env(
+        {
+            "REDIS_URL": "redis://store:6379/2",
+            "CELERY_BROKER_URL": "amqp://broker//",
+            "DIGEST_STATE_DIR": "/var/lib/digest",
+            "DIGEST_ITEMS": "/srv/items.json",
+            "DIGEST_KEY_PREFIX": "acme",
+            "DIGEST_SUMMARY_MODEL": "claude-haiku-x",
+            "DIGEST_INTRO_MODEL": "claude-sonnet-x",
+            "DIGEST_CONCURRENCY": "8",
+            "DIGEST_LEASE_TTL": "12.5",
+            "DIGEST_MODEL_TIMEOUT": "20",
+            "DIGEST_RETRY_BASE_DELAY": "0.5",
+            "DIGEST_LONG_BACKOFF": "10",
+            "DIGEST_SMTP_URL": "smtp://mail:25",
+            "DIGEST_FROM": "news@acme.test",
+            "DIGEST_TO": "all@acme.test",
+            "DIGEST_TIMEZONE": "Europe/Berlin",
+            "DIGEST_OFFLINE": "yes",
+            "DIGEST_APPROVAL": "on",
+            "DIGEST_APPROVAL_TIMEOUT": "3600",
+            "DIGEST_SWEEP_INTERVAL": "5",
+            "DIGEST_WAITAOF": "1",
+            "DIGEST_CATCH_UP_WEEKS": "0",
+            "DIGEST_VISIBILITY_TIMEOUT": "7200",
+            "DIGEST_TASK_TIME_LIMIT": "600",
+        }
+    )
+    assert config == Config(
+        redis_url="redis://store:6379/2",
+        broker_url="amqp://broker//",
+        state_dir=Path("/var/lib/digest"),
+        items_path=Path("/srv/items.json"),
+        key_prefix="acme",
+        summary_model="claude-haiku-x",
+        intro_model="claude-sonnet-x",
+        concurrency=8,
+        lease_ttl=12.5,
+        model_timeout=20.0,
+        retry_base_delay=0.5,
+        long_backoff=10.0,
+        smtp_url="smtp://mail:25",
+        sender="news@acme.test",
+        recipient="all@acme.test",
+        timezone="Europe/Berlin",
+        offline=True,
+        approval=True,
+        approval_timeout=3600.0,
+        sweep_interval=5.0,
+        wait_aof=True,
+        catch_up_weeks=0,
+        visibility_timeout=7200.0,
+        task_time_limit=600.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "problem"),
+    [
+        ("DIGEST_CONCURRENCY", "lots", "not a number; use a value from 1 to 64"),
+        ("DIGEST_CONCURRENCY", "0", "out of range; use a value from 1 to 64"),
+        ("DIGEST_CONCURRENCY", "65", "out of range; use a value from 1 to 64"),
+        ("DIGEST_CONCURRENCY", "nan", "out of range; use a value from 1 to 64"),
+        ("DIGEST_CONCURRENCY", "2.5", "not a whole number; use a value from 1 to 64"),
+        ("DIGEST_LEASE_TTL", "0.1", "out of range; use a value from 0.5 to 3600"),
+        ("DIGEST_LEASE_TTL", "inf", "out of range; use a value from 0.5 to 3600"),
+        ("DIGEST_MODEL_TIMEOUT", "0", "out of range; use a value from 1 to 600"),
+        ("DIGEST_RETRY_BASE_DELAY", "-1", "out of range; use a value from 0 to 60"),
+        ("DIGEST_LONG_BACKOFF", "1e9", "out of range; use a value from 0 to 3600"),
+        ("DIGEST_APPROVAL_TIMEOUT", "0", "out of range; use a value from 1 to 2.592e+06"),
+        ("DIGEST_SWEEP_INTERVAL", "0.1", "out of range; use a value from 0.5 to 3600"),
+        ("DIGEST_CATCH_UP_WEEKS", "53", "out of range; use a value from 0 to 52"),
+        ("DIGEST_CATCH_UP_WEEKS", "1.5", "not a whole number; use a value from 0 to 52"),
+        ("DIGEST_VISIBILITY_TIMEOUT", "10", "out of range; use a value from 60 to 43200"),
+        ("DIGEST_TASK_TIME_LIMIT", "10", "out of range; use a value from 30 to 43200"),
+        ("DIGEST_OFFLINE", "maybe", "not a flag; use 1 or 0"),
+        ("DIGEST_APPROVAL", "2", "not a flag; use 1 or 0"),
+        ("DIGEST_WAITAOF", "sometimes", "not a flag; use 1 or 0"),
+    ],
+)
+def test_a_bad_value_is_refused_naming_the_variable(name: str, value: str, problem: str) -> None:
+    with pytest.raises(BadInput) as caught:
+        Config.from_env({name: value})
+    assert str(caught.value) == f"{name}={value!r}: {problem}"
+
+
+def test_an_unknown_time_zone_is_refused() -> None:
+    with pytest.raises(BadInput) as caught:
+        Config.from_env({"DIGEST_TIMEZONE": "Mars/Olympus"})
+    assert str(caught.value) == (
+        "DIGEST_TIMEZONE='Mars/Olympus': unknown time zone; use an IANA name such as Europe/Berlin"
+    )
+
+
+@pytest.mark.parametrize(
+    ("limit", "refused"), [("3240", True), ("3300", True), ("3239", False), ("1800", False)]
+)
+def test_the_task_time_limit_must_stay_below_90_percent_of_the_visibility_timeout(
+    limit: str, refused: bool
+) -> None:
+    env = {"DIGEST_VISIBILITY_TIMEOUT": "3600", "DIGEST_TASK_TIME_LIMIT": limit}
+    if not refused:
+        assert Config.from_env(env).task_time_limit == float(limit)
+        return
+    with pytest.raises(BadInput) as caught:
+        Config.from_env(env)
+    message = str(caught.value)
+    assert message.startswith(f"DIGEST_TASK_TIME_LIMIT={limit} must stay below 90% of ")
+    assert "DIGEST_VISIBILITY_TIMEOUT=3600" in message
+
+
+def test_the_model_timeout_must_be_shorter_than_the_task_time_limit() -> None:
+    env = {"DIGEST_TASK_TIME_LIMIT": "60", "DIGEST_MODEL_TIMEOUT": "60"}
+    with pytest.raises(BadInput) as caught:
+        Config.from_env(env)
+    assert str(caught.value) == (
+        "DIGEST_MODEL_TIMEOUT=60 must be shorter than DIGEST_TASK_TIME_LIMIT=60"
+    )
+    assert Config.from_env(env | {"DIGEST_MODEL_TIMEOUT": "59"}).model_timeout == 59.0
+
+
+@pytest.mark.parametrize(("ttl", "refused"), [("7.6", True), ("450", True), ("7.5", False)])
+def test_a_lease_ttl_too_long_for_the_visibility_timeout_is_refused(
+    ttl: str, refused: bool
+) -> None:
+    # A busy delivery retries after the lease's remaining time: twice the TTL must stay within
+    # a quarter of the visibility timeout (here 60 s, so 7.5 s at most).
+    env = {
+        "DIGEST_VISIBILITY_TIMEOUT": "60",
+        "DIGEST_TASK_TIME_LIMIT": "50",
+        "DIGEST_MODEL_TIMEOUT": "10",
+        "DIGEST_LEASE_TTL": ttl,
+    }
+    if not refused:
+        assert Config.from_env(env).lease_ttl == float(ttl)
+        return
+    with pytest.raises(BadInput) as caught:
+        Config.from_env(env)
+    assert str(caught.value).startswith(
+        f"DIGEST_LEASE_TTL={ttl} is too long for DIGEST_VISIBILITY_TIMEOUT=60: "
+    )
+
+
+@pytest.mark.slow
+def test_the_cli_reports_a_bad_setting_in_one_line_and_exits_2(deployment: Deployment) -> None:
+    refused = deployment.cli("run", "2026-w42", env={"DIGEST_CONCURRENCY": "lots"})
+    assert (refused.returncode, refused.stdout) == (2, "")
+    assert refused.stderr == (
+        "digest: DIGEST_CONCURRENCY='lots': not a number; use a value from 1 to 64\n"
+    )
+    assert not (deployment.state_dir / "valkey").exists()  # refused before starting a server

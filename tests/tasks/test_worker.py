@@ -1,0 +1,82 @@
+"""A real ``celery -A tasks worker`` completing digests handed to it with ``digest enqueue``."""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Any
+
+import pytest
+
+from tests.fakes.anthropic_server import FakeAnthropic
+from tests.support import Deployment, Worker, wait_until
+
+pytestmark = pytest.mark.slow
+
+RUN = "2026-w42"
+
+
+def enqueue(deployment: Deployment, run_id: str = RUN) -> str:
+    """Hand the run to the workers; returns the Celery task id the CLI printed."""
+    done = deployment.cli("enqueue", run_id)
+    assert done.returncode == 0, done.stderr
+    found = re.search(r" as task (\S+);", done.stdout)
+    assert found, done.stdout
+    return found.group(1)
+
+
+def task_result(worker: Worker, task_id: str) -> dict[str, Any] | None:
+    """The value the worker logged for ``task_id`` once it succeeded, if it has."""
+    found = re.search(
+        rf"Task tasks\.digest\[{re.escape(task_id)}\] succeeded in [\d.e-]+s: (.*)$",
+        worker.text(),
+        re.MULTILINE,
+    )
+    return ast.literal_eval(found.group(1)) if found else None
+
+
+def test_a_worker_runs_the_digest_once_and_a_second_delivery_is_already_done(
+    deployment: Deployment, fake_anthropic: FakeAnthropic
+) -> None:
+    deployment.env.update(fake_anthropic.env())
+    worker = deployment.worker("w1", concurrency=1)
+
+    first = enqueue(deployment)
+    result = wait_until(lambda: task_result(worker, first), 30, "the first delivery")
+    assert result["status"] == "done"
+    assert result["result"] == {
+        "status": "sent",
+        "items": 8,
+        "model_calls": 9,
+        "receipt": {"id": "digest-2026-w42", "sent": True},
+    }
+    assert (result["ran"], result["replayed"]) == (13, 0)
+    assert fake_anthropic.calls == 9
+    assert [p.name for p in deployment.outbox()] == ["digest-2026-w42.json"]
+
+    second = enqueue(deployment)
+    again = wait_until(lambda: task_result(worker, second), 30, "the second delivery")
+    assert (again["status"], again["ran"], again["replayed"]) == ("already-done", 0, 0)
+    assert again["result"] == result["result"]  # the outcome recorded by the first delivery
+    assert fake_anthropic.calls == 9
+    assert len(deployment.outbox()) == 1
+    assert deployment.view(RUN).meta["deliveries"] == "2"
+
+
+def test_a_worker_without_a_key_refuses_instead_of_summarizing_offline(
+    deployment: Deployment, fake_anthropic: FakeAnthropic
+) -> None:
+    deployment.env.pop("ANTHROPIC_API_KEY", None)
+    deployment.env["ANTHROPIC_BASE_URL"] = fake_anthropic.url
+    deployment.env.pop("DIGEST_OFFLINE", None)
+    worker = deployment.worker("nokey", concurrency=1)
+
+    task_id = enqueue(deployment)
+    wait_until(lambda: deployment.view(RUN).status == "failed", 30, "the run to fail")
+    view = deployment.view(RUN)
+    assert view.meta["last_error"].startswith("ModelNotConfigured: ANTHROPIC_API_KEY is not set")
+    assert "DIGEST_OFFLINE=1" in view.meta["last_error"]
+    assert [r.key for r in view.steps] == ["select"]
+    wait_until(lambda: f"tasks.digest[{task_id}] raised" in worker.text(), 10, "the failure log")
+    assert fake_anthropic.calls == 0
+    assert deployment.outbox() == []
