@@ -261,9 +261,18 @@ class Run:
                 stop.set()  # items not yet started stay unstarted
                 raise
 
-        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=prefix) as pool:
-            futures: dict[Future[T], int] = {pool.submit(one, i): i for i in todo}
+        pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=prefix)
+        futures: dict[Future[T], int] = {pool.submit(one, i): i for i in todo}
+        try:
             wait(futures)
+        except BaseException:
+            # The process is stopping (a pool child's SIGTERM raises SystemExit here): leave
+            # the calls in flight behind rather than wait out their timeouts. Whatever they
+            # still record is fenced; the next holder replays it or makes the call again.
+            stop.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
         first_error: BaseException | None = None
         for future, index in futures.items():
             error = future.exception()

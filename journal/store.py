@@ -206,15 +206,20 @@ class Journal:
                 try:
                     result = body(run)
                 except Suspend as suspend:
-                    if self._suspend(keys, holder, suspend.wait):
+                    if self._suspend(keys, holder, suspend.wait, heartbeat):
                         return Outcome(
                             keys.run, "waiting", None, suspend.wait, run.ran, run.replayed
                         )
                     continue  # the signal it waits for arrived meanwhile: replay and go on
                 break
-        except LeaseLost:
+        except (LeaseLost, StoreUnavailable):
             heartbeat.stop()
             raise
+        except (redis.ConnectionError, redis.TimeoutError) as down:
+            # The store went away under a step: not the run's failure, and nothing could be
+            # saved anyway. StoreUnavailable lets the delivery retry once the store is back.
+            heartbeat.stop()
+            raise StoreUnavailable(self.url, str(down) or type(down).__name__) from down
         except Exception as error:
             heartbeat.stop()
             self._fail(keys, holder, error)
@@ -267,7 +272,7 @@ class Journal:
     def _lease_deadline_ms(self) -> int:
         return millis(self.clock.now() + self.settings.lease_ttl + self.settings.recovery_grace)
 
-    def _suspend(self, keys: RunKeys, holder: str, wait: Wait) -> bool:
+    def _suspend(self, keys: RunKeys, holder: str, wait: Wait, heartbeat: Heartbeat) -> bool:
         fields = {
             "status": "waiting",
             "wait": codec.dumps(wait.to_json()),
@@ -276,6 +281,9 @@ class Journal:
         }
         if self._update_meta(keys, holder, fields, unless_signal=wait.signal or "") == 3:
             return False
+        # Waiting now: a renewal from here on would log a lost lease once it is released, and
+        # its due push (the lease expiry) could overwrite the wake-up time written below.
+        heartbeat.stop()
         pipe = self.client.pipeline(transaction=False)
         if wait.until is None:
             pipe.zrem(self.keyspace.due, keys.run)

@@ -67,11 +67,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``digest`` command."""
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `digest show | head` ends quietly
     args = _parser().parse_args(argv)
     try:
         config = Config.from_env()
-        run_id = args.run_id or iso_week_run_id(datetime.now(config.zone))
+        # Only an omitted id means this week; an empty one is refused like any bad id.
+        given = getattr(args, "run_id", None)  # `digest runs` takes no run id
+        run_id = iso_week_run_id(datetime.now(config.zone)) if given is None else given
         validate_run_id(run_id)
         return int(COMMANDS[args.command](config, run_id, args))
     except (BadInput, InvalidRunId) as bad:
@@ -189,6 +190,14 @@ def cmd_reject(config: Config, run_id: str, args: argparse.Namespace) -> int:
 
 def _decide(config: Config, run_id: str, decision: dict[str, Any]) -> int:
     runtime = Runtime.build(config, allow_offline=True)
+    gate = inspect_run(runtime.journal, WORKFLOW, run_id).step("signal:approval")
+    if gate is not None and not gate.result["received"]:
+        # The journal holds the run's answer, and a late decision would never be read.
+        print(
+            f"digest: {WORKFLOW}:{run_id} expired waiting for a decision; that outcome stands",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     stored = runtime.journal.send_signal(WORKFLOW, run_id, "approval", decision)
     if not stored:
         print(
@@ -299,5 +308,11 @@ def _view_json(view: RunView) -> dict[str, Any]:
     }
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The ``digest`` console script: a process of its own, so it may own SIGPIPE."""
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `digest show | head` ends quietly
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

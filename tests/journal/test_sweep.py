@@ -1,0 +1,219 @@
+"""The due sweep: claims each due run once across racing sweepers, and finds lost ones again.
+
+Also the rule behind it: no countdown longer than a fraction of the broker's visibility
+timeout, since a Redis broker redelivers an unacked message after that timeout.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from celery import Celery
+
+from journal import Journal, ManualClock, Outcome, Run, Wait
+from journal.clock import millis
+from journal.durable import Durable
+
+T0 = 1_800_000_000.0
+MakeJournal = Callable[..., Journal]
+SWEEPERS = 20
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def napper(seconds: float, calls: list[str] | None = None) -> Callable[[Run], str]:
+    """A workflow that sleeps, then notes in ``calls`` that it went on."""
+
+    def after(run: Run) -> str:
+        if calls is not None:
+            calls.append(run.run_id)
+        return "after"
+
+    def body(run: Run) -> str:
+        run.sleep("nap", seconds)
+        return str(run.step("after", lambda: after(run)))
+
+    return body
+
+
+def test_racing_sweepers_claim_each_due_run_exactly_once(make_journal: MakeJournal) -> None:
+    clock = ManualClock(T0)
+    journal: Journal = make_journal(clock=clock)
+    due = [f"due{i}" for i in range(12)]
+    later = [f"later{i}" for i in range(3)]
+    for run_id in due:
+        assert journal.execute("wf", run_id, napper(10)).status == "waiting"
+    for run_id in later:
+        journal.execute("wf", run_id, napper(1000))
+    clock.advance(10)
+    sweepers: list[Journal] = [make_journal(clock=clock) for _ in range(SWEEPERS)]
+    barrier = threading.Barrier(SWEEPERS)
+    claimed: list[str] = []
+    lock = threading.Lock()
+
+    def sweep(sweeper: Journal) -> None:
+        barrier.wait(timeout=10)
+        runs = sweeper.claim_due()
+        with lock:
+            claimed.extend(keys.run for keys in runs)
+
+    threads = [threading.Thread(target=sweep, args=(s,)) for s in sweepers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+
+    assert Counter(claimed) == Counter(f"wf:{run_id}" for run_id in due)
+    rearmed = millis(T0 + 10 + journal.settings.rearm_after)
+    for run_id in due:
+        assert journal.client.zscore(journal.keyspace.due, f"wf:{run_id}") == rearmed
+    for run_id in later:
+        assert journal.client.zscore(journal.keyspace.due, f"wf:{run_id}") == millis(T0 + 1000)
+
+
+def test_a_claimed_run_whose_message_was_lost_is_claimed_again_later(
+    make_journal: MakeJournal,
+) -> None:
+    clock = ManualClock(T0)
+    journal: Journal = make_journal(clock=clock, rearm_after=120.0)
+    journal.execute("wf", "r1", napper(10))
+    assert journal.claim_due() == []
+    clock.advance(10)
+    assert [keys.run for keys in journal.claim_due()] == ["wf:r1"]
+    assert journal.claim_due() == []  # its message is on its way; nobody sends another
+    clock.advance(119.999)
+    assert journal.claim_due() == []
+    clock.advance(0.001)
+    assert [keys.run for keys in journal.claim_due()] == ["wf:r1"]  # that message was lost
+
+    assert journal.execute("wf", "r1", napper(10)).status == "done"
+    clock.advance(1000)
+    assert journal.claim_due() == []
+
+
+def test_a_running_run_is_due_at_its_lease_expiry_so_a_dead_worker_is_recovered(
+    make_journal: MakeJournal,
+) -> None:
+    clock = ManualClock(T0)
+    journal: Journal = make_journal(clock=clock, lease_ttl=30.0, recovery_grace=5.0)
+    seen: list[float | None] = []
+
+    def dies(run: Run) -> None:
+        run.step("a", lambda: 1)
+        seen.append(journal.client.zscore(journal.keyspace.due, "wf:r1"))
+        raise SystemExit("the worker process ends mid-run")
+
+    with pytest.raises(SystemExit):
+        journal.execute("wf", "r1", dies)
+    assert seen == [millis(T0 + 35)]
+    clock.advance(34.999)
+    assert journal.claim_due() == []
+    clock.advance(0.001)
+    assert [keys.run for keys in journal.claim_due()] == ["wf:r1"]
+
+
+def eager_app() -> Celery:
+    app = Celery(f"t{uuid.uuid4().hex[:6]}", broker="memory://")
+    app.conf.task_always_eager = True
+    return app
+
+
+def test_the_sweep_task_delivers_due_runs_of_registered_workflows(
+    make_journal: MakeJournal, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = ManualClock(T0)
+    journal: Journal = make_journal(clock=clock)
+    durable = Durable(eager_app(), lambda: journal)
+    calls: list[str] = []
+    body = napper(10, calls)
+
+    @durable.workflow("wf", task_name="t.wf")
+    def wf(run: Run, **options: object) -> str:
+        return body(run)
+
+    for run_id in ["r1", "r2"]:
+        journal.execute("wf", run_id, body, args={"week": run_id})
+    journal.execute("orphan", "r3", napper(10))  # a workflow this app does not know
+    assert durable.sweep() == 0
+
+    clock.advance(10)
+    assert durable.sweep() == 2
+
+    assert sorted(calls) == ["r1", "r2"]
+    for run_id in ["r1", "r2"]:
+        meta = journal.meta(journal.keys("wf", run_id))
+        assert (meta["status"], meta["deliveries"]) == ("done", "1")
+    assert journal.meta(journal.keys("orphan", "r3"))["status"] == "waiting"
+    assert "due run orphan:r3 has no workflow registered in this app" in caplog.text
+    assert durable.sweep() == 0
+
+
+# -- no long countdowns -----------------------------------------------------------------------
+
+
+def test_the_digest_app_caps_countdowns_at_a_quarter_of_the_visibility_timeout() -> None:
+    from tasks.celery_app import config, durable
+
+    assert durable.max_countdown == config.max_countdown == config.visibility_timeout * 0.25
+    assert durable.max_countdown == 900.0  # the default one-hour visibility timeout
+
+
+def test_a_wait_gets_a_countdown_only_within_max_countdown() -> None:
+    app = Celery(f"t{uuid.uuid4().hex[:6]}", broker="memory://")
+    app.conf.task_default_queue = queue = f"q{uuid.uuid4().hex[:8]}"
+    durable = Durable(app, lambda: None, max_countdown=10.0)  # type: ignore[arg-type,return-value]
+
+    @durable.workflow("wf", task_name="t.wf")
+    def wf(run: Run) -> None:
+        return None
+
+    task = durable.tasks["wf"]
+    now = time.time()
+    for until in [now + 5, now + 10.5, now + 3600, now - 1, None]:
+        wait = Wait("sleep", "sleep:x", until=until)
+        durable._wake_soon(task, Outcome("wf:r1", "waiting", wait=wait), "r1", {"to": "a@b"})
+    durable._wake_soon(task, Outcome("wf:r1", "done", "x"), "r1", {})
+
+    etas = []
+    with app.connection_for_read() as connection:
+        messages = connection.SimpleQueue(queue)
+        while messages.qsize():
+            message = messages.get(timeout=1)
+            assert message.payload[:2] == [["r1"], {"to": "a@b"}]
+            etas.append(datetime.fromisoformat(message.headers["eta"]).timestamp())
+            message.ack()
+    assert len(etas) == 1
+    assert etas[0] == pytest.approx(now + 5, abs=1.0)
+
+
+# Each way this code may ask the broker to hold a message, and why it is bounded.
+BOUNDED_COUNTDOWNS = {
+    # a busy run's delivery retries after the holder's remaining lease, capped
+    "countdown = min(jitter(busy.remaining_ms / 1000), self.max_countdown)",
+    # the store is down: exponential back-off, capped
+    "countdown = min(jitter(2.0**attempt), self.max_countdown)",
+    "raise task.retry(countdown=countdown, max_retries=None) from None",
+    "raise task.retry(exc=down, countdown=countdown, max_retries=retries) from None",
+    # a short wait: only when 0 < delay <= max_countdown (the test above)
+    "task.apply_async(args=[run_id], kwargs=kwargs, countdown=delay)",
+}
+
+
+def test_every_countdown_in_the_code_is_one_of_the_bounded_ones() -> None:
+    usage = re.compile(r"\b(countdown|eta)\s*=")
+    found: dict[str, set[str]] = {}
+    for package in ["journal", "tasks"]:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for line in path.read_text().splitlines():
+                if usage.search(line) and not line.lstrip().startswith("#"):
+                    found.setdefault(str(path.relative_to(ROOT)), set()).add(line.strip())
+    assert found == {"journal/durable.py": BOUNDED_COUNTDOWNS}
+    source = (ROOT / "journal" / "durable.py").read_text()
+    assert "if 0 < delay <= self.max_countdown:" in source

@@ -1,0 +1,156 @@
+"""The approval gate as an operator meets it: ``digest run --approval``, show, approve, reject.
+
+Real processes on an isolated deployment with the offline summarizer. While the digest waits
+for its decision it holds no lease and no process; every decision is final.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from datetime import UTC, datetime
+
+import pytest
+
+from journal.clock import millis
+from tasks.keys import DigestKeys
+from tests.support import Deployment, wait_until
+
+pytestmark = pytest.mark.slow
+
+RUN = "2026-w42"
+WAITING = (
+    f"waiting: signal approval (until {{until}}); `digest approve {RUN}` or "
+    f"`digest reject {RUN} --reason ...`\n"
+)
+
+
+@pytest.fixture(autouse=True)
+def offline(deployment: Deployment) -> None:
+    """The offline summarizer, whatever the environment that runs the tests holds."""
+    for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"):
+        deployment.env.pop(name, None)
+
+
+def digest(deployment: Deployment, *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
+    done = deployment.cli(*args)
+    assert done.returncode == code, (args, done.stdout, done.stderr)
+    return done
+
+
+def last_line(done: subprocess.CompletedProcess[str]) -> str:
+    return done.stdout.splitlines()[-1]
+
+
+def seen(deployment: Deployment) -> int:
+    """Items marked as covered by a sent digest."""
+    return int(deployment.client().scard(DigestKeys(deployment.env["DIGEST_KEY_PREFIX"]).seen))
+
+
+def outcome(deployment: Deployment) -> dict[str, object]:
+    result: dict[str, object] = json.loads(deployment.view(RUN).meta["outcome"])
+    return result
+
+
+def wait_for_approval(deployment: Deployment) -> float:
+    """Start the run at its gate; the wake-up time it recorded."""
+    timeout = deployment.config.approval_timeout
+    started = time.time()
+    done = digest(deployment, "run", RUN, "--approval")
+    view = deployment.view(RUN)
+    assert view.wait is not None and view.wait.until is not None
+    assert started + timeout <= view.wait.until <= time.time() + timeout
+    until = view.wait.until
+    assert done.stdout.endswith(WAITING.format(until=when(until)))
+    assert "  ran      draft\n  ran      wait:approval\n" in done.stdout
+    return until
+
+
+def when(seconds: float) -> str:
+    """A time as the command prints it."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def test_an_approved_digest_is_sent_once_and_a_second_decision_is_refused(
+    deployment: Deployment,
+) -> None:
+    until = wait_for_approval(deployment)
+
+    shown = digest(deployment, "show", RUN).stdout
+    assert "status   waiting\n" in shown
+    assert "lease    free\n" in shown
+    assert f"waiting  signal approval until {when(until)}\n" in shown
+    assert (
+        "awaiting approval:\nTo: team@example.com\n"
+        f"Subject: Your weekly digest ({RUN})\n\nThis week brings 8 updates: Dark mode, "
+    ) in shown
+    assert "* Keyboard shortcuts: Press ? anywhere to see every keyboard shortcut." in shown
+    view = deployment.view(RUN)
+    assert (view.status, view.lease_holder) == ("waiting", None)
+    due = deployment.runtime().journal.keyspace.due
+    assert deployment.client().zscore(due, f"digest:{RUN}") == millis(until)
+
+    approved = digest(deployment, "approve", RUN)
+    assert approved.stdout == (
+        f"approved digest:{RUN}; a worker resumes it at the next sweep, or run `digest run {RUN}`\n"
+    )
+    again = digest(deployment, "approve", RUN, code=2)
+    assert again.stderr == f"digest: digest:{RUN} already has a decision; the first one stands\n"
+    assert deployment.view(RUN).signals == {"approval": {"approved": True}}
+
+    resumed = digest(deployment, "run", RUN)
+    assert "  ran      signal:approval\n  ran      send\n" in resumed.stdout
+    assert last_line(resumed) == (
+        f"sent: 8 items, 0 model calls in this attempt, email sent (digest-{RUN})"
+    )
+    assert len(deployment.outbox()) == 1
+    assert seen(deployment) == 8
+
+
+def test_a_rejected_digest_ends_without_sending_or_marking_anything(
+    deployment: Deployment,
+) -> None:
+    wait_for_approval(deployment)
+
+    rejected = digest(deployment, "reject", RUN, "--reason", "typo in the intro")
+    assert rejected.stdout.startswith(f"rejected digest:{RUN}; ")
+    ended = digest(deployment, "run", RUN)
+
+    assert last_line(ended) == "rejected: 0 items, 0 model calls in this attempt"
+    assert outcome(deployment) == {
+        "status": "rejected",
+        "items": 0,
+        "model_calls": 0,
+        "reason": "typo in the intro",
+    }
+    view = deployment.view(RUN)
+    assert view.status == "done"
+    assert view.step("send") is None and view.step("mark-seen") is None
+    assert deployment.outbox() == []
+    assert seen(deployment) == 0
+
+
+def test_an_undecided_digest_expires_without_sending_or_marking_anything(
+    deployment: Deployment,
+) -> None:
+    deployment.env["DIGEST_APPROVAL_TIMEOUT"] = "1"
+    until = wait_for_approval(deployment)
+    wait_until(lambda: time.time() > until + 0.05, 5, "the approval timeout to pass")
+
+    ended = digest(deployment, "run", RUN)
+
+    assert last_line(ended) == "expired: 0 items, 0 model calls in this attempt"
+    assert outcome(deployment) == {"status": "expired", "items": 0, "model_calls": 0}
+    view = deployment.view(RUN)
+    assert view.status == "done"
+    record = view.step("signal:approval")
+    assert record is not None and record.result == {"received": False, "payload": None}
+    assert record.finished_at >= millis(until)
+    assert deployment.outbox() == []
+    assert seen(deployment) == 0
+    late = digest(deployment, "approve", RUN, code=2)
+    assert late.stderr == (
+        f"digest: digest:{RUN} expired waiting for a decision; that outcome stands\n"
+    )
+    assert deployment.view(RUN).signals == {}

@@ -1,0 +1,156 @@
+"""A model call told to come back in two minutes: the run suspends instead of holding a worker.
+
+In-process, on a deployment's store, with the real SDK against the fake API: a ``retry-after``
+longer than ``DIGEST_LONG_BACKOFF`` becomes a durable wait in the due index, and the due sweep
+(a Celery app running its tasks eagerly) resumes the run once a movable clock passes it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from celery import Celery
+
+from journal import Journal, ManualClock, Run, Wait
+from journal.clock import millis
+from journal.durable import Durable
+from journal.inspect import inspect_run
+from tasks.model import AnthropicSummarizer
+from tasks.runtime import Runtime
+from tasks.workflow import run_digest
+from tests.fakes.anthropic_server import FakeAnthropic
+from tests.support import Deployment
+
+RUN = "2026-w42"
+RETRY_AFTER = 120
+TITLES = [
+    "Dark mode",
+    "Faster search",
+    "CSV export for reports",
+    "SSO for the Team plan",
+    "Fewer duplicate notifications",
+    "New API rate limits",
+    "Audit log retention",
+    "Keyboard shortcuts",
+]
+
+
+def summary_calls(fake: FakeAnthropic) -> list[int]:
+    """Summary requests per item, in item order (the intro's prompt lists every title too)."""
+    asked = [r.text for r in fake.requests if "<updates>" not in r.text]
+    return [sum(text.startswith(f'<update title="{title}">') for text in asked) for title in TITLES]
+
+
+@pytest.fixture
+def runtime(
+    deployment: Deployment, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> Runtime:
+    """The deployment's runtime on the fake API, its journal on a clock the test moves."""
+    for name, value in fake_anthropic.env().items():
+        monkeypatch.setenv(name, value)
+    deployment.env["DIGEST_CONCURRENCY"] = "1"  # which summaries ran before the 429 is then fixed
+    built = deployment.runtime()
+    assert isinstance(built.summarizer, AnthropicSummarizer)
+    assert built.config.long_backoff == 30
+    built.journal = Journal(
+        built.client,
+        keyspace=built.journal.keyspace,
+        settings=built.journal.settings,
+        clock=ManualClock(time.time()),
+    )
+    return built
+
+
+def sweeper(runtime: Runtime) -> Durable:
+    """The digest workflow and the due sweep on an app that runs what it enqueues at once."""
+    app = Celery(f"t{uuid.uuid4().hex[:6]}", broker="memory://")
+    app.conf.task_always_eager = True
+    # Below the 120 s wait, so the sweep alone wakes the run (an eager app ignores countdowns).
+    durable = Durable(app, lambda: runtime.journal, max_countdown=60)
+
+    @durable.workflow("digest", task_name="t.digest")
+    def digest(run: Run, **options: object) -> dict[str, object]:
+        return run_digest(run, runtime, **options)  # type: ignore[arg-type]
+
+    return durable
+
+
+def test_a_long_retry_after_suspends_the_run_and_the_sweep_retries_it_later(
+    runtime: Runtime, deployment: Deployment, fake_anthropic: FakeAnthropic
+) -> None:
+    journal = runtime.journal
+    clock = journal.clock
+    assert isinstance(clock, ManualClock)
+    t0 = clock.now()
+    keys = journal.keys("digest", RUN)
+    fake_anthropic.fail_next(
+        429, headers={"retry-after": str(RETRY_AFTER)}, contains='<update title="Faster search">'
+    )
+
+    started = time.monotonic()
+    first = journal.execute("digest", RUN, lambda run: run_digest(run, runtime, **run.args))
+    assert time.monotonic() - started < 10  # returned at once: no worker blocked for 120 s
+
+    assert first.status == "waiting"
+    assert first.wait is not None
+    assert (first.wait.kind, first.wait.step, first.wait.until, first.wait.attempt) == (
+        "retry",
+        "summarize:i2",
+        t0 + RETRY_AFTER,
+        1,
+    )
+    assert "429" in first.wait.reason
+    assert clock.slept == []
+    view = inspect_run(journal, "digest", RUN)
+    assert (view.status, view.lease_holder, view.wait) == ("waiting", None, first.wait)
+    assert journal.client.zscore(journal.keyspace.due, keys.run) == millis(t0 + RETRY_AFTER)
+    # One summary at a time: i1 was recorded, i2 was told to wait, i3..i8 never started.
+    assert [s.key for s in view.steps] == ["select", "summarize:i1"]
+    assert summary_calls(fake_anthropic) == [1, 1, 0, 0, 0, 0, 0, 0]
+    assert deployment.outbox() == []
+
+    durable = sweeper(runtime)
+    clock.advance(RETRY_AFTER - 1)
+    assert durable.sweep() == 0
+    clock.advance(1)
+    assert durable.sweep() == 1
+
+    done = inspect_run(journal, "digest", RUN)
+    assert done.status == "done"
+    assert journal.meta(keys)["deliveries"] == "1"
+    retried = done.step("summarize:i2")
+    assert retried is not None and retried.attempt == 2
+    assert retried.result["text"] == "summary of Faster search"
+    assert all(s.attempt == 1 for s in done.steps if s.key != "summarize:i2")
+    assert summary_calls(fake_anthropic) == [2 if t == "Faster search" else 1 for t in TITLES]
+    assert fake_anthropic.calls == 10  # 8 summaries, the one retry, the opening
+    assert len(deployment.outbox()) == 1
+    assert journal.client.zscore(journal.keyspace.due, keys.run) is None
+
+
+def test_a_delivery_before_the_back_off_ends_waits_again_without_calling_the_model(
+    runtime: Runtime, fake_anthropic: FakeAnthropic
+) -> None:
+    journal = runtime.journal
+    clock = journal.clock
+    assert isinstance(clock, ManualClock)
+    t0 = clock.now()
+    fake_anthropic.fail_next(
+        429, headers={"retry-after": str(RETRY_AFTER)}, contains='<update title="Faster search">'
+    )
+    durable = sweeper(runtime)
+    task = durable.tasks["digest"]
+
+    assert task.delay(RUN).get()["status"] == "waiting"
+    clock.advance(RETRY_AFTER / 2)
+    again = task.delay(RUN).get()  # a duplicate delivery, or someone enqueued it by hand
+
+    assert again["status"] == "waiting"
+    assert fake_anthropic.calls == 2
+    wait = inspect_run(journal, "digest", RUN).wait
+    assert wait is not None and "429" in wait.reason
+    assert wait == Wait(
+        "retry", "summarize:i2", until=t0 + RETRY_AFTER, attempt=1, reason=wait.reason
+    )
