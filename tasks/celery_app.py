@@ -16,6 +16,7 @@ from celery.schedules import crontab
 
 from journal import StepEvent
 from journal.durable import SWEEP_TASK, Durable, at_least_once_settings
+from journal.embedded import embedded_broker_url
 from tasks.config import Config
 from tasks.dispatch import dispatch_due
 from tasks.runtime import broker_url, worker_runtime
@@ -25,13 +26,31 @@ log = logging.getLogger("tasks.digest")
 
 config = Config.from_env()
 
+
+def result_backend(config: Config) -> str:
+    """Where Celery keeps task states: with a Redis broker, on the broker itself.
+
+    Not on the journal store: a delivery that finds the journal down must still record its
+    retry (and the next delivery its start), or Celery drops the retry before the body runs.
+    """
+    broker = broker_url(config)
+    if broker.startswith(("redis://", "rediss://", "redis+socket://")):
+        return broker
+    # Celery has no AMQP result backend: use the journal's Redis, spelled as Celery reads a
+    # unix socket (the embedded server's included).
+    store = config.redis_url or embedded_broker_url(config.state_dir)
+    return "redis+socket://" + store.removeprefix("unix://") if store.startswith("unix:") else store
+
+
 app = Celery("tasks", broker=broker_url(config))
 app.conf.update(
     at_least_once_settings(
         visibility_timeout=config.visibility_timeout, task_time_limit=config.task_time_limit
     ),
-    result_backend=config.redis_url or broker_url(config),
+    result_backend=result_backend(config),
     result_expires=7 * 24 * 3600,
+    task_default_queue=config.queue,
+    worker_soft_shutdown_timeout=config.soft_shutdown_timeout,
     timezone=config.timezone,
     beat_schedule={
         "digest-weekly": {

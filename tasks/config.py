@@ -76,6 +76,11 @@ class Config:
         catch_up_weeks: how many missed weeks the dispatcher enqueues after an outage.
         visibility_timeout: the Redis broker's redelivery timeout, in seconds.
         task_time_limit: the hard limit of one delivery, in seconds.
+        queue: the Celery queue digests are sent to and workers consume; one per deployment
+            sharing a broker.
+        soft_shutdown_timeout: seconds a worker stopping cold (SIGQUIT, or SIGTERM with
+            ``REMAP_SIGTERM=SIGQUIT``) lets running deliveries finish before it stops them and
+            hands their messages back to the broker.
     """
 
     redis_url: str | None = None
@@ -102,6 +107,8 @@ class Config:
     catch_up_weeks: int = 4
     visibility_timeout: float = 3600.0
     task_time_limit: float = 1800.0
+    queue: str = "celery"
+    soft_shutdown_timeout: float = 0.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -136,6 +143,8 @@ class Config:
             catch_up_weeks=_count(env, "DIGEST_CATCH_UP_WEEKS", 4, 0, 52),
             visibility_timeout=_number(env, "DIGEST_VISIBILITY_TIMEOUT", 3600, 60, 43200),
             task_time_limit=_number(env, "DIGEST_TASK_TIME_LIMIT", 1800, 30, 43200),
+            queue=env.get("DIGEST_QUEUE") or "celery",
+            soft_shutdown_timeout=_number(env, "DIGEST_SOFT_SHUTDOWN_TIMEOUT", 0, 0, 3600),
         )
         config.check()
         return config
