@@ -70,7 +70,7 @@ class Durable:
         on_step: told of every step each delivery runs or replays (logging, fault injection).
         max_countdown: the longest countdown this module will ever ask the broker for; keep it
             a fraction of the visibility timeout.
-        store_retries: deliveries retried while Redis is unreachable, with exponential back-off.
+        store_backoff_cap: the longest wait between deliveries retried while Redis is down.
     """
 
     def __init__(
@@ -80,13 +80,13 @@ class Durable:
         *,
         on_step: Callable[[StepEvent], None] | None = None,
         max_countdown: float = 300.0,
-        store_retries: int = 20,
+        store_backoff_cap: float = 60.0,
     ) -> None:
         self.app = app
         self._journal = journal
         self._on_step = on_step
         self.max_countdown = max_countdown
-        self.store_retries = store_retries
+        self.store_backoff_cap = store_backoff_cap
         self.tasks: dict[str, Task] = {}
 
         # A plain function, not the bound method: Celery checks call arguments against the
@@ -111,6 +111,10 @@ class Durable:
                 bind=True,
                 acks_late=True,
                 reject_on_worker_lost=True,
+                # No ceiling of its own: Celery reads retry(max_retries=None) as "the task's
+                # default" (3 unless set here), and neither a busy run nor a store outage may
+                # run out of retries.
+                max_retries=None,
                 **options,
             )(deliver)
             self.tasks[name] = task
@@ -136,11 +140,13 @@ class Durable:
             log.info("%s; retrying this delivery in %.1fs", busy, countdown)
             raise task.retry(countdown=countdown, max_retries=None) from None
         except StoreUnavailable as down:
-            attempt = task.request.retries
-            countdown = min(jitter(2.0**attempt), self.max_countdown)
+            # Never given up: a digest must outlive a Redis outage. The retry count is shared
+            # with busy-lease retries, so the back-off is capped rather than counted down.
+            attempt = min(task.request.retries, 16)
+            cap = min(self.store_backoff_cap, self.max_countdown)
+            countdown = min(jitter(2.0**attempt), cap)
             log.warning("%s; retrying this delivery in %.1fs", down, countdown)
-            retries = self.store_retries
-            raise task.retry(exc=down, countdown=countdown, max_retries=retries) from None
+            raise task.retry(exc=down, countdown=countdown, max_retries=None) from None
         except RunParked as parked:
             log.error("%s", parked)
             return {"run": f"{name}:{run_id}", "status": "parked", "error": str(parked)}

