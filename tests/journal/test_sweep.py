@@ -197,10 +197,10 @@ def test_a_wait_gets_a_countdown_only_within_max_countdown() -> None:
 BOUNDED_COUNTDOWNS = {
     # a busy run's delivery retries after the holder's remaining lease, capped
     "countdown = min(jitter(busy.remaining_ms / 1000), self.max_countdown)",
-    # the store is down: exponential back-off, capped
-    "countdown = min(jitter(2.0**attempt), self.max_countdown)",
     "raise task.retry(countdown=countdown, max_retries=None) from None",
-    "raise task.retry(exc=down, countdown=countdown, max_retries=retries) from None",
+    # the store is down: exponential back-off, capped below max_countdown
+    "countdown = min(jitter(2.0**attempt), cap)",
+    "raise task.retry(exc=down, countdown=countdown, max_retries=None) from None",
     # a short wait: only when 0 < delay <= max_countdown (the test above)
     "task.apply_async(args=[run_id], kwargs=kwargs, countdown=delay)",
 }
@@ -217,3 +217,4 @@ def test_every_countdown_in_the_code_is_one_of_the_bounded_ones() -> None:
     assert found == {"journal/durable.py": BOUNDED_COUNTDOWNS}
     source = (ROOT / "journal" / "durable.py").read_text()
     assert "if 0 < delay <= self.max_countdown:" in source
+    assert "cap = min(self.store_backoff_cap, self.max_countdown)" in source
