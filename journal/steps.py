@@ -152,6 +152,7 @@ class Run:
         self._open_groups: set[str] = set()
         self._next_seq: int | None = None
         self._record_keys = [keys.lease, keys.steps]
+        self._run = keys.run
         self._guard = guard
         self._retry_state = retry_state
         self._on_step = on_step
@@ -194,9 +195,11 @@ class Run:
             UnserializableResult: ``fn`` returned something JSON cannot hold.
         """
         recorded = self._take(key)
-        if recorded is not None:
-            return self._replay(key, recorded)  # type: ignore[no-any-return]
-        return self._execute(key, fn, retry, kind="step", group=None)
+        if recorded is None:
+            return self._execute(key, fn, retry, kind="step", group=None)
+        if self._on_step is not None:
+            self._replay(key, recorded)
+        return recorded["result"]  # type: ignore[no-any-return]
 
     def map(
         self,
@@ -386,18 +389,17 @@ class Run:
 
     def _consume(self, key: str) -> dict[str, Any] | None:
         """The record of ``key`` if the journal holds it, marking it replayed (lock held)."""
-        record = self._known.get(key)
-        if record is None:
-            raw = self._pending.pop(key, None)
-            if raw is not None:
-                record = self._known[key] = decode_fields(self.keys.run, key, raw)
-        return record
+        raw = self._pending.pop(key, None)  # the common case first: replaying a past attempt
+        if raw is not None:
+            record = self._known[key] = decode_fields(self._run, key, raw)
+            return record
+        return self._known.get(key)
 
     def _pending_outside_groups(self) -> list[tuple[int, str]]:
         """(seq, key) of recorded steps not replayed yet, other than open map groups'."""
         pending = []
         for key, raw in self._pending.items():
-            record = decode_fields(self.keys.run, key, raw)
+            record = decode_fields(self._run, key, raw)
             if record.get("group") not in self._open_groups:
                 pending.append((int(record["seq"]), key))
         return pending
@@ -480,7 +482,7 @@ class Run:
             raise Fenced(self.keys.run, f"{key!r} refused: the run is now held by {holder}")
         # The result as replay will see it (JSON types), so every attempt computes alike.
         raw = reply[1] if status == 2 else encoded
-        record = decode_fields(self.keys.run, key, raw)
+        record = decode_fields(self._run, key, raw)
         with self._lock:
             self._known[key] = record
             self.ran += 1
@@ -493,9 +495,7 @@ class Run:
         with self._lock:
             if self._next_seq is None:
                 seqs = [int(r["seq"]) for r in self._known.values()]
-                seqs += [
-                    decode_fields(self.keys.run, k, v)["seq"] for k, v in self._pending.items()
-                ]
+                seqs += [decode_fields(self._run, k, v)["seq"] for k, v in self._pending.items()]
                 self._next_seq = max(seqs, default=0) + 1
             seq = self._next_seq
             self._next_seq += 1
