@@ -12,7 +12,7 @@ import redis
 
 from journal import Journal, Keyspace, Settings
 
-pytest_plugins = ["tests.fakes.anthropic_server"]
+pytest_plugins = ["tests.fakes.anthropic_server", "tests.fakes.gated"]
 
 # The machine's shared Redis: never flushed; every test uses its own prefix on this DB.
 SHARED_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/14")

@@ -7,6 +7,7 @@ Every test that starts processes gets its own state dir, hence its own embedded 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -26,6 +27,14 @@ from tasks.runtime import Runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+
+# The week the process tests run: the shipped items file, the tutorial's eight updates.
+RUN = "2026-w42"
+WEEK: list[dict[str, str]] = json.loads((ROOT / "data" / "items.json").read_text())
+TITLES = [item["title"] for item in WEEK]
+JOURNAL = ["select", *(f"summarize:{item['id']}" for item in WEEK), "compose", "send"]
+JOURNAL += ["mark-seen", "done"]
+CALLS = len(WEEK) + 1  # one summary per item, then the opening paragraph
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:

@@ -16,23 +16,19 @@ from collections.abc import Iterator
 import pytest
 
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.support import ROOT, Deployment, Worker, wait_until
+from tests.support import (  # noqa: F401 - re-exported to the scenarios
+    CALLS,
+    JOURNAL,
+    ROOT,
+    RUN,
+    TITLES,
+    WEEK,
+    Deployment,
+    Worker,
+    wait_until,
+)
 
-RUN = "2026-w42"
-ITEMS = 8
-CALLS = ITEMS + 1  # one summary per item, then the opening paragraph
-JOURNAL = ["select", *(f"summarize:i{n}" for n in range(1, ITEMS + 1))]
-JOURNAL += ["compose", "send", "mark-seen", "done"]
-TITLES = [
-    "Dark mode",
-    "Faster search",
-    "CSV export for reports",
-    "SSO for the Team plan",
-    "Fewer duplicate notifications",
-    "New API rate limits",
-    "Audit log retention",
-    "Keyboard shortcuts",
-]
+ITEMS = len(WEEK)
 
 # Worker log lines that mean a delivery went wrong (a busy retry logs at INFO).
 _PROBLEM = re.compile(r"ERROR/|CRITICAL/|raised unexpected|Traceback")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.failure.test_crash_points import ForkedCli
 from tests.fakes.anthropic_server import FakeAnthropic
+from tests.forked_cli import ForkedCli
 from tests.support import Deployment, wait_until
 
 pytestmark = pytest.mark.slow

@@ -15,19 +15,9 @@ import time
 import pytest
 
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.support import Deployment, wait_until
+from tests.support import JOURNAL, RUN, Deployment, wait_until
 
 pytestmark = pytest.mark.slow
-
-RUN_ID = "2026-w42"
-STEPS = [
-    "select",
-    *(f"summarize:i{n}" for n in range(1, 9)),
-    "compose",
-    "send",
-    "mark-seen",
-    "done",
-]
 
 
 def test_poison_run_is_parked_then_retried_deliberately(
@@ -36,16 +26,16 @@ def test_poison_run_is_parked_then_retried_deliberately(
     deployment.env.update(fake_anthropic.env(), DIGEST_CONCURRENCY="1", DIGEST_LEASE_TTL="1")
     worker = deployment.worker("poisoned", concurrency=1, env={"CRASH": "before-save:send"})
     client = deployment.client()
-    keys = deployment.runtime().journal.keys("digest", RUN_ID)
+    keys = deployment.runtime().journal.keys("digest", RUN)
 
-    assert deployment.cli("enqueue", RUN_ID).returncode == 0
+    assert deployment.cli("enqueue", RUN).returncode == 0
     wait_until(
         lambda: client.hget(keys.meta, "parked") or "raised unexpected" in worker.text(),
         60,
         "the run to be parked",
     )
     assert "raised unexpected" not in worker.text()  # e.g. busy retries running out
-    parked = deployment.view(RUN_ID).meta
+    parked = deployment.view(RUN).meta
 
     # One start recorded select..compose and died in send; five more died there without
     # recording anything; the seventh found five stalled starts behind it and parked the run.
@@ -53,50 +43,50 @@ def test_poison_run_is_parked_then_retried_deliberately(
     assert parked["starts"] == "7"
     assert parked["starts_without_progress"] == "5"
     assert parked["last_error"] == (
-        f"run digest:{RUN_ID} was parked after 5 starts without progress; "
+        f"run digest:{RUN} was parked after 5 starts without progress; "
         "fix the cause, then reset it deliberately (digest run RUN --retry)"
     )
     assert worker.text().count("simulated crash at before-save:send") == 6
-    assert f"run digest:{RUN_ID} was parked after 5 starts" in worker.text()
+    assert f"run digest:{RUN} was parked after 5 starts" in worker.text()
     assert len(deployment.outbox()) == 1
     assert fake_anthropic.calls == 9
-    assert [record.key for record in deployment.view(RUN_ID).steps] == STEPS[:10]
-    assert client.zscore(deployment.runtime().journal.keyspace.due, f"digest:{RUN_ID}") is None
+    assert [record.key for record in deployment.view(RUN).steps] == JOURNAL[:10]
+    assert client.zscore(deployment.runtime().journal.keyspace.due, f"digest:{RUN}") is None
     assert client.get(keys.lease) is None
 
     # The parking delivery was acked: nothing redelivers the run, not even after the lease
     # time and a sweep interval have passed several times over.
     time.sleep(3)
-    assert deployment.view(RUN_ID).meta == parked  # starts and deliveries included
+    assert deployment.view(RUN).meta == parked  # starts and deliveries included
     assert (client.llen("celery"), client.hlen("unacked")) == (0, 0)  # kombu's queue, unacked
 
-    shown = deployment.cli("show", RUN_ID)
+    shown = deployment.cli("show", RUN)
     assert shown.returncode == 0, shown.stderr
     assert "status   failed" in shown.stdout
     assert "parked   yes: starts kept dying; `digest run RUN --retry` resets it" in shown.stdout
     assert "starts   7 (deliveries " in shown.stdout
     assert "was parked after 5 starts without progress" in shown.stdout
 
-    refused = deployment.cli("run", RUN_ID)
+    refused = deployment.cli("run", RUN)
     assert refused.returncode == 1
     assert refused.stderr.splitlines() == [f"failed: {parked['last_error']}"]
     assert fake_anthropic.calls == 9
 
-    retried = deployment.cli("run", RUN_ID, "--retry")
+    retried = deployment.cli("run", RUN, "--retry")
 
     assert retried.returncode == 0, retried.stdout + retried.stderr
     assert re.findall(r"^  (ran|replayed) +(\S+)$", retried.stdout, re.MULTILINE) == [
-        ("replayed" if index < 10 else "ran", key) for index, key in enumerate(STEPS)
+        ("replayed" if index < 10 else "ran", key) for index, key in enumerate(JOURNAL)
     ]
     assert retried.stdout.splitlines()[-1] == (
         "sent: 8 items, 0 model calls in this attempt, "
-        f"email already sent earlier, not resent (digest-{RUN_ID})"
+        f"email already sent earlier, not resent (digest-{RUN})"
     )
-    assert f"  reset digest:{RUN_ID}: its next start is a deliberate retry" in retried.stderr
+    assert f"  reset digest:{RUN}: its next start is a deliberate retry" in retried.stderr
     assert len(deployment.outbox()) == 1
     assert fake_anthropic.calls == 9
-    view = deployment.view(RUN_ID)
+    view = deployment.view(RUN)
     assert view.status == "done"
-    assert [record.key for record in view.steps] == STEPS
+    assert [record.key for record in view.steps] == JOURNAL
     assert "parked" not in view.meta
     assert view.meta["starts"] == "8"

