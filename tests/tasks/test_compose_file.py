@@ -90,6 +90,16 @@ def test_the_worker_runs_four_slots_against_the_compose_redis(compose: dict[str,
     assert env["ANTHROPIC_API_KEY"] is None
 
 
+def test_the_worker_stops_softly_before_the_grace_period_ends(compose: dict[str, Any]) -> None:
+    worker = service(compose, "worker")
+    env = environment(worker)
+    assert env["REMAP_SIGTERM"] == "SIGQUIT"
+    soft = float(env["DIGEST_SOFT_SHUTDOWN_TIMEOUT"] or 0)
+    grace = worker["stop_grace_period"]
+    assert grace.endswith("m")
+    assert 0 < soft <= float(grace[:-1]) * 60 - 10  # the worker exits before Docker kills it
+
+
 def test_beat_runs_celery_beat_against_the_same_redis(compose: dict[str, Any]) -> None:
     beat = service(compose, "beat")
     assert beat["build"] == "."
