@@ -159,8 +159,12 @@ class Run:
         self._fsync_records = fsync_records
         self._lock = threading.Lock()
         self.ran = 0
-        self.replayed = 0
         self.args: dict[str, Any] = {}
+
+    @property
+    def replayed(self) -> int:
+        """Distinct steps this attempt took from the journal instead of running them."""
+        return len(self._known) - self.ran
 
     @property
     def run_id(self) -> str:
@@ -194,9 +198,14 @@ class Run:
             LeaseLost: the lease was lost before the step could start or record.
             UnserializableResult: ``fn`` returned something JSON cannot hold.
         """
-        recorded = self._take(key)
-        if recorded is None:
-            return self._execute(key, fn, retry, kind="step", group=None)
+        recorded: dict[str, Any] | None
+        raw = self._pending.pop(key, None)  # atomic under the GIL: one taker per record
+        if raw is not None:  # the hot path of a resumed run, kept free of the lock
+            recorded = self._known[key] = decode_fields(self._run, key, raw)
+        else:
+            recorded = self._take(key)
+            if recorded is None:
+                return self._execute(key, fn, retry, kind="step", group=None)
         if self._on_step is not None:
             self._replay(key, recorded)
         return recorded["result"]  # type: ignore[no-any-return]
@@ -229,7 +238,6 @@ class Run:
             if keys and not any(recorded):
                 self._check_drift(keys[0])
             todo = [index for index, record in enumerate(recorded) if record is None]
-            self.replayed += len(keys) - len(todo)
             self._open_groups.add(prefix)
         try:
             for index, record in enumerate(recorded):
@@ -381,9 +389,7 @@ class Run:
         """The recorded step, counted as replayed; or None after checking for drift."""
         with self._lock:
             record = self._consume(key)
-            if record is not None:
-                self.replayed += 1
-            elif drift_check:
+            if record is None and drift_check:
                 self._check_drift(key)
             return record
 
