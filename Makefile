@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint install bench clean
+.PHONY: run test lint install bench stop clean
 
 $(BIN)/digest: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -30,5 +30,9 @@ test: lint
 bench: install
 	$(BIN)/python bench/journal.py
 
-clean:
+# The embedded Valkey outlives the commands that use it (that is the point); this stops it.
+stop: install
+	$(BIN)/python -c 'from journal.embedded import stop_embedded; stop_embedded(".digest")'
+
+clean: stop
 	rm -rf $(VENV) .digest .mypy_cache .ruff_cache .pytest_cache

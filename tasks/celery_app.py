@@ -1,8 +1,9 @@
 """The Celery app: at-least-once settings, the durable ``digest`` task, beat's schedule.
 
 ``celery -A tasks worker`` and ``celery -A tasks beat`` load this module through
-``tasks/__init__.py``. Nothing here connects at import time: the broker URL of the embedded
-server is a path, and the journal is built lazily in each pool child.
+``tasks/__init__.py``. With no ``REDIS_URL``, importing it makes sure the embedded server
+runs, since it is the broker; the journal itself is built lazily in each pool child, after
+the fork, so no connection is shared between processes.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ timeout, since a Redis broker redelivers an unacked message after that timeout.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -21,6 +23,7 @@ from celery import Celery
 from journal import Journal, ManualClock, Outcome, Run, Wait
 from journal.clock import millis
 from journal.durable import Durable
+from tests.support import Deployment
 
 T0 = 1_800_000_000.0
 MakeJournal = Callable[..., Journal]
@@ -158,11 +161,20 @@ def test_the_sweep_task_delivers_due_runs_of_registered_workflows(
 # -- no long countdowns -----------------------------------------------------------------------
 
 
-def test_the_digest_app_caps_countdowns_at_a_quarter_of_the_visibility_timeout() -> None:
-    from tasks.celery_app import config, durable
-
-    assert durable.max_countdown == config.max_countdown == config.visibility_timeout * 0.25
-    assert durable.max_countdown == 900.0  # the default one-hour visibility timeout
+def test_the_digest_app_caps_countdowns_at_a_quarter_of_the_visibility_timeout(
+    deployment: Deployment,
+) -> None:
+    # In a process of its own: importing the app starts the deployment's embedded broker.
+    probe = (
+        "from tasks.celery_app import config, durable; "
+        "print(durable.max_countdown, config.max_countdown, config.visibility_timeout)"
+    )
+    env = {k: v for k, v in deployment.env.items() if k != "DIGEST_VISIBILITY_TIMEOUT"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+    )
+    cap, configured, visibility = map(float, done.stdout.split())
+    assert cap == configured == visibility * 0.25 == 900.0  # the default one-hour timeout
 
 
 def test_a_wait_gets_a_countdown_only_within_max_countdown() -> None:
