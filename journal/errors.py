@@ -113,14 +113,18 @@ class CorruptJournal(JournalError):
         )
 
 
-class UnserializableResult(JournalError):
-    """A step's result cannot be stored as JSON."""
+class _StepError(JournalError):
+    """A failure tied to one step of one run."""
 
     def __init__(self, run: str, step: str, detail: str) -> None:
         super().__init__(run, step, detail)
         self.run = run
         self.step = step
         self.detail = detail
+
+
+class UnserializableResult(_StepError):
+    """A step's result cannot be stored as JSON."""
 
     def __str__(self) -> str:
         return (
@@ -144,13 +148,17 @@ class RunParked(JournalError):
         )
 
 
-class StoreUnavailable(JournalError):
-    """Redis could not be reached or answered with a connection error."""
+class _StoreError(JournalError):
+    """A failure of the store itself, named by its URL."""
 
     def __init__(self, url: str, detail: str) -> None:
         super().__init__(url, detail)
         self.url = url
         self.detail = detail
+
+
+class StoreUnavailable(_StoreError):
+    """Redis could not be reached or answered with a connection error."""
 
     def __str__(self) -> str:
         return (
@@ -159,26 +167,15 @@ class StoreUnavailable(JournalError):
         )
 
 
-class StoreUnsupported(JournalError):
+class StoreUnsupported(_StoreError):
     """The server cannot honour a setting; refused when the journal is created."""
-
-    def __init__(self, url: str, detail: str) -> None:
-        super().__init__(url, detail)
-        self.url = url
-        self.detail = detail
 
     def __str__(self) -> str:
         return f"the journal store at {self.url} cannot be used as configured: {self.detail}"
 
 
-class NotDurable(JournalError):
+class NotDurable(_StepError):
     """WAITAOF did not confirm the local fsync of a record; the run stops rather than trust it."""
-
-    def __init__(self, run: str, step: str, detail: str) -> None:
-        super().__init__(run, step, detail)
-        self.run = run
-        self.step = step
-        self.detail = detail
 
     def __str__(self) -> str:
         return (
