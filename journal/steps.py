@@ -509,9 +509,12 @@ class Run:
 
     def _write(self, key: str, encoded: bytes) -> Any:
         args: list[bytes | str | int] = [self.holder, key, encoded]
-        if not self._fsync_records:
+        if self._fsync_records:
+            return self._write_synced(args)
+        try:  # EVALSHA straight away: the hot path of every new step
+            return self._client.evalsha(self._scripts.record.sha, 2, *self._record_keys, *args)
+        except redis.exceptions.NoScriptError:  # flushed or restarted: load it, once
             return self._scripts.record(keys=self._record_keys, args=args)
-        return self._write_synced(args)
 
     def _write_synced(self, args: list[bytes | str | int]) -> Any:
         """The record script and WAITAOF in one round trip, with a checked fsync.

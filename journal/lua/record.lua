@@ -4,7 +4,7 @@
 -- ARGV[1] - the holder, "<fence>:<token>"
 -- ARGV[2] - the step key (hash field)
 -- ARGV[3] - the step record, JSON
--- returns {1} when recorded,
+-- returns 1 when recorded (a bare integer: the common reply is the cheapest to parse),
 --         {2, existing_record} when the step was already recorded (the caller adopts it),
 --         {-1} when the lease has expired (nobody holds it),
 --         {-2, holder} when another holder owns the lease (fenced).
@@ -18,4 +18,4 @@ end
 if redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3]) == 0 then
   return {2, redis.call('HGET', KEYS[2], ARGV[2])}
 end
-return {1}
+return 1
