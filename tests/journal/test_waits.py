@@ -61,16 +61,24 @@ def rerun(journal: Journal, keys: RunKeys) -> None:
 # -- sleep ------------------------------------------------------------------------------------
 
 
+def cool_off(calls: list[str]) -> Callable[[Run], str]:
+    """A step, a 60 s durable sleep, a step."""
+
+    def body(run: Run) -> str:
+        run.step("before", lambda: counted(calls, "before", "b"))
+        run.sleep("cool-off", 60)
+        return str(run.step("after", lambda: counted(calls, "after", "a")))
+
+    return body
+
+
 def test_sleep_records_its_wake_time_and_frees_the_lease(
     journal: Journal, clock: ManualClock
 ) -> None:
     keys = journal.keys("wf", "r1")
     calls: list[str] = []
 
-    def body(run: Run) -> str:
-        run.step("before", lambda: counted(calls, "before", "b"))
-        run.sleep("cool-off", 60)
-        return str(run.step("after", lambda: counted(calls, "after", "a")))
+    body = cool_off(calls)
 
     outcome = journal.execute("wf", "r1", body)
 
@@ -102,10 +110,7 @@ def test_sleep_woken_early_suspends_again_until_the_same_time_then_goes_on(
     keys = journal.keys("wf", "r1")
     calls: list[str] = []
 
-    def body(run: Run) -> str:
-        run.step("before", lambda: counted(calls, "before", "b"))
-        run.sleep("cool-off", 60)
-        return str(run.step("after", lambda: counted(calls, "after", "a")))
+    body = cool_off(calls)
 
     journal.execute("wf", "r1", body)
     clock.advance(59)
