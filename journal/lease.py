@@ -4,6 +4,9 @@ Acquisition increments a per-run fence counter and stores ``<fence>:<token>`` as
 value in one script, so every later write can prove, inside the same script as the write,
 that it still comes from the current holder. A worker that was paused past its lease (GC,
 SIGSTOP, a slow network) and wakes up after another took over is refused at its next write.
+
+A holder that is provably dead (see ``journal.holder``: same host, boot and pid namespace, and
+its pid gone or reused) is not waited for: its lease is taken over at once, with a new fence.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from journal.errors import LeaseBusy, LeaseLost
+from journal.holder import ProcessIdentity
 from journal.keys import RunKeys
 from journal.scripts import Scripts, status_of
 
@@ -43,18 +48,37 @@ class Lease:
     def acquire(self, now_ms: int) -> Grant:
         """Take the lease, or learn how long the current holder still has.
 
+        A live lease whose holder this process can prove dead is taken over at once.
+
         Raises:
             LeaseBusy: another holder's lease is live; carries its remaining milliseconds.
         """
-        reply = self.scripts.acquire(
-            keys=[self.keys.lease, self.keys.fence, self.keys.meta, self.keys.steps],
-            args=[self.token, self.ttl_ms, now_ms],
-        )
+        me = ProcessIdentity.current()
+        reply = self._acquire(now_ms, me, "")
         if status_of("acquire", reply, (0, 1)) == 0:
-            holder = reply[2].decode() if isinstance(reply[2], bytes) else str(reply[2])
+            holder = _text(reply[2])
+            process = ProcessIdentity.decode(reply[3])
+            if process is not None and process.provably_gone(me):
+                reply = self._acquire(now_ms, me, holder)
+                if status_of("acquire", reply, (0, 1)) == 1:
+                    log.info(
+                        "run %s: lease holder %s (pid %d on %s) is gone; taken over at once",
+                        self.keys.run,
+                        holder.split(":", 1)[0],
+                        process.pid,
+                        process.host,
+                    )
+        if status_of("acquire", reply, (0, 1)) == 0:
+            holder = _text(reply[2])
             raise LeaseBusy(self.keys.run, max(int(reply[1]), 0), holder.split(":", 1)[0])
         fence = int(reply[1])
         return Grant(f"{fence}:{self.token}", fence, int(reply[2]))
+
+    def _acquire(self, now_ms: int, me: ProcessIdentity, dead_holder: str) -> Any:
+        return self.scripts.acquire(
+            keys=[self.keys.lease, self.keys.fence, self.keys.meta, self.keys.steps],
+            args=[self.token, self.ttl_ms, now_ms, me.encode(), dead_holder],
+        )
 
     def renew(self, holder: str) -> bool:
         """Extend the lease if we still hold it (compare-and-PEXPIRE)."""
@@ -65,6 +89,10 @@ class Lease:
         """Give the lease back if we still hold it (compare-and-DEL)."""
         reply = self.scripts.release(keys=[self.keys.lease], args=[holder])
         return status_of("release", reply, (0, 1)) == 1
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class Heartbeat:

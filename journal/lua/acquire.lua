@@ -6,13 +6,16 @@
 -- ARGV[1] - the caller's random token
 -- ARGV[2] - lease time to live, in milliseconds
 -- ARGV[3] - now, in milliseconds (the caller's clock, stored in meta)
+-- ARGV[4] - the caller's process identity (JSON), stored in meta as holder_process
+-- ARGV[5] - a holder the caller proved dead ("" for none): its lease is taken over at once
 -- returns {1, fence, starts_without_progress} when acquired,
---         {0, remaining_ms, holder} when another holder's lease is live.
+--         {0, remaining_ms, holder, holder_process} when another holder's lease is live.
 -- A start makes progress when the steps hash grew since the previous start; counting it here,
 -- once per start, keeps the per-step record script down to one check and one write.
 local holder = redis.call('GET', KEYS[1])
-if holder then
-  return {0, redis.call('PTTL', KEYS[1]), holder}
+if holder and holder ~= ARGV[5] then
+  local process = redis.call('HGET', KEYS[3], 'holder_process') or ''
+  return {0, redis.call('PTTL', KEYS[1]), holder, process}
 end
 local fence = redis.call('INCR', KEYS[2])
 redis.call('SET', KEYS[1], fence .. ':' .. ARGV[1], 'PX', ARGV[2])
@@ -24,6 +27,7 @@ if recorded == seen then
 end
 redis.call('HINCRBY', KEYS[3], 'starts', 1)
 redis.call('HSET', KEYS[3], 'fence', fence, 'updated_at', ARGV[3],
-  'recorded_at_start', recorded, 'starts_without_progress', stalled)
+  'recorded_at_start', recorded, 'starts_without_progress', stalled,
+  'holder_process', ARGV[4])
 redis.call('HSETNX', KEYS[3], 'created_at', ARGV[3])
 return {1, fence, stalled}

@@ -73,7 +73,7 @@ def test_pool_child_killed_mid_call_on_rabbitmq(
 ) -> None:
     assert on_rabbitmq.config.broker_url == AMQP_URL
     recovery = child_killed_mid_call(on_rabbitmq, fake_anthropic)
-    assert recovery < on_rabbitmq.config.lease_ttl * 1.2 + 3, recovery
+    assert recovery < 8, recovery  # the dead child is taken over at once, not its 30 s lease
     print(f"rabbitmq child SIGKILL: done {recovery:.1f}s after the kill")
 
 
