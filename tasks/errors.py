@@ -1,11 +1,14 @@
 """Every failure the digest raises, under one root.
 
 DigestError
-├── BadInput          an items file, run id or option a user must fix (CLI exit 2)
-├── ModelAuthFailed   the Anthropic API refused the key (fails the run at once)
-├── ModelNotConfigured a worker has no API key and was not told to run offline
-├── ModelUnavailable  transient model failures outlasted the retry budget
-└── MailFailed        the mail server refused or could not be reached
+├── BadInput            an items file, run id or option a user must fix (CLI exit 2)
+├── ModelRefused        the API refused the account or the request itself: fails the run at once
+│   └── ModelAuthFailed the key was refused (401) or may not use the model (403)
+├── ItemRefused         the API refused one item's prompt (too long, filtered): the item is skipped
+├── EveryItemRefused    the API refused every item: the run fails rather than report nothing new
+├── ModelNotConfigured  a worker has no API key and was not told to run offline
+├── ModelUnavailable    transient model failures outlasted the retry budget
+└── MailFailed          the mail server refused or could not be reached
 """
 
 from __future__ import annotations
@@ -19,8 +22,24 @@ class BadInput(DigestError):
     """Input a user must fix; the message names the file or value, the problem and the fix."""
 
 
-class ModelAuthFailed(DigestError):
-    """The Anthropic API answered 401: retrying cannot help."""
+class ModelRefused(DigestError):
+    """The API refused the account or the request, not one item: every item would fail alike.
+
+    Out of credit, an unknown model, a malformed request: skipping items would turn such a week
+    into a quiet "nothing new", so the run fails at once and says what to fix.
+    """
+
+
+class ModelAuthFailed(ModelRefused):
+    """The Anthropic API refused the key (401) or its access to the model (403)."""
+
+
+class ItemRefused(DigestError):
+    """The API refused this item's prompt as such; the same prompt would be refused again."""
+
+
+class EveryItemRefused(DigestError):
+    """The API refused every item of the week, so there is nothing to send."""
 
 
 class ModelNotConfigured(DigestError):

@@ -8,10 +8,14 @@ at the bottom are the plain callables that policy takes:
 - ``is_transient``: worth another attempt (408, 409, 429, 529 and other 5xx, timeouts,
   connection errors), unless the server said ``x-should-retry: false``.
 - ``retry_after_seconds``: the server's ``retry-after-ms`` / ``retry-after`` hint.
-- ``is_item_rejected``: the API refused this item's request itself (400, 413); retrying the same
-  request cannot help, so the item is skipped.
 
-A refused key (401/403) is neither: it becomes ``ModelAuthFailed`` at once and fails the run.
+An error that is not worth another attempt is classified by what it means, not by its status
+(``REFUSALS``): the API answers *every* request with 400 once the account is out of credit, so
+"400 means this item" would turn such a week into a quiet "nothing new". A refusal of the
+account or the request (credit, billing, key, permission, unknown model, malformed request,
+and any other error nobody called transient) becomes ``ModelRefused`` and fails the run at
+once; only a refusal of this item's prompt (too long, filtered, declined by the model)
+becomes ``ItemRefused``, which skips the item.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Any, Protocol, TypeGuard
 import anthropic
 from anthropic.types import OutputConfigParam
 
-from tasks.errors import ModelAuthFailed
+from tasks.errors import DigestError, ItemRefused, ModelAuthFailed, ModelRefused
 from tasks.items import Item
 from tasks.prompts import INTRO_SYSTEM, SUMMARY_SYSTEM, intro_prompt, summary_prompt
 
@@ -137,20 +141,30 @@ class AnthropicSummarizer:
         """One request to the summary model; API errors propagate for the step policy to judge.
 
         Raises:
-            ModelAuthFailed: The API refused the key (401/403).
+            ModelRefused: The API refused the account or the request (``ModelAuthFailed`` for
+                the key): every item would fail alike.
+            ItemRefused: The API refused this item's prompt.
+            anthropic.APIError: A transient failure, for the step's retry policy.
         """
-        return self._complete(self._summary_model, SUMMARY_SYSTEM, summary_prompt(item))
+        return self._complete(
+            self._summary_model, "DIGEST_SUMMARY_MODEL", SUMMARY_SYSTEM, summary_prompt(item)
+        )
 
     def compose(self, pairs: list[tuple[Item, str]]) -> Completion:
         """One request to the intro model; errors as for ``summarize``."""
         # Two sentences need no deliberation; low effort keeps the call short and cheap.
         return self._complete(
-            self._intro_model, INTRO_SYSTEM, intro_prompt(pairs), output_config={"effort": "low"}
+            self._intro_model,
+            "DIGEST_INTRO_MODEL",
+            INTRO_SYSTEM,
+            intro_prompt(pairs),
+            output_config={"effort": "low"},
         )
 
     def _complete(
         self,
         model: str,
+        setting: str,
         system: str,
         prompt: str,
         output_config: OutputConfigParam | anthropic.Omit = anthropic.omit,
@@ -163,12 +177,17 @@ class AnthropicSummarizer:
                 messages=[{"role": "user", "content": prompt}],
                 output_config=output_config,
             )
-        except (anthropic.AuthenticationError, anthropic.PermissionDeniedError) as exc:
-            raise ModelAuthFailed(
-                f"the Anthropic API at {self._client.base_url} refused the key for model {model} "
-                f"(HTTP {exc.status_code} {exc.type or 'error'}): set ANTHROPIC_API_KEY to a valid "
-                "key with access to that model"
-            ) from exc
+        except anthropic.APIStatusError as exc:
+            refusal = refusal_for(exc)
+            if refusal is None:
+                raise  # transient: the step's retry policy decides
+            where = f"the Anthropic API at {self._client.base_url}"
+            raise refusal.error(refusal.describe(exc, where, model, setting)) from exc
+        if message.stop_reason == "refusal":
+            raise ItemRefused(
+                f"model {model} declined to answer (stop_reason refusal); the item stays unseen "
+                "for next week: reword or remove it"
+            )
         text = "".join(block.text for block in message.content if block.type == "text")
         return Completion(
             text=text.strip(),
@@ -259,9 +278,148 @@ def _non_negative(value: str | None) -> float | None:
     return number if math.isfinite(number) and number >= 0 else None
 
 
-def is_item_rejected(exc: BaseException) -> bool:
-    """Whether the API refused this item's request as such (400, 413): skip the item.
+@dataclass(frozen=True)
+class Refusal:
+    """One row of ``REFUSALS``: an API error that retrying cannot fix, and what it means.
 
-    Sending the same prompt again would be refused again, and the other items are unaffected.
+    Attributes:
+        error: ``ItemRefused`` when only this item's prompt is at fault, else ``ModelRefused``
+            (or its subclass ``ModelAuthFailed``): the run fails.
+        cause: What went wrong, for the operator; ``{model}`` is the model asked for.
+        fix: What to do about it; ``{setting}`` names the variable that chose the model.
+        error_type: The body's ``error.type`` this row matches (any, if None).
+        pattern: A regular expression searched in the body's ``error.message`` (any, if None).
+        error_code: The body's ``error.details.error_code`` this row matches (any, if None).
     """
-    return isinstance(exc, anthropic.APIStatusError) and exc.status_code in (400, 413)
+
+    error: type[DigestError]
+    cause: str
+    fix: str
+    error_type: str | None = None
+    pattern: str | None = None
+    error_code: str | None = None
+
+    def matches(self, exc: anthropic.APIStatusError) -> bool:
+        """Whether the API's answer is the one this row describes."""
+        return (
+            (self.error_type is None or exc.type == self.error_type)
+            and (self.error_code is None or exc.error_code == self.error_code)
+            and (
+                self.pattern is None
+                or re.search(self.pattern, exc.api_message or "", re.IGNORECASE) is not None
+            )
+        )
+
+    def describe(self, exc: anthropic.APIStatusError, where: str, model: str, setting: str) -> str:
+        """One line: the cause, the API's own answer, and what to do."""
+        said = " ".join(str(exc.api_message or exc.message).split())[:300]
+        return (
+            f"{self.cause.format(model=model)} ({where} answered HTTP {exc.status_code} "
+            f"{exc.type or 'error'}: {said}); {self.fix.format(setting=setting)}"
+        )
+
+
+_RERUN = "then run the digest again"
+
+# First match wins. Matched on the body's type, stable code and message, never on the status
+# alone: a 400 may mean "this prompt" or "this account", and a 429 may be a monthly limit.
+REFUSALS: tuple[Refusal, ...] = (
+    Refusal(
+        ItemRefused,
+        "the prompt is too long for model {model}",
+        "the item stays unseen for next week: shorten its body",
+        error_type="invalid_request_error",
+        pattern=r"prompt is too long|exceed.*context",
+    ),
+    Refusal(
+        ItemRefused,
+        "the API's content filter blocked the answer of model {model}",
+        "the item stays unseen for next week: reword or remove it",
+        error_type="invalid_request_error",
+        pattern=r"content filtering",
+    ),
+    Refusal(
+        ItemRefused,
+        "the request is too large for the API",
+        "the item stays unseen for next week: shorten its body",
+        error_type="request_too_large",
+    ),
+    Refusal(
+        ModelRefused,
+        "the Anthropic account's credit balance is too low",
+        f"buy credits or upgrade under Plans & Billing in the Anthropic Console, {_RERUN}",
+        error_type="invalid_request_error",
+        pattern=r"credit balance",
+    ),
+    Refusal(
+        ModelRefused,
+        "the Anthropic account has a billing problem",
+        f"fix it under Plans & Billing in the Anthropic Console, {_RERUN}",
+        error_type="billing_error",
+    ),
+    Refusal(
+        ModelRefused,
+        "the Anthropic organization reached its monthly spend limit",
+        f"raise the limit under Limits in the Anthropic Console, {_RERUN}",
+        error_code="enforced_spend_limit_reached",
+    ),
+    Refusal(
+        ModelRefused,
+        "the Anthropic organization reached its contract spend limit",
+        f"ask the organization's admin to raise it, {_RERUN}",
+        error_code="contract_spend_limit_reached",
+    ),
+    Refusal(
+        ModelRefused,
+        "the Anthropic organization is on hold",
+        "see the notice in the Anthropic Console; no request can succeed until it is lifted",
+        error_code="organization_on_hold",
+    ),
+    Refusal(
+        ModelAuthFailed,
+        "the API key was refused",
+        f"set ANTHROPIC_API_KEY to a valid key with access to the model, {_RERUN}",
+        error_type="authentication_error",
+    ),
+    Refusal(
+        ModelAuthFailed,
+        "the API key may not use model {model}",
+        f"set ANTHROPIC_API_KEY to a key with access to it, or {{setting}} to a model it may "
+        f"use, {_RERUN}",
+        error_type="permission_error",
+    ),
+    Refusal(
+        ModelRefused,
+        "model {model} does not exist or is not available to this key",
+        f"set {{setting}} to a current model id, {_RERUN}",
+        error_type="not_found_error",
+    ),
+    Refusal(
+        ModelRefused,
+        "model {model} is not a valid model id",
+        f"set {{setting}} to a current model id, {_RERUN}",
+        error_type="invalid_request_error",
+        pattern=r"^model:",
+    ),
+)
+
+# Any other error nobody called transient: the request itself is wrong, so every item's
+# would be too. Failing the run names it; skipping items would hide it.
+REQUEST_REFUSED = Refusal(
+    ModelRefused,
+    "the API refused the request for model {model}",
+    f"check {{setting}} and ANTHROPIC_BASE_URL; if both are right, this version sends requests "
+    f"the API no longer accepts: upgrade it, {_RERUN}",
+)
+
+
+def refusal_for(exc: anthropic.APIStatusError) -> Refusal | None:
+    """What an API error means: a row of ``REFUSALS``, or None when it is worth retrying.
+
+    The table comes first: some account-level answers (a spend limit) arrive as a 429, which
+    the status alone would call transient.
+    """
+    for row in REFUSALS:
+        if row.matches(exc):
+            return row
+    return None if is_transient(exc) else REQUEST_REFUSED

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from journal import RetryPolicy, Run
-from tasks.errors import ModelUnavailable
+from tasks.errors import EveryItemRefused, ItemRefused, ModelUnavailable
 from tasks.items import Item, load_items
 from tasks.keys import text
 from tasks.mail import Email, Receipt
-from tasks.model import is_item_rejected, is_transient, retry_after_seconds
+from tasks.model import is_transient, retry_after_seconds
 from tasks.runtime import Runtime
 
 CRASH_EXIT_STATUS = 137
@@ -101,8 +101,8 @@ def run_digest(
         if "error" in s
     ]
     if not kept:
-        run.step("done", lambda: True)
-        return report("nothing-new", 0, calls, skipped=skipped)
+        # Not "nothing new": there was news and none of it could be summarized.
+        raise every_item_refused(skipped)
 
     # 3. The opening paragraph, from the summaries.
     with giving_up("compose", policy):
@@ -139,14 +139,27 @@ def select_unseen(runtime: Runtime, path: Path) -> list[dict[str, str]]:
 
 
 def summarize(runtime: Runtime, item: Item, calls: CallCounter) -> dict[str, Any]:
-    """One model call. A request the API refuses for this item (400) skips the item only."""
+    """One model call; a refusal of this item's prompt skips the item only.
+
+    Any other refusal (``ModelRefused``: the account, the key, the model) propagates and fails
+    the run: it would refuse every item alike.
+    """
     calls.add()
     try:
         return runtime.summarizer.summarize(item).to_json()
-    except Exception as error:
-        if is_item_rejected(error):
-            return {"error": f"the model refused this item: {error}"}
-        raise
+    except ItemRefused as refused:
+        return {"error": f"the model refused this item: {refused}"}
+
+
+def every_item_refused(skipped: list[dict[str, str]]) -> EveryItemRefused:
+    """The run's failure when no item could be summarized: one line, the first reason."""
+    ids = ", ".join(entry["id"] for entry in skipped)
+    first = skipped[0]
+    return EveryItemRefused(
+        f"the model refused every item ({ids}); {first['id']}: {first['error']}; nothing was "
+        "sent or marked seen, so they come again next week: fix them (digest show RUN lists "
+        "each reason)"
+    )
 
 
 def compose(runtime: Runtime, kept: list[tuple[Item, str]], calls: CallCounter) -> dict[str, Any]:

@@ -223,7 +223,7 @@ def test_invalid_api_key(case: Case) -> None:
     assert code == EXIT_FAILED
     assert out == "  ran      select\n"
     assert len(err.splitlines()) == 1, err
-    assert err.startswith("failed: the Anthropic API at "), err
+    assert err.startswith("failed: the API key was refused (the Anthropic API at "), err
     assert "set ANTHROPIC_API_KEY to a valid key" in err
     assert "Traceback" not in err
     assert case.fake.calls == calls + 1  # refused once: a bad key is never retried

@@ -8,12 +8,20 @@ Faults are scripted per server:
 
 - ``fail_next(status, times=, contains=)``: the next matching calls fail, then calls succeed.
 - ``fail_when(contains, status)`` and ``fail_always(status)``: matching calls keep failing.
+- ``error_type`` and ``error_code`` on any fault: the body's ``error.type`` and
+  ``error.details.error_code``, for answers the status alone does not name (a spend limit is a 429).
+- ``known_models``: when set, a request for any other model gets the real API's 404
+  ``not_found_error`` ``model: <id>``.
+- ``refuse_when(contains)``: a 200 whose ``stop_reason`` is ``refusal``, as the real API answers
+  when the model declines.
 - ``delay`` (seconds before answering) and ``hold()`` / ``release()``: keep a call open so a
   client can time out or a worker can be killed in the middle of it; ``wait_for_calls(n)``
   tells the test the call has arrived.
 
-Error answers use the API's shape, ``{"type": "error", "error": {"type": ..., "message": ...}}``,
-with the ``error.type`` the real API gives that status (``overloaded_error`` for 529).
+Error answers use the API's shape,
+``{"type": "error", "error": {"type": ..., "message": ...}, "request_id": ...}``, with the
+``error.type`` the real API gives that status (``overloaded_error`` for 529); the messages below
+(``CREDIT_TOO_LOW``, ``PROMPT_TOO_LONG``, ...) are the real API's words.
 
 Run on its own for manual runs; it serves until killed::
 
@@ -54,6 +62,14 @@ ERRORS = {
     529: ("overloaded_error", "Overloaded"),
 }
 
+# The real API's messages for answers whose meaning is in the message, not the status.
+CREDIT_TOO_LOW = (
+    "Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing "
+    "to upgrade or purchase credits."
+)
+PROMPT_TOO_LONG = "prompt is too long: 215000 tokens > 200000 maximum"
+CONTENT_FILTERED = "Output blocked by content filtering policy"
+
 _TITLE = re.compile(r'<update title="([^"]*)"')
 
 
@@ -65,6 +81,8 @@ class Fault:
     headers: Mapping[str, str] = field(default_factory=dict)
     message: str = ""
     contains: str | None = None
+    error_type: str | None = None
+    error_code: str | None = None
 
     def matches(self, text: str) -> bool:
         return self.contains is None or self.contains in text
@@ -115,14 +133,24 @@ def default_reply(request: Received) -> str:
     return f"reply to {len(request.text)} characters"
 
 
-def error_body(status: int, message: str = "") -> dict[str, Any]:
+def error_body(
+    status: int,
+    message: str = "",
+    *,
+    error_type: str | None = None,
+    error_code: str | None = None,
+    request_id: str = "req_fake",
+) -> dict[str, Any]:
     fallback = (
         ("api_error", "Internal server error")
         if status >= 500
         else ("invalid_request_error", "Invalid request")
     )
     kind, default = ERRORS.get(status, fallback)
-    return {"type": "error", "error": {"type": kind, "message": message or default}}
+    error: dict[str, Any] = {"type": error_type or kind, "message": message or default}
+    if error_code is not None:
+        error["details"] = {"error_code": error_code}
+    return {"type": "error", "error": error, "request_id": request_id}
 
 
 class FakeAnthropic:
@@ -152,6 +180,8 @@ class FakeAnthropic:
         self._received: list[Received] = []
         self._rules: list[Fault] = []
         self._queue: list[tuple[Fault, int]] = []
+        self._refusals: list[str] = []
+        self.known_models: set[str] | None = None
         self._released = threading.Event()
         self._released.set()
         self._stopping = threading.Event()
@@ -245,10 +275,13 @@ class FakeAnthropic:
         headers: Mapping[str, str] | None = None,
         contains: str | None = None,
         message: str = "",
+        error_type: str | None = None,
+        error_code: str | None = None,
     ) -> None:
         """Answer the next ``times`` matching calls with ``status``; later ones succeed."""
+        fault = Fault(status, dict(headers or {}), message, contains, error_type, error_code)
         with self._lock:
-            self._queue.append((Fault(status, dict(headers or {}), message, contains), times))
+            self._queue.append((fault, times))
 
     def fail_when(
         self,
@@ -257,22 +290,38 @@ class FakeAnthropic:
         *,
         headers: Mapping[str, str] | None = None,
         message: str = "",
+        error_type: str | None = None,
+        error_code: str | None = None,
     ) -> None:
         """Answer every call whose prompt contains ``contains`` with ``status``."""
+        fault = Fault(status, dict(headers or {}), message, contains, error_type, error_code)
         with self._lock:
-            self._rules.append(Fault(status, dict(headers or {}), message, contains))
+            self._rules.append(fault)
 
     def fail_always(
-        self, status: int = 401, *, headers: Mapping[str, str] | None = None, message: str = ""
+        self,
+        status: int = 401,
+        *,
+        headers: Mapping[str, str] | None = None,
+        message: str = "",
+        error_type: str | None = None,
+        error_code: str | None = None,
     ) -> None:
         """Answer every call with ``status``."""
+        fault = Fault(status, dict(headers or {}), message, None, error_type, error_code)
         with self._lock:
-            self._rules.append(Fault(status, dict(headers or {}), message))
+            self._rules.append(fault)
+
+    def refuse_when(self, contains: str) -> None:
+        """Answer calls whose prompt contains ``contains`` with a model refusal (a 200)."""
+        with self._lock:
+            self._refusals.append(contains)
 
     def clear_faults(self) -> None:
         with self._lock:
             self._rules.clear()
             self._queue.clear()
+            self._refusals.clear()
 
     def hold(self) -> None:
         """Keep every call open, unanswered, until ``release()``."""
@@ -296,6 +345,10 @@ class FakeAnthropic:
             decoded = None
         body: dict[str, Any] = decoded if isinstance(decoded, dict) else {}
         problem = _invalid(body if decoded is not None else None, lowered)
+        known = self.known_models
+        model = body.get("model")
+        if problem is None and known is not None and isinstance(model, str) and model not in known:
+            problem = 404, f"model: {model}"
         text = message_text(body)
 
         with self._arrived:
@@ -311,13 +364,19 @@ class FakeAnthropic:
             self._stopping.wait(self.delay)
         self._released.wait()
 
-        ids = {"request-id": f"req_fake_{request.number}"}
+        request_id = f"req_fake_{request.number}"
+        ids = {"request-id": request_id}
         if problem:
-            return _json(problem[0], ids, error_body(*problem))
+            return _json(problem[0], ids, error_body(*problem, request_id=request_id))
         if fault:
-            return _json(
-                fault.status, ids | dict(fault.headers), error_body(fault.status, fault.message)
+            answer = error_body(
+                fault.status,
+                fault.message,
+                error_type=fault.error_type,
+                error_code=fault.error_code,
+                request_id=request_id,
             )
+            return _json(fault.status, ids | dict(fault.headers), answer)
         return _json(200, ids, self._message(request))
 
     def _pick_fault(self, text: str) -> Fault | None:
@@ -334,7 +393,9 @@ class FakeAnthropic:
         return None
 
     def _message(self, request: Received) -> dict[str, Any]:
-        text = self._reply(request)
+        with self._lock:
+            refused = any(needle in request.text for needle in self._refusals)
+        text = "" if refused else self._reply(request)
         system = request.body.get("system")
         prompt_words = len(request.text.split()) + len(str(system or "").split())
         return {
@@ -342,8 +403,8 @@ class FakeAnthropic:
             "type": "message",
             "role": "assistant",
             "model": request.model,
-            "content": [{"type": "text", "text": text}],
-            "stop_reason": "end_turn",
+            "content": [] if refused else [{"type": "text", "text": text}],
+            "stop_reason": "refusal" if refused else "end_turn",
             "stop_sequence": None,
             "usage": {"input_tokens": prompt_words, "output_tokens": len(text.split())},
         }

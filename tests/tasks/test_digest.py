@@ -21,7 +21,7 @@ import redis
 from journal import CorruptJournal, Journal, Keyspace, LeaseBusy, Outcome, Run, Settings, StepEvent
 from tasks.cli import main
 from tasks.config import Config
-from tasks.errors import ModelAuthFailed
+from tasks.errors import EveryItemRefused, ModelAuthFailed, ModelRefused
 from tasks.items import Item
 from tasks.keys import DigestKeys, text
 from tasks.mail import Email, FileOutbox, Mailer, Receipt
@@ -35,7 +35,7 @@ from tasks.model import (
 from tasks.runtime import Runtime
 from tasks.workflow import run_digest
 from tests.conftest import SHARED_REDIS_URL
-from tests.fakes.anthropic_server import FakeAnthropic
+from tests.fakes.anthropic_server import CREDIT_TOO_LOW, PROMPT_TOO_LONG, FakeAnthropic
 from tests.support import wait_until
 
 LEASE_TTL = 0.5
@@ -356,12 +356,12 @@ def test_a_finished_run_is_not_repeated_and_the_next_run_covers_only_new_items(
 def test_an_item_the_model_refuses_is_skipped_and_covered_next_week(
     digest: LocalDigest, fake_anthropic: FakeAnthropic
 ) -> None:
-    fake_anthropic.fail_when('title="Item b"', 400)
+    fake_anthropic.fail_when('title="Item b"', 400, message=PROMPT_TOO_LONG)
     first = digest.run("w1").result
     assert first["status"] == "sent"
     assert first["items"] == 2
     assert [s["id"] for s in first["skipped"]] == ["b"]
-    assert "the model refused this item" in first["skipped"][0]["error"]
+    assert "the model refused this item: the prompt is too long" in first["skipped"][0]["error"]
     assert fake_anthropic.calls == 4  # a, b (refused, not retried), c, compose
     assert fake_anthropic.calls_for('title="Item b"') == 1
     [email] = digest.emails()
@@ -375,6 +375,49 @@ def test_an_item_the_model_refuses_is_skipped_and_covered_next_week(
     assert "skipped" not in second
     assert "* Item b: summary of Item b" in digest.emails()[1]["body"]
     assert digest.seen() == {"a", "b", "c"}
+
+
+def test_out_of_credit_fails_the_run_and_every_later_delivery_alike(
+    digest: LocalDigest, fake_anthropic: FakeAnthropic
+) -> None:
+    # The API answers every request with the same 400: not three refused items, one account.
+    fake_anthropic.fail_always(400, message=CREDIT_TOO_LOW)
+
+    for attempt in (1, 2):
+        with pytest.raises(ModelRefused, match="credit balance is too low") as caught:
+            digest.run("w1")
+        assert type(caught.value) is ModelRefused
+        assert fake_anthropic.calls == attempt  # one call per delivery, then the run fails
+    meta = digest.meta("w1")
+    assert meta["status"] == "failed"
+    assert meta["last_error"].startswith("ModelRefused: the Anthropic account's credit balance")
+    assert digest.outbox() == []
+    assert digest.seen() == set()
+
+    fake_anthropic.clear_faults()
+    resumed = digest.run("w1").result
+    assert (resumed["status"], resumed["items"]) == ("sent", 3)
+    assert digest.seen() == {"a", "b", "c"}
+
+
+def test_every_item_refused_fails_the_run_instead_of_nothing_new(
+    digest: LocalDigest, fake_anthropic: FakeAnthropic
+) -> None:
+    fake_anthropic.fail_always(400, message=PROMPT_TOO_LONG)
+
+    with pytest.raises(EveryItemRefused) as caught:
+        digest.run("w1")
+
+    line = str(caught.value)
+    assert line.startswith("the model refused every item (a, b, c); a: the model refused")
+    assert "prompt is too long" in line
+    assert "\n" not in line
+    assert fake_anthropic.calls == 3  # each item asked once; a refusal is not retried
+    meta = digest.meta("w1")
+    assert meta["status"] == "failed"
+    assert meta["last_error"].startswith("EveryItemRefused: ")
+    assert digest.outbox() == []
+    assert digest.seen() == set()
 
 
 def test_a_refused_key_fails_the_run_at_once(

@@ -17,18 +17,22 @@ from pathlib import Path
 import anthropic
 import pytest
 
-from tasks.errors import ModelAuthFailed
+from tasks.errors import DigestError, ItemRefused, ModelAuthFailed, ModelRefused
 from tasks.items import Item
 from tasks.model import (
     AnthropicSummarizer,
     Completion,
     OfflineSummarizer,
-    is_item_rejected,
     is_transient,
     retry_after_seconds,
 )
 from tasks.prompts import INTRO_SYSTEM, SUMMARY_SYSTEM, intro_prompt, summary_prompt
-from tests.fakes.anthropic_server import FakeAnthropic
+from tests.fakes.anthropic_server import (
+    CONTENT_FILTERED,
+    CREDIT_TOO_LOW,
+    PROMPT_TOO_LONG,
+    FakeAnthropic,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DARK = Item("i1", "Dark mode", "Dark mode is now available on web and mobile. It follows your OS.")
@@ -201,39 +205,38 @@ def test_from_env_refuses_a_timeout_that_is_not_positive(env: None) -> None:
         AnthropicSummarizer.from_env(timeout_s=0)
 
 
-# --- classification
+# --- what an error means, from real error bodies through the SDK
+
+TRANSIENT = [
+    (429, {}, anthropic.RateLimitError),
+    (500, {}, anthropic.InternalServerError),
+    (503, {}, anthropic.ServiceUnavailableError),
+    (529, {}, anthropic.OverloadedError),
+    (408, {}, anthropic.RequestTimeoutError),
+    (409, {"error_type": "conflict_error"}, anthropic.ConflictError),
+]
 
 
-@pytest.mark.parametrize(
-    ("status", "error_type", "transient", "rejected"),
-    [
-        (429, "rate_limit_error", True, False),
-        (500, "api_error", True, False),
-        (503, "api_error", True, False),
-        (529, "overloaded_error", True, False),
-        (408, "invalid_request_error", True, False),
-        (400, "invalid_request_error", False, True),
-        (413, "request_too_large", False, True),
-        (404, "not_found_error", False, False),
-        (422, "invalid_request_error", False, False),
-    ],
-)
-def test_status_errors_are_classified(
+@pytest.mark.parametrize(("status", "fault", "raised"), TRANSIENT)
+def test_transient_errors_reach_the_step_policy_as_the_sdk_raised_them(
     server: FakeAnthropic,
     model: AnthropicSummarizer,
     status: int,
-    error_type: str,
-    transient: bool,
-    rejected: bool,
+    fault: dict[str, str],
+    raised: type[anthropic.APIStatusError],
 ) -> None:
-    error = status_error(server, model, status)
+    server.fail_next(status, **fault)
 
-    assert (error.status_code, error.type) == (status, error_type)
-    assert (is_transient(error), is_item_rejected(error)) == (transient, rejected)
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        model.summarize(DARK)
+
+    assert type(caught.value) is raised
+    assert caught.value.status_code == status
+    assert is_transient(caught.value)
     assert server.calls == 1
 
 
-def test_a_529_carries_the_api_error_shape(
+def test_an_error_carries_the_real_apis_shape(
     server: FakeAnthropic, model: AnthropicSummarizer
 ) -> None:
     error = status_error(server, model, 529)
@@ -242,18 +245,156 @@ def test_a_529_carries_the_api_error_shape(
     assert error.body == {
         "type": "error",
         "error": {"type": "overloaded_error", "message": "Overloaded"},
+        "request_id": "req_fake_1",
     }
+    assert (error.type, error.api_message, error.request_id) == (
+        "overloaded_error",
+        "Overloaded",
+        "req_fake_1",
+    )
+
+
+# (status, what the body says, the error the summarizer raises, words its line must hold).
+REFUSED = [
+    # The account: every request is refused alike, so the run fails.
+    (400, {"message": CREDIT_TOO_LOW}, ModelRefused, "credit balance is too low", "Plans"),
+    (402, {}, ModelRefused, "billing problem", "Plans & Billing"),
+    (
+        429,
+        {"error_type": "rate_limit_error", "error_code": "enforced_spend_limit_reached"},
+        ModelRefused,
+        "monthly spend limit",
+        "raise the limit",
+    ),
+    (
+        400,
+        {"message": "Your organization is on hold", "error_code": "organization_on_hold"},
+        ModelRefused,
+        "on hold",
+        "Anthropic Console",
+    ),
+    (401, {}, ModelAuthFailed, "API key was refused", "ANTHROPIC_API_KEY"),
+    (403, {}, ModelAuthFailed, "may not use model claude-haiku-5-5", "DIGEST_SUMMARY_MODEL"),
+    # The request: an unknown model, a malformed request, anything else nobody calls transient.
+    (
+        404,
+        {"message": "model: claude-haiku-5-5"},
+        ModelRefused,
+        "model claude-haiku-5-5 does not exist",
+        "DIGEST_SUMMARY_MODEL",
+    ),
+    (
+        400,
+        {"message": "model: claude-haiku-5-5"},
+        ModelRefused,
+        "not a valid model id",
+        "DIGEST_SUMMARY_MODEL",
+    ),
+    (
+        400,
+        {"message": "max_tokens: Field required"},
+        ModelRefused,
+        "refused the request",
+        "upgrade",
+    ),
+    (400, {}, ModelRefused, "refused the request", "ANTHROPIC_BASE_URL"),
+    (422, {}, ModelRefused, "refused the request", "DIGEST_SUMMARY_MODEL"),
+    # This item's prompt: the item is skipped, the run goes on.
+    (400, {"message": PROMPT_TOO_LONG}, ItemRefused, "prompt is too long", "shorten"),
+    (400, {"message": CONTENT_FILTERED}, ItemRefused, "content filter", "reword"),
+    (413, {}, ItemRefused, "too large", "shorten"),
+]
+
+
+@pytest.mark.parametrize(("status", "fault", "raised", "cause", "fix"), REFUSED)
+def test_refusals_are_classified_by_what_they_mean(
+    server: FakeAnthropic,
+    model: AnthropicSummarizer,
+    status: int,
+    fault: dict[str, str],
+    raised: type[DigestError],
+    cause: str,
+    fix: str,
+) -> None:
+    server.fail_next(status, **fault)
+
+    with pytest.raises(DigestError) as caught:
+        model.summarize(DARK)
+
+    assert type(caught.value) is raised
+    line = str(caught.value)
+    assert cause in line
+    assert fix in line
+    assert f"{server.url} answered HTTP {status}" in line
+    assert "\n" not in line
+    sdk_error = caught.value.__cause__
+    assert isinstance(sdk_error, anthropic.APIStatusError)
+    assert sdk_error.status_code == status
+    assert not is_transient(caught.value)
+    assert server.calls == 1
+
+
+def test_the_credit_line_quotes_the_api_and_says_what_to_do(
+    server: FakeAnthropic, model: AnthropicSummarizer
+) -> None:
+    server.fail_always(400, message=CREDIT_TOO_LOW)
+
+    with pytest.raises(ModelRefused) as caught:
+        model.summarize(DARK)
+
+    assert str(caught.value) == (
+        f"the Anthropic account's credit balance is too low (the Anthropic API at "
+        f"{server.url} answered HTTP 400 invalid_request_error: {CREDIT_TOO_LOW}); buy "
+        "credits or upgrade under Plans & Billing in the Anthropic Console, then run the "
+        "digest again"
+    )
+
+
+def test_an_unknown_model_names_the_variable_that_chose_it(
+    server: FakeAnthropic, env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server.known_models = {"claude-haiku-5-5"}
+    monkeypatch.setenv("DIGEST_INTRO_MODEL", "claude-nope")
+    model = AnthropicSummarizer.from_env(timeout_s=5.0)
+
+    assert model.summarize(DARK).text == "summary of Dark mode"
+    with pytest.raises(ModelRefused) as caught:
+        model.compose([(DARK, "s")])
+
+    assert type(caught.value) is ModelRefused
+    assert "model claude-nope does not exist" in str(caught.value)
+    assert "set DIGEST_INTRO_MODEL to a current model id" in str(caught.value)
+    assert [request.status for request in server.requests] == [200, 404]
+
+
+def test_a_model_that_declines_refuses_the_item(
+    server: FakeAnthropic, model: AnthropicSummarizer
+) -> None:
+    server.refuse_when("Dark mode")
+
+    with pytest.raises(ItemRefused, match="declined to answer"):
+        model.summarize(DARK)
+    assert model.summarize(SSO).text == "summary of SSO for the Team plan"
+    assert server.calls == 2
 
 
 @pytest.mark.parametrize(
-    ("status", "header", "transient"), [(529, "false", False), (400, "true", True)]
+    ("status", "header", "raised"),
+    [(529, "false", ModelRefused), (400, "true", anthropic.BadRequestError)],
 )
 def test_the_servers_x_should_retry_overrides_the_status(
-    server: FakeAnthropic, model: AnthropicSummarizer, status: int, header: str, transient: bool
+    server: FakeAnthropic,
+    model: AnthropicSummarizer,
+    status: int,
+    header: str,
+    raised: type[Exception],
 ) -> None:
-    error = status_error(server, model, status, headers={"x-should-retry": header})
+    server.fail_next(status, headers={"x-should-retry": header})
 
-    assert is_transient(error) is transient
+    with pytest.raises(raised) as caught:
+        model.summarize(DARK)
+
+    assert is_transient(caught.value) is (header == "true")
 
 
 def test_a_refused_connection_is_transient(env: None) -> None:
@@ -266,37 +407,12 @@ def test_a_refused_connection_is_transient(env: None) -> None:
 
     assert not isinstance(caught.value, anthropic.APITimeoutError)
     assert is_transient(caught.value)
-    assert not is_item_rejected(caught.value)
 
 
-def test_other_exceptions_are_neither_transient_nor_rejections() -> None:
+def test_other_exceptions_are_not_transient_and_carry_no_hint() -> None:
     error = ValueError("not from the API")
 
-    assert (is_transient(error), is_item_rejected(error), retry_after_seconds(error)) == (
-        False,
-        False,
-        None,
-    )
-
-
-@pytest.mark.parametrize("status", [401, 403])
-def test_a_refused_key_fails_at_once_naming_the_variable(
-    server: FakeAnthropic, model: AnthropicSummarizer, status: int
-) -> None:
-    server.fail_always(status)
-
-    with pytest.raises(ModelAuthFailed) as caught:
-        model.summarize(DARK)
-
-    message = str(caught.value)
-    assert "ANTHROPIC_API_KEY" in message
-    assert server.url in message
-    assert f"HTTP {status}" in message
-    assert "\n" not in message
-    assert isinstance(caught.value.__cause__, anthropic.APIStatusError)
-    assert not is_transient(caught.value)
-    assert not is_item_rejected(caught.value)
-    assert server.calls == 1
+    assert (is_transient(error), retry_after_seconds(error)) == (False, None)
 
 
 # --- retry-after, read from real 429 responses
@@ -337,10 +453,10 @@ def test_retry_after_is_parsed_from_the_response(
 def test_a_permanent_fault_hits_only_the_matching_item(
     server: FakeAnthropic, model: AnthropicSummarizer
 ) -> None:
-    server.fail_when(contains="SSO for the Team plan", status=400)
+    server.fail_when(contains="SSO for the Team plan", status=400, message=PROMPT_TOO_LONG)
 
     for _ in range(2):
-        with pytest.raises(anthropic.BadRequestError):
+        with pytest.raises(ItemRefused):
             model.summarize(SSO)
     assert model.summarize(DARK).text == "summary of Dark mode"
     assert (server.calls_for("SSO for the Team plan"), server.calls_for("Dark mode")) == (2, 1)
