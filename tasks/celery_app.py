@@ -9,11 +9,13 @@ the fork, so no connection is shared between processes.
 from __future__ import annotations
 
 import logging
+import os
 from datetime import UTC, datetime
 from typing import Any
 
 from celery import Celery
 from celery.schedules import crontab
+from celery.signals import worker_init
 
 from journal import StepEvent
 from journal.durable import SWEEP_TASK, Durable, at_least_once_settings
@@ -63,6 +65,17 @@ app.conf.update(
         "journal-sweep": {"task": SWEEP_TASK, "schedule": config.sweep_interval},
     },
 )
+
+
+@worker_init.connect
+def import_model_sdk(**_: Any) -> None:
+    """Import the Anthropic SDK in the worker's main process, before its pool forks.
+
+    Every child then shares the imported modules instead of paying the import (seconds) on its
+    first model call; a worker with no key never calls the model and skips it.
+    """
+    if os.environ.get("ANTHROPIC_API_KEY"):
+        import anthropic  # noqa: F401
 
 
 def on_step(event: StepEvent) -> None:

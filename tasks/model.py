@@ -16,6 +16,10 @@ account or the request (credit, billing, key, permission, unknown model, malform
 and any other error nobody called transient) becomes ``ModelRefused`` and fails the run at
 once; only a refusal of this item's prompt (too long, filtered, declined by the model)
 becomes ``ItemRefused``, which skips the item.
+
+The SDK is imported by the first model call, not with this module: importing it takes seconds,
+and ``digest --help``, ``show``, ``runs`` and the offline summarizer never call the model. A
+worker imports it once before forking its pool (``tasks.celery_app``), so children share it.
 """
 
 from __future__ import annotations
@@ -24,18 +28,21 @@ import email.utils
 import math
 import os
 import re
+import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC
-from typing import Any, Protocol, TypeGuard
-
-import anthropic
-from anthropic.types import OutputConfigParam
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from tasks.errors import DigestError, ItemRefused, ModelAuthFailed, ModelRefused
 from tasks.items import Item
 from tasks.prompts import INTRO_SYSTEM, SUMMARY_SYSTEM, intro_prompt, summary_prompt
+
+if TYPE_CHECKING:
+    import anthropic
+    from anthropic.types import OutputConfigParam
 
 DEFAULT_SUMMARY_MODEL = "claude-haiku-5-5"
 DEFAULT_INTRO_MODEL = "claude-sonnet-5-5"
@@ -104,14 +111,19 @@ class AnthropicSummarizer:
     """Summaries and the opening paragraph from the Anthropic Messages API.
 
     Args:
-        client: Built with ``max_retries=0`` and a timeout (see ``from_env``): one method call
-            is exactly one HTTP request, and it ends in bounded time.
+        connect: Builds the SDK client, with ``max_retries=0`` and a timeout (see ``from_env``):
+            one method call is exactly one HTTP request, and it ends in bounded time. Called
+            once, by the first call: a run that replays every step never pays for the SDK.
         summary_model: The model for each item's summary.
         intro_model: The model for the opening paragraph.
     """
 
-    def __init__(self, client: anthropic.Anthropic, summary_model: str, intro_model: str) -> None:
-        self._client = client
+    def __init__(
+        self, connect: Callable[[], anthropic.Anthropic], summary_model: str, intro_model: str
+    ) -> None:
+        self._connect = connect
+        self._client: anthropic.Anthropic | None = None
+        self._connecting = threading.Lock()  # a map's first calls arrive together
         self._summary_model = summary_model
         self._intro_model = intro_model
         self.name = f"anthropic ({summary_model}, {intro_model})"
@@ -127,12 +139,17 @@ class AnthropicSummarizer:
         """
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
-        client = anthropic.Anthropic(
-            max_retries=0,
-            timeout=anthropic.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s)),
-        )
+
+        def connect() -> anthropic.Anthropic:
+            import anthropic
+
+            return anthropic.Anthropic(
+                max_retries=0,
+                timeout=anthropic.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s)),
+            )
+
         return cls(
-            client,
+            connect,
             summary_model=os.environ.get("DIGEST_SUMMARY_MODEL") or DEFAULT_SUMMARY_MODEL,
             intro_model=os.environ.get("DIGEST_INTRO_MODEL") or DEFAULT_INTRO_MODEL,
         )
@@ -167,21 +184,27 @@ class AnthropicSummarizer:
         setting: str,
         system: str,
         prompt: str,
-        output_config: OutputConfigParam | anthropic.Omit = anthropic.omit,
+        output_config: OutputConfigParam | None = None,
     ) -> Completion:
+        import anthropic
+
+        with self._connecting:
+            if self._client is None:
+                self._client = self._connect()
+            client = self._client
         try:
-            message = self._client.messages.create(
+            message = client.messages.create(
                 model=model,
                 max_tokens=MAX_TOKENS,
                 system=system,
                 messages=[{"role": "user", "content": prompt}],
-                output_config=output_config,
+                output_config=anthropic.omit if output_config is None else output_config,
             )
         except anthropic.APIStatusError as exc:
             refusal = refusal_for(exc)
             if refusal is None:
                 raise  # transient: the step's retry policy decides
-            where = f"the Anthropic API at {self._client.base_url}"
+            where = f"the Anthropic API at {client.base_url}"
             raise refusal.error(refusal.describe(exc, where, model, setting)) from exc
         if message.stop_reason == "refusal":
             raise ItemRefused(
@@ -227,6 +250,10 @@ def is_transient(exc: BaseException) -> bool:
     timeouts, 408, 409, 429 and every 5xx (529 is ``overloaded_error``), unless the server sent
     ``x-should-retry: false``.
     """
+    if not _sdk_loaded():
+        return False
+    import anthropic
+
     if isinstance(exc, anthropic.APIConnectionError):  # APITimeoutError included
         return True
     if not isinstance(exc, anthropic.APIStatusError):
@@ -249,6 +276,10 @@ def retry_after_seconds(
         exc: Any exception; only an API status error can carry the headers.
         now: The clock that turns an HTTP date into a wait.
     """
+    if not _sdk_loaded():
+        return None
+    import anthropic
+
     if not isinstance(exc, anthropic.APIStatusError):
         return None
     headers = exc.response.headers
@@ -268,6 +299,14 @@ def retry_after_seconds(
     if when.tzinfo is None:  # a "-0000" zone; HTTP dates are always GMT
         when = when.replace(tzinfo=UTC)
     return max(0.0, when.timestamp() - now())
+
+
+def _sdk_loaded() -> bool:
+    """Whether a model call imported the SDK: until one did, no error can be one of the SDK's.
+
+    So judging any other error (a lost lease, an offline run's) never pays for the import.
+    """
+    return "anthropic" in sys.modules
 
 
 def _non_negative(value: str | None) -> float | None:

@@ -242,3 +242,30 @@ def test_an_invalid_run_id_exits_2(deployment: Deployment) -> None:
         "digest: invalid run id '2026 w42': it contains ' '; use 1-128 characters of letters, "
         "digits, '.', '_' or '-' (for example 2026-w42)\n"
     )
+
+
+def imported(stderr: str) -> list[str]:
+    """Top-level packages a process imported, from its ``-X importtime`` report, in order."""
+    return [
+        line.rsplit("|", 1)[1].strip().split(".")[0]
+        for line in stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    ]
+
+
+def test_only_a_model_call_imports_the_sdk(
+    deployment: Deployment, fake_anthropic: FakeAnthropic
+) -> None:
+    # Importing the SDK takes seconds; a command that makes no model call must not pay it,
+    # not even with a key set. Celery is as heavy and only `digest enqueue` needs it.
+    deployment.env.update(fake_anthropic.env(), PYTHONPROFILEIMPORTTIME="1")
+    first = deployment.cli("run", RUN)
+    assert first.returncode == 0
+    assert "anthropic" in imported(first.stderr)  # the probe sees the SDK when it is imported
+    assert fake_anthropic.calls == 9
+    for args in (["--help"], ["show", RUN], ["runs"], ["run", RUN]):
+        done = deployment.cli(*args)
+        assert done.returncode == 0, done.stderr
+        heavy = {"anthropic", "celery", "httpx", "pydantic"} & set(imported(done.stderr))
+        assert (args, heavy) == (args, set())
+    assert fake_anthropic.calls == 9

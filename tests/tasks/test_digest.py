@@ -8,6 +8,7 @@ so, like a killed process, it neither marks the run failed nor releases its leas
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -95,7 +96,7 @@ class LocalDigest:
             lease_ttl=LEASE_TTL,
             retry_base_delay=0.01,
         )
-        sdk = self.fake.client(timeout=5.0)
+        sdk = functools.partial(self.fake.client, timeout=5.0)
         return Runtime(
             config=config,
             client=self.client,
@@ -222,7 +223,7 @@ def test_a_step_whose_record_never_landed_runs_again(
         def compose(self, pairs: list[tuple[Item, str]]) -> Completion:
             return self.inner.compose(pairs)
 
-    sdk = AnthropicSummarizer(fake_anthropic.client(timeout=5.0), "m1", "m2")
+    sdk = AnthropicSummarizer(functools.partial(fake_anthropic.client, timeout=5.0), "m1", "m2")
     with pytest.raises(Crash):
         digest.run("w1", runtime=digest.runtime(summarizer=DiesAfterAnswer(sdk)))
     recorded = digest.client.hkeys(digest.journal.keys("digest", "w1").steps)

@@ -132,7 +132,7 @@ def test_model_ids_come_from_the_environment(
 
 def test_text_blocks_are_joined_and_stripped(env: None) -> None:
     with FakeAnthropic(reply=lambda request: "\n  Dark mode arrives.  \n") as fake:
-        model = AnthropicSummarizer(fake.client(), "claude-haiku-5-5", "claude-sonnet-5-5")
+        model = AnthropicSummarizer(fake.client, "claude-haiku-5-5", "claude-sonnet-5-5")
         assert model.summarize(DARK).text == "Dark mode arrives."
 
 
@@ -176,7 +176,7 @@ def test_the_sdk_default_would_retry_behind_our_back(server: FakeAnthropic) -> N
     # The contrast that makes the test above meaningful: with SDK retries the same script
     # costs three HTTP calls inside one summarize.
     server.fail_next(429, times=2, headers={"retry-after-ms": "1"})
-    model = AnthropicSummarizer(server.client(max_retries=2), "claude-haiku-5-5", "m")
+    model = AnthropicSummarizer(lambda: server.client(max_retries=2), "claude-haiku-5-5", "m")
 
     assert model.summarize(DARK).text == "summary of Dark mode"
     assert server.calls == 3
@@ -400,7 +400,7 @@ def test_the_servers_x_should_retry_overrides_the_status(
 def test_a_refused_connection_is_transient(env: None) -> None:
     with FakeAnthropic() as gone:
         client = gone.client()
-    model = AnthropicSummarizer(client, "claude-haiku-5-5", "claude-sonnet-5-5")
+    model = AnthropicSummarizer(lambda: client, "claude-haiku-5-5", "claude-sonnet-5-5")
 
     with pytest.raises(anthropic.APIConnectionError) as caught:
         model.summarize(DARK)
@@ -501,7 +501,7 @@ def test_the_fake_runs_as_a_process_until_killed() -> None:
             base_url=exported["ANTHROPIC_BASE_URL"],
             max_retries=0,
         )
-        model = AnthropicSummarizer(client, "claude-haiku-5-5", "claude-sonnet-5-5")
+        model = AnthropicSummarizer(lambda: client, "claude-haiku-5-5", "claude-sonnet-5-5")
         assert model.summarize(DARK).text == "summary of Dark mode"
         assert process.stdout.readline().strip() == "call 1: model=claude-haiku-5-5 -> 200"
     finally:

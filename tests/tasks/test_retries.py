@@ -7,6 +7,7 @@ paragraph's prompt does not: ``calls_for("Body b.")`` counts the summary calls f
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -81,7 +82,9 @@ def test_a_transient_error_is_retried_within_the_step(
         journal=journal,
         keys=DigestKeys(prefix),
         summarizer=AnthropicSummarizer(
-            fake_anthropic.client(timeout=5.0), DEFAULT_SUMMARY_MODEL, DEFAULT_INTRO_MODEL
+            functools.partial(fake_anthropic.client, timeout=5.0),
+            DEFAULT_SUMMARY_MODEL,
+            DEFAULT_INTRO_MODEL,
         ),
         mailer=FileOutbox(tmp_path / "state" / "outbox"),
     )

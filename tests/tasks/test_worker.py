@@ -80,3 +80,19 @@ def test_a_worker_without_a_key_refuses_instead_of_summarizing_offline(
     wait_until(lambda: f"tasks.digest[{task_id}] raised" in worker.text(), 10, "the failure log")
     assert fake_anthropic.calls == 0
     assert deployment.outbox() == []
+
+
+def test_the_pool_children_share_the_sdk_the_main_process_imported(
+    deployment: Deployment, fake_anthropic: FakeAnthropic
+) -> None:
+    # With -X importtime the main process reports each module it imports: the SDK must be one,
+    # before the pool is ready, so the children forked after it share the imported modules.
+    deployment.env.update(fake_anthropic.env(), PYTHONPROFILEIMPORTTIME="1")
+    worker = deployment.worker("w1", concurrency=2)
+    task_id = enqueue(deployment)
+    result = wait_until(lambda: task_result(worker, task_id), 30, "the delivery")
+    assert result["result"]["model_calls"] == 9
+    log = worker.text()
+    sdk = re.findall(r"^import time:.*\| anthropic$", log, re.MULTILINE)
+    assert len(sdk) == 1
+    assert log.index(sdk[0]) < log.index(" ready.")
