@@ -65,6 +65,8 @@ class Config:
         retry_base_delay: the first back-off of a failed model call, in seconds.
         long_backoff: back-offs longer than this become a durable sleep, in seconds.
         smtp_url: real SMTP delivery; None means the file outbox.
+        smtp_require_tls: refuse an ``smtp://`` server that offers no STARTTLS, even when
+            the URL carries no credentials (credentials are never sent in clear anyway).
         sender, recipient: the email's From and To.
         timezone: the zone of the Monday 08:00 schedule.
         offline: allow the worker to summarize without an API key.
@@ -96,6 +98,7 @@ class Config:
     retry_base_delay: float = 1.0
     long_backoff: float = 30.0
     smtp_url: str | None = None
+    smtp_require_tls: bool = False
     sender: str = "digest@example.com"
     recipient: str = "team@example.com"
     timezone: str = "UTC"
@@ -132,6 +135,7 @@ class Config:
             retry_base_delay=_number(env, "DIGEST_RETRY_BASE_DELAY", 1.0, 0, 60),
             long_backoff=_number(env, "DIGEST_LONG_BACKOFF", 30, 0, 3600),
             smtp_url=env.get("DIGEST_SMTP_URL") or None,
+            smtp_require_tls=_flag(env, "DIGEST_SMTP_REQUIRE_TLS"),
             sender=env.get("DIGEST_FROM") or "digest@example.com",
             recipient=env.get("DIGEST_TO") or "team@example.com",
             timezone=env.get("DIGEST_TIMEZONE") or "UTC",

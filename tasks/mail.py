@@ -18,12 +18,14 @@ import logging
 import os
 import re
 import smtplib
+import ssl
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from email import policy as email_policy
 from email.message import EmailMessage
-from email.utils import formatdate
+from email.utils import formatdate, getaddresses, parseaddr
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
@@ -168,8 +170,12 @@ class SmtpMailer:
     a digest is better twice than never. Concurrent sends of one key are not guarded here:
     the run's lease already allows only one worker at a time.
 
-    Credentials in the URL cross the network in clear with ``smtp://``; use ``smtps://``
-    (implicit TLS) whenever the server is not on the same host.
+    Transport security: ``smtps://`` speaks TLS from the first byte; ``smtp://`` upgrades with
+    STARTTLS whenever the server offers it. Either way the certificate is verified against the
+    system's trust store (``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` add a private CA) and must name
+    the host in the URL, and a failed check ends the attempt: it never falls back to plaintext.
+    A server that offers no STARTTLS gets plaintext only when the URL has no credentials and
+    ``require_tls`` is off; credentials are never sent in clear.
     """
 
     def __init__(
@@ -179,15 +185,19 @@ class SmtpMailer:
         receipt_key: Callable[[str], str],
         sender: str,
         timeout: float = SMTP_TIMEOUT_S,
+        *,
+        require_tls: bool = False,
     ) -> None:
         """Check the URL at once, so a typo fails at start rather than at the first send.
 
         Args:
-            url: ``smtp://[user:pass@]host[:port]`` or ``smtps://...`` (implicit TLS).
+            url: ``smtp://[user:pass@]host[:port]`` (STARTTLS when offered) or ``smtps://...``
+                (implicit TLS).
             redis: Where receipts are kept; they must outlive every retry of the run.
             receipt_key: Builds the Redis key of a receipt from an idempotency key.
             sender: The ``From`` address.
             timeout: Seconds to wait for the server on each operation.
+            require_tls: Refuse a server that offers no TLS, even without credentials.
 
         Raises:
             BadInput: The URL is not a usable SMTP URL.
@@ -197,12 +207,14 @@ class SmtpMailer:
         self._receipt_key = receipt_key
         self._sender = sender
         self._timeout = timeout
+        self._require_tls = require_tls
 
     def send(self, key: str, email: Email) -> Receipt:
         """Send ``email`` unless a receipt for ``key`` is stored.
 
         Raises:
-            MailFailed: The server could not be reached or refused the email.
+            MailFailed: The server could not be reached, could not be verified, or refused
+                the email.
         """
         _check_key(key)
         receipt_key = self._receipt_key(key)
@@ -217,18 +229,32 @@ class SmtpMailer:
 
     def _deliver(self, message: EmailMessage) -> None:
         server = self._server
+        envelope = _Envelope.of(message)
         try:
-            client = server.connect(self._timeout)
+            client = server.open(self._timeout, require_tls=self._require_tls)
             try:
-                if server.user is not None:
-                    client.login(server.user, server.password or "")
-                refused = client.send_message(message)
+                refused = envelope.announce(client)
+                # Between RCPT and DATA: the last point at which the email can still be held
+                # back; once DATA is answered it is delivered.
+                envelope.transmit(client)
             finally:
                 # The email is accepted once DATA is answered; a failing QUIT must not make a
                 # delivered email look failed, or the retry would send it again.
                 with contextlib.suppress(smtplib.SMTPException, OSError):
                     client.quit()
                 client.close()
+        except ssl.SSLCertVerificationError as exc:
+            raise MailFailed(
+                f"SMTP {server.where}: certificate not trusted ({exc.verify_message}); nothing "
+                "was sent; check the host in DIGEST_SMTP_URL is the name on its certificate, "
+                "or point SSL_CERT_FILE at the CA that signed it"
+            ) from None
+        except ssl.SSLError as exc:
+            raise MailFailed(
+                f"SMTP {server.where}: TLS handshake failed ({exc.reason or exc}); check that "
+                "the port speaks TLS at once for smtps:// (usually 465), or use smtp:// for "
+                "STARTTLS (usually 587)"
+            ) from None
         except smtplib.SMTPException as exc:
             raise MailFailed(_smtp_problem(server.where, exc)) from None
         except OSError as exc:
@@ -243,6 +269,64 @@ class SmtpMailer:
                 message["Message-ID"],
                 ", ".join(sorted(refused)),
             )
+
+
+@dataclass(frozen=True)
+class _Envelope:
+    """One message as SMTP transmits it: MAIL FROM and RCPT TO first, then DATA.
+
+    ``smtplib.send_message`` does all three in one call; they are apart here so a delivery can
+    decide, after the server accepted the recipients, whether to send the content at all.
+    """
+
+    sender: str
+    recipients: tuple[str, ...]
+    content: bytes
+    international: bool
+
+    @classmethod
+    def of(cls, message: EmailMessage) -> _Envelope:
+        sender = parseaddr(str(message["From"]))[1]
+        recipients = tuple(address for _, address in getaddresses([str(message["To"])]))
+        international = not all(address.isascii() for address in (sender, *recipients))
+        # As smtplib.send_message flattens it: CRLF line ends, UTF-8 headers only if needed.
+        policy = email_policy.SMTPUTF8 if international else email_policy.SMTP
+        return cls(sender, recipients, message.as_bytes(policy=policy), international)
+
+    def announce(self, client: smtplib.SMTP) -> dict[str, tuple[int, bytes]]:
+        """MAIL FROM and RCPT TO; returns the recipients refused while others were accepted.
+
+        Raises:
+            smtplib.SMTPException: The sender, or every recipient, was refused.
+        """
+        options: list[str] = []
+        if self.international:
+            if not client.has_extn("smtputf8"):
+                raise smtplib.SMTPNotSupportedError(
+                    "a non-ASCII address needs SMTPUTF8, which the server does not offer"
+                )
+            options = ["SMTPUTF8", "BODY=8BITMIME"]
+        code, reply = client.mail(self.sender, options)
+        if code != 250:
+            raise smtplib.SMTPSenderRefused(code, reply, self.sender)
+        refused: dict[str, tuple[int, bytes]] = {}
+        for address in self.recipients:
+            code, reply = client.rcpt(address)
+            if code not in (250, 251):
+                refused[address] = (code, reply)
+        if len(refused) == len(self.recipients):
+            raise smtplib.SMTPRecipientsRefused(refused)
+        return refused
+
+    def transmit(self, client: smtplib.SMTP) -> None:
+        """DATA: the server answers 250 once it has taken responsibility for the email.
+
+        Raises:
+            smtplib.SMTPDataError: The server refused the content.
+        """
+        code, reply = client.data(self.content)
+        if code != 250:
+            raise smtplib.SMTPDataError(code, reply)
 
 
 @dataclass(frozen=True)
@@ -282,10 +366,48 @@ class _SmtpServer:
             password=None if parts.password is None else unquote(parts.password),
         )
 
-    def connect(self, timeout: float) -> smtplib.SMTP:
+    def open(self, timeout: float, *, require_tls: bool) -> smtplib.SMTP:
+        """A session that is connected, verified and logged in, in that order.
+
+        Raises:
+            ssl.SSLError: TLS failed, the certificate check included; nothing was sent.
+            MailFailed: The server offers no STARTTLS and plaintext is not allowed.
+            smtplib.SMTPException, OSError: The server refused or could not be reached.
+        """
+        # The system's trust store; OpenSSL adds SSL_CERT_FILE / SSL_CERT_DIR when set. Built
+        # per session, so a CA file changed on disk is read by the next send.
+        context = ssl.create_default_context()
         if self.tls:
-            return smtplib.SMTP_SSL(self.host, self.port, timeout=timeout)
-        return smtplib.SMTP(self.host, self.port, timeout=timeout)
+            client: smtplib.SMTP = smtplib.SMTP_SSL(
+                self.host, self.port, timeout=timeout, context=context
+            )
+        else:
+            client = smtplib.SMTP(self.host, self.port, timeout=timeout)
+        try:
+            if not self.tls:
+                client.ehlo()
+                if client.has_extn("starttls"):
+                    client.starttls(context=context)
+                    client.ehlo()  # the capabilities before TLS are not to be trusted
+                elif self.user is not None or require_tls:
+                    raise MailFailed(self._plaintext_refused(require_tls))
+            if self.user is not None:
+                client.login(self.user, self.password or "")
+        except BaseException:
+            client.close()
+            raise
+        return client
+
+    def _plaintext_refused(self, require_tls: bool) -> str:
+        why = (
+            "DIGEST_SMTP_REQUIRE_TLS=1 refuses plaintext"
+            if require_tls
+            else "the password in DIGEST_SMTP_URL is never sent in clear"
+        )
+        return (
+            f"SMTP {self.where} does not offer STARTTLS and {why}; nothing was sent; use "
+            "smtps:// or enable STARTTLS on the server"
+        )
 
 
 def _message(key: str, email: Email, sender: str) -> EmailMessage:

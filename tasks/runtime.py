@@ -98,7 +98,13 @@ def choose_summarizer(config: Config, *, allow_offline: bool) -> Summarizer:
 def choose_mailer(config: Config, client: redis.Redis, keys: DigestKeys) -> Mailer:
     """SMTP when ``DIGEST_SMTP_URL`` is set, else the file outbox in the state dir."""
     if config.smtp_url:
-        return SmtpMailer(config.smtp_url, client, keys.receipt, config.sender)
+        return SmtpMailer(
+            config.smtp_url,
+            client,
+            keys.receipt,
+            config.sender,
+            require_tls=config.smtp_require_tls,
+        )
     return FileOutbox(config.state_dir / "outbox")
 
 

@@ -1,4 +1,8 @@
-"""A real SMTP server on loopback (aiosmtpd) that keeps what it accepts."""
+"""A real SMTP server on loopback (aiosmtpd) that keeps what it accepts.
+
+It also records what a client revealed: every login attempt, password included (as the
+server sees it, after TLS), and whether each accepted message came over TLS.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +13,34 @@ from email.message import EmailMessage
 from typing import Any
 
 from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import AuthResult, LoginPassword
 
 
 class Inbox:
-    """An SMTP handler that keeps every message it accepts."""
+    """An SMTP handler that keeps every message it accepts.
 
-    def __init__(self, refuse: frozenset[str] = frozenset()) -> None:
+    Args:
+        refuse: recipients answered with 550.
+        login: the one (user, password) accepted; with it, pass ``authenticator=inbox.login``
+            to ``start_server``.
+    """
+
+    def __init__(
+        self, refuse: frozenset[str] = frozenset(), login: tuple[bytes, bytes] | None = None
+    ) -> None:
         self.refuse = refuse
         self.messages: list[EmailMessage] = []
+        self.over_tls: list[bool] = []
+        self.logins: list[tuple[bytes, bytes]] = []
+        self._login = login
+
+    def authenticator(
+        self, server: Any, session: Any, envelope: Any, mechanism: str, data: Any
+    ) -> AuthResult:
+        assert isinstance(data, LoginPassword)
+        self.logins.append((data.login, data.password))
+        # handled=False: the server, not this callback, answers 535 on a failure.
+        return AuthResult(success=(data.login, data.password) == self._login, handled=False)
 
     async def handle_RCPT(
         self, server: Any, session: Any, envelope: Any, address: str, options: list[str]
@@ -30,6 +54,9 @@ class Inbox:
         parsed = email.message_from_bytes(envelope.content, policy=email.policy.default)
         assert isinstance(parsed, EmailMessage)
         self.messages.append(parsed)
+        # session.ssl is set by STARTTLS; an implicit TLS transport says so itself.
+        implicit = server.transport.get_extra_info("ssl_object") is not None
+        self.over_tls.append(session.ssl is not None or implicit)
         return "250 Message accepted for delivery"
 
 
@@ -43,6 +70,8 @@ class LoopbackController(Controller):
 
 
 def start_server(inbox: Inbox, **kwargs: Any) -> LoopbackController:
+    """Serve ``inbox`` on 127.0.0.1; ``ssl_context=`` for implicit TLS, ``tls_context=`` for
+    STARTTLS, ``authenticator=inbox.authenticator`` for logins (other aiosmtpd options too)."""
     controller = LoopbackController(inbox, hostname="127.0.0.1", port=0, **kwargs)
     controller.start()
     return controller
