@@ -147,7 +147,11 @@ class Run:
         self.clock = clock
         self._client = client
         self._scripts = scripts
-        self._pending = recorded  # recorded by earlier attempts, not yet replayed: raw JSON
+        # Threads share a run (a map's items replay steps of their own) and replay takes no
+        # lock, so no loop ever walks a dict another thread changes: loops walk ``_recorded``,
+        # which nothing changes, and look the others up one key at a time.
+        self._recorded = recorded  # raw JSON recorded by earlier attempts; never changed
+        self._pending = dict(recorded)  # of those, not taken yet; shrinks one pop at a time
         self._known: dict[str, dict[str, Any]] = {}  # replayed or recorded in this attempt
         self._open_groups: set[str] = set()
         self._next_seq: int | None = None
@@ -188,7 +192,7 @@ class Run:
     def has(self, key: str) -> bool:
         """Whether the journal holds ``key`` (recorded in an earlier attempt or this one)."""
         with self._lock:
-            return key in self._known or key in self._pending
+            return key in self._recorded or key in self._known
 
     def step(self, key: str, fn: Callable[[], T], *, retry: RetryPolicy | None = None) -> T:
         """Run ``fn`` once for this run: replay its recorded result, or call and record it.
@@ -199,7 +203,7 @@ class Run:
             UnserializableResult: ``fn`` returned something JSON cannot hold.
         """
         recorded: dict[str, Any] | None
-        raw = self._pending.pop(key, None)  # atomic under the GIL: one taker per record
+        raw = self._pending.pop(key, None)  # one atomic dict operation: one taker per record
         if raw is not None:  # the hot path of a resumed run, kept free of the lock
             recorded = self._known[key] = decode_fields(self._run, key, raw)
         else:
@@ -396,15 +400,20 @@ class Run:
     def _consume(self, key: str) -> dict[str, Any] | None:
         """The record of ``key`` if the journal holds it, marking it replayed (lock held)."""
         raw = self._pending.pop(key, None)  # the common case first: replaying a past attempt
-        if raw is not None:
-            record = self._known[key] = decode_fields(self._run, key, raw)
-            return record
-        return self._known.get(key)
+        if raw is None:
+            record = self._known.get(key)
+            if record is not None or key not in self._recorded:
+                return record
+            raw = self._recorded[key]  # another thread took it and has not decoded it yet
+        record = self._known[key] = decode_fields(self._run, key, raw)
+        return record
 
     def _pending_outside_groups(self) -> list[tuple[int, str]]:
         """(seq, key) of recorded steps not replayed yet, other than open map groups'."""
         pending = []
-        for key, raw in self._pending.items():
+        for key, raw in self._recorded.items():
+            if key not in self._pending:
+                continue
             record = decode_fields(self._run, key, raw)
             if record.get("group") not in self._open_groups:
                 pending.append((int(record["seq"]), key))
@@ -500,8 +509,11 @@ class Run:
         """The next sequence number; found once, at the first record of this attempt."""
         with self._lock:
             if self._next_seq is None:
-                seqs = [int(r["seq"]) for r in self._known.values()]
-                seqs += [decode_fields(self._run, k, v)["seq"] for k, v in self._pending.items()]
+                # Nothing of this attempt is recorded yet: the earlier attempts hold the highest.
+                seqs = (
+                    int((self._known.get(key) or decode_fields(self._run, key, raw))["seq"])
+                    for key, raw in self._recorded.items()
+                )
                 self._next_seq = max(seqs, default=0) + 1
             seq = self._next_seq
             self._next_seq += 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
+import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -86,6 +87,49 @@ def test_threads_sharing_a_run_record_one_value_and_all_get_it_back(journal: Jou
     assert all(value == stored.result for value in returned.values())
     assert outcome.result == stored.result
     assert Counter(event.replayed for event in events) == {False: 1, True: RACERS}
+
+
+@pytest.fixture
+def frequent_thread_switches() -> Iterator[None]:
+    """Hand the GIL over every few microseconds, so a race window of one loop is hit."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(before)
+
+
+def test_map_threads_replaying_steps_while_one_records_share_the_run_safely(
+    journal: Journal, frequent_thread_switches: None
+) -> None:
+    """Map items replay steps of their own while another item records the attempt's first.
+
+    That first record reads every record the journal holds for its sequence number while the
+    other threads take records out of the same dicts.
+    """
+    parts = range(1000)
+
+    def first(run: Run) -> None:
+        # The state a crash mid-map leaves: items 2-7 had recorded their parts, not their sums.
+        for i in range(2, 8):
+            for j in parts:
+                run.step(f"part:{i}:{j}", lambda j=j: j)
+        run.map("sum", [0], lambda i: i, key=str)
+        raise RuntimeError("crash")
+
+    def second(run: Run) -> list[int]:
+        def one(i: int) -> int:
+            return sum(run.step(f"part:{i}:{j}", lambda: -1) for j in parts) if i > 1 else i
+
+        return run.map("sum", list(range(8)), one, key=str, concurrency=8)
+
+    with pytest.raises(RuntimeError, match="crash"):
+        journal.execute("wf", "r1", first)
+    outcome = journal.execute("wf", "r1", second)
+    assert outcome.result == [0, 1] + [sum(parts)] * 6
+    assert (outcome.ran, outcome.replayed) == (7, 1 + 6 * len(parts))
+    raw = journal.client.hgetall(journal.keys("wf", "r1").steps)
+    seqs = [orjson.loads(record)["seq"] for record in raw.values()]
+    assert sorted(seqs) == list(range(1, len(raw) + 1))  # no number handed out twice
 
 
 def record_in_process(
