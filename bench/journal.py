@@ -314,7 +314,7 @@ def open_and_replay(journal: Journal, run_id: str, order: list[str]) -> Run:
         fence=1,
         clock=SystemClock(),
         recorded=recorded,
-        guard=Heartbeat(Lease(keys, journal.scripts, 30_000), holder),
+        guard=Heartbeat(Lease(keys, journal.scripts, 30_000), holder, time.monotonic()),
     )
     for key in order:
         run.step(key, _never)

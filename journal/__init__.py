@@ -4,6 +4,7 @@ The public face; everything not listed in ``__all__`` may change.
 """
 
 from journal.clock import Clock, ManualClock, SystemClock
+from journal.effects import Effect
 from journal.errors import (
     CorruptJournal,
     EmbeddedServerError,
@@ -29,6 +30,7 @@ from journal.waits import SignalResult, Suspend, Wait
 __all__ = [
     "Clock",
     "CorruptJournal",
+    "Effect",
     "EmbeddedServerError",
     "Fenced",
     "InvalidRunId",

@@ -89,9 +89,14 @@ class RunKeys:
         """Hash: signal name -> JSON payload, first one wins."""
         return self._key("signals")
 
+    @property
+    def effects(self) -> str:
+        """Hash: effect step key -> ``<fence>:<deadline_ms>:<state>``, its claimant, receipt."""
+        return self._key("effects")
+
     def all(self) -> tuple[str, ...]:
         """Every per-run key, for inspection and deliberate deletion."""
-        return (self.steps, self.meta, self.lease, self.fence, self.signals)
+        return (self.steps, self.meta, self.lease, self.fence, self.signals, self.effects)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,9 @@ class Grant:
     holder: str
     fence: int
     starts_without_progress: int
+    confirmed_at: float
+    """``time.monotonic()`` taken before the acquire request: the lease is held until at
+    least this plus the TTL, whenever the reply arrived."""
 
 
 @dataclass
@@ -54,11 +57,13 @@ class Lease:
             LeaseBusy: another holder's lease is live; carries its remaining milliseconds.
         """
         me = ProcessIdentity.current()
+        asked = time.monotonic()
         reply = self._acquire(now_ms, me, "")
         if status_of("acquire", reply, (0, 1)) == 0:
             holder = _text(reply[2])
             process = ProcessIdentity.decode(reply[3])
             if process is not None and process.provably_gone(me):
+                asked = time.monotonic()
                 reply = self._acquire(now_ms, me, holder)
                 if status_of("acquire", reply, (0, 1)) == 1:
                     log.info(
@@ -72,7 +77,7 @@ class Lease:
             holder = _text(reply[2])
             raise LeaseBusy(self.keys.run, max(int(reply[1]), 0), holder.split(":", 1)[0])
         fence = int(reply[1])
-        return Grant(f"{fence}:{self.token}", fence, int(reply[2]))
+        return Grant(f"{fence}:{self.token}", fence, int(reply[2]), asked)
 
     def _acquire(self, now_ms: int, me: ProcessIdentity, dead_holder: str) -> Any:
         return self.scripts.acquire(
@@ -103,15 +108,24 @@ class Heartbeat:
     paused process (SIGSTOP, a long GC, a frozen VM) would otherwise leave: when the last
     confirmation is older than half the TTL, it renews synchronously before a step may start,
     so a worker that slept through its lease learns it before running a side effect.
+
+    A confirmation is the time taken *before* the request that proved the lease (the acquire,
+    then each renewal): a pause between the request and its reply, or after it, only makes
+    the confirmation look older than it is, never younger.
     """
 
     def __init__(
-        self, lease: Lease, holder: str, on_renew: Callable[[], None] | None = None
+        self,
+        lease: Lease,
+        holder: str,
+        confirmed_at: float,
+        on_renew: Callable[[], None] | None = None,
     ) -> None:
         self._lease = lease
         self._holder = holder
         self._stop = threading.Event()
-        self._confirmed_at = time.monotonic()
+        self._confirmed_at = confirmed_at
+        self._confirm_lock = threading.Lock()
         self._on_renew = on_renew
         self.lost = threading.Event()
         self.renewals = 0
@@ -142,12 +156,29 @@ class Heartbeat:
                 return
         raise LeaseLost(self._lease.keys.run, "the lease expired or was taken over")
 
-    def _renew(self) -> bool:
+    def confirm(self) -> float:
+        """Renew synchronously, now, whatever the last confirmation: for an irreversible act.
+
+        Returns:
+            The confirmation time (``time.monotonic()`` before the request); the lease is
+            held until at least this plus the TTL.
+
+        Raises:
+            LeaseLost: the lease is gone or held by another.
+        """
+        asked = time.monotonic()
+        if self.lost.is_set() or not self._renew(asked):
+            raise LeaseLost(self._lease.keys.run, "the lease expired or was taken over")
+        return asked
+
+    def _renew(self, asked: float | None = None) -> bool:
+        asked = time.monotonic() if asked is None else asked
         if not self._lease.renew(self._holder):
             self.lost.set()
             return False
-        self._confirmed_at = time.monotonic()
-        self.renewals += 1
+        with self._confirm_lock:  # the beat and a step boundary may both renew
+            self._confirmed_at = max(self._confirmed_at, asked)
+            self.renewals += 1
         if self._on_renew is not None:
             self._on_renew()
         return True

@@ -14,7 +14,16 @@ from redis.commands.core import Script
 
 from journal.errors import UnknownScriptStatus
 
-SCRIPT_NAMES = ("acquire", "renew", "release", "record", "update_meta", "claim_due")
+SCRIPT_NAMES = (
+    "acquire",
+    "renew",
+    "release",
+    "record",
+    "update_meta",
+    "claim_due",
+    "effect_claim",
+    "effect_settle",
+)
 
 
 def _source(name: str) -> str:
@@ -31,6 +40,8 @@ class Scripts:
     record: Script
     update_meta: Script
     claim_due: Script
+    effect_claim: Script
+    effect_settle: Script
 
     @classmethod
     def register(cls, client: redis.Redis) -> Scripts:

@@ -19,6 +19,7 @@ import redis
 
 from journal import codec
 from journal.clock import Clock, millis
+from journal.effects import Effect, run_effect
 from journal.errors import (
     CorruptJournal,
     Fenced,
@@ -213,6 +214,36 @@ class Run:
         if self._on_step is not None:
             self._replay(key, recorded)
         return recorded["result"]  # type: ignore[no-any-return]
+
+    def effect(self, key: str, fn: Callable[[Effect], T], *, timeout: float) -> T:
+        """A step that acts outside Redis, performed by at most one lease holder at a time.
+
+        ``fn(effect)`` must call ``effect.confirm()`` right before its irreversible moment and
+        should call ``effect.accepted(receipt)`` right after it; it must carry an idempotency
+        key (``run.idempotency_key(key)``) into the effect, because the one remaining window
+        (see ``journal.effects``) repeats it. ``timeout`` bounds how long after its claim the
+        effect may still pass ``confirm``; a later holder waits that long for a claimant that
+        may still be alive. Replay returns the recorded result without calling ``fn``.
+
+        Raises:
+            LeaseLost: the lease was lost before the claim, at ``confirm`` or at the record.
+        """
+        recorded = self._take(key)
+        if recorded is not None:
+            return self._replay(key, recorded)  # type: ignore[no-any-return]
+        self.check_lease()
+        started = millis(self.clock.now())
+        handle = Effect(
+            scripts=self._scripts,
+            keys=self.keys,
+            holder=self.holder,
+            fence=self.fence,
+            guard=self._guard,
+            key=key,
+            timeout=timeout,
+        )
+        result = run_effect(handle, fn)
+        return self._record(key, result, 1, started, "effect", None)  # type: ignore[no-any-return]
 
     def map(
         self,

@@ -24,7 +24,7 @@ from journal.errors import (
     StoreUnsupported,
 )
 from journal.keys import Keyspace, RunKeys
-from journal.lease import Heartbeat, Lease
+from journal.lease import Grant, Heartbeat, Lease
 from journal.scripts import Scripts, status_of
 from journal.steps import Run, StepEvent
 from journal.waits import Suspend, Wait
@@ -157,7 +157,7 @@ class Journal:
             # Read before the announcement clears it: a retry wait carries its attempt count.
             waited = self._decode_meta(keys, current, "wait")
             self._announce(keys, grant.holder, args if frozen is None else None)
-            run, heartbeat = self._open(keys, grant.holder, grant.fence, on_step, lease, waited)
+            run, heartbeat = self._open(keys, grant, on_step, lease, waited)
             run.args = dict(frozen if frozen is not None else args or {})
         except BaseException:
             self.call(lease.release, grant.holder)
@@ -167,22 +167,24 @@ class Journal:
     def _open(
         self,
         keys: RunKeys,
-        holder: str,
-        fence: int,
+        grant: Grant,
         on_step: Callable[[StepEvent], None] | None,
         lease: Lease,
         waited: dict[str, Any] | None,
     ) -> tuple[Run, Heartbeat]:
+        holder = grant.holder
         raw_steps = self.call(self.client.hgetall, keys.steps)
         recorded = {field.decode(): value for field, value in raw_steps.items()}
         wait = Wait.from_json(waited) if waited else None
-        heartbeat = Heartbeat(lease, holder, on_renew=lambda: self._push_due(keys, xx=True))
+        heartbeat = Heartbeat(
+            lease, holder, grant.confirmed_at, on_renew=lambda: self._push_due(keys, xx=True)
+        )
         run = Run(
             client=self.client,
             scripts=self.scripts,
             keys=keys,
             holder=holder,
-            fence=fence,
+            fence=grant.fence,
             clock=self.clock,
             recorded=recorded,
             guard=heartbeat,

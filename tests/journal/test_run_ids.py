@@ -109,6 +109,7 @@ def test_every_key_a_run_creates_shares_its_hash_tag_and_slot(
 
     def body(run: Run) -> str:
         result = run.step("select", lambda: "items")
+        run.effect("send", lambda effect: effect.confirm(), timeout=5)
         seen.update(keys_under(store, prefix))  # lease and fence exist only while running
         return result
 
@@ -133,6 +134,7 @@ def test_the_key_layout_is_the_documented_one(make_journal: MakeJournal, prefix:
         f"{tagged}:lease",
         f"{tagged}:fence",
         f"{tagged}:signals",
+        f"{tagged}:effects",
     )
     assert len({key_slot(key.encode()) for key in keys.all()}) == 1
 

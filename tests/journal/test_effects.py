@@ -1,0 +1,205 @@
+"""Fenced effects: claimed before they start, confirmed before the irreversible moment,
+settled through fenced scripts, and resolved by a later holder only once the claimant can no
+longer act. Contract tests on both backends; real SIGSTOPped workers against a real SMTP
+server are in ``tests/failure/test_frozen_send.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from journal import Effect, Journal, LeaseLost, Run
+from journal.holder import ProcessIdentity
+
+PID_MAX = int(Path("/proc/sys/kernel/pid_max").read_text())
+
+
+class Sink:
+    """An external system: counts what passed its irreversible moment, by idempotency key."""
+
+    def __init__(self) -> None:
+        self.delivered: list[str] = []
+
+    def send(self, key: str, effect: Effect) -> dict[str, Any]:
+        if effect.earlier is not None:
+            return {"key": key, "sent": False}
+        effect.confirm()
+        self.delivered.append(key)
+        receipt = {"key": key, "sent": True}
+        effect.accepted(receipt)
+        return receipt
+
+
+def effects_hash(journal: Journal, run_id: str = "r1") -> dict[str, str]:
+    keys = journal.keys("wf", run_id)
+    return {k.decode(): v.decode() for k, v in journal.client.hgetall(keys.effects).items()}
+
+
+def test_an_effect_runs_once_and_a_replay_does_not_call_it(make_journal) -> None:  # type: ignore[no-untyped-def]
+    journal = make_journal()
+    sink = Sink()
+    seen: list[tuple[bool, Any]] = []
+
+    def body(run: Run) -> Any:
+        def act(effect: Effect) -> Any:
+            seen.append((effect.resumed, effect.earlier))
+            return sink.send(run.idempotency_key("send"), effect)
+
+        return run.effect("send", act, timeout=5)
+
+    assert journal.execute("wf", "r1", body).result == {"key": "wf-r1-send", "sent": True}
+    journal.client.hset(journal.keys("wf", "r1").meta, "status", "running")  # deliver again
+    assert journal.execute("wf", "r1", body).result == {"key": "wf-r1-send", "sent": True}
+    assert sink.delivered == ["wf-r1-send"]
+    assert seen == [(False, None)]
+    assert effects_hash(journal)["send"] == "1:0:done"
+
+
+def zombie_then_winner(
+    make_journal: Any, act_as_zombie: Any, *, timeout: float, vanish: bool = False
+) -> tuple[list[str], Any, float, list[BaseException]]:
+    """A holder claims the effect, loses its lease mid-effect; a second holder resolves it."""
+    first = make_journal(lease_ttl=0.3)
+    second = make_journal(lease_ttl=5.0)
+    keys = first.keys("wf", "r1")
+    sink = Sink()
+    errors: list[BaseException] = []
+    outcome: list[Any] = []
+    took: list[float] = []
+
+    def winner(run: Run) -> Any:
+        return run.effect("send", lambda e: sink.send("k", e), timeout=timeout)
+
+    def zombie(run: Run) -> Any:
+        def act(effect: Effect) -> Any:
+            first.client.delete(keys.lease)  # the expiry a frozen process would suffer
+            if vanish:  # as if this process were gone: a pid that cannot exist
+                dead = dataclasses.replace(ProcessIdentity.current(), pid=PID_MAX + 1)
+                first.client.hset(keys.effects, "send:process", dead.encode())
+            started = time.monotonic()
+            outcome.append(second.execute("wf", "r1", winner).result)
+            took.append(time.monotonic() - started)
+            return act_as_zombie(sink, effect)
+
+        return run.effect("send", act, timeout=timeout)
+
+    try:
+        first.execute("wf", "r1", zombie)
+    except LeaseLost as lost:
+        errors.append(lost)
+    return sink.delivered, outcome, took[0], errors
+
+
+def test_a_zombie_before_its_irreversible_moment_is_stopped_by_confirm(make_journal) -> None:  # type: ignore[no-untyped-def]
+    delivered, outcome, took, errors = zombie_then_winner(
+        make_journal, lambda sink, effect: sink.send("k", effect), timeout=0.5
+    )
+    assert delivered == ["k"]  # the winner's only
+    assert outcome == [{"key": "k", "sent": True}]
+    assert 0.3 < took < 3  # the winner waited for the zombie's claim to time out
+    assert len(errors) == 1  # the zombie stopped with LeaseLost
+
+
+def test_a_zombie_past_its_moment_cannot_save_its_receipt(make_journal) -> None:  # type: ignore[no-untyped-def]
+    def delivered_then_frozen(sink: Sink, effect: Effect) -> None:
+        sink.delivered.append("k")  # accepted by the server before the freeze: the window
+        effect.accepted({"key": "k", "sent": True})
+
+    delivered, _, _, errors = zombie_then_winner(make_journal, delivered_then_frozen, timeout=0.2)
+    assert delivered == ["k", "k"]  # the documented window: repeated under the same key
+    assert len(errors) == 1  # the zombie stopped with LeaseLost
+
+
+def test_a_provably_dead_claimant_is_not_waited_for(make_journal) -> None:  # type: ignore[no-untyped-def]
+    _, outcome, took, _ = zombie_then_winner(
+        make_journal, lambda sink, effect: None, timeout=30, vanish=True
+    )
+    assert outcome == [{"key": "k", "sent": True}]
+    assert took < 2  # not the 30 s timeout
+
+
+def test_a_saved_receipt_is_handed_to_the_next_holder_and_not_repeated(make_journal) -> None:  # type: ignore[no-untyped-def]
+    journal = make_journal()
+    sink = Sink()
+    crashed = RuntimeError("the process died after the receipt, before the record")
+
+    def body(run: Run) -> Any:
+        def act(effect: Effect) -> Any:
+            receipt = sink.send("k", effect)
+            if effect.earlier is None:
+                raise crashed
+            return receipt
+
+        return run.effect("send", act, timeout=30)
+
+    with pytest.raises(RuntimeError):
+        journal.execute("wf", "r1", body)
+    assert journal.execute("wf", "r1", body).result == {"key": "k", "sent": False}
+    assert sink.delivered == ["k"]
+
+
+def test_an_effect_that_failed_is_released_and_retried_at_once(make_journal) -> None:  # type: ignore[no-untyped-def]
+    journal = make_journal()
+    calls: list[bool] = []
+
+    def body(run: Run) -> Any:
+        def act(effect: Effect) -> Any:
+            calls.append(effect.resumed)
+            if len(calls) == 1:
+                raise ConnectionError("server unreachable")
+            effect.confirm()
+            return "ok"
+
+        return run.effect("send", act, timeout=30)
+
+    with pytest.raises(ConnectionError):
+        journal.execute("wf", "r1", body)
+    assert effects_hash(journal)["send"] == "1:0:released"
+    started = time.monotonic()
+    assert journal.execute("wf", "r1", body).result == "ok"
+    assert time.monotonic() - started < 2  # not the 30 s timeout
+    assert calls == [False, True]
+
+
+def test_confirm_after_the_claims_timeout_refuses_to_act(make_journal) -> None:  # type: ignore[no-untyped-def]
+    journal = make_journal(lease_ttl=5.0)
+    acted: list[str] = []
+
+    def act(effect: Effect) -> None:
+        time.sleep(0.3)
+        effect.confirm()
+        acted.append("late")
+
+    with pytest.raises(LeaseLost, match=r"passed its 0\.2s timeout"):
+        journal.execute("wf", "r1", lambda run: run.effect("send", act, timeout=0.2))
+    assert acted == []
+
+
+def test_a_lease_is_trusted_from_before_its_request_not_after_the_reply(
+    make_journal, store
+) -> None:  # type: ignore[no-untyped-def]
+    """A pause between acquiring and the first step outlives the lease: the step finds out."""
+    journal = make_journal(lease_ttl=0.4)
+    keys = journal.keys("wf", "r1")
+    plain = store.hgetall
+    ran: list[str] = []
+
+    def slow_journal_read(name: str) -> Any:
+        reply = plain(name)
+        if name == keys.steps:
+            threading.Event().wait(0.5)  # the lease (0.4 s) expires while the reply is late
+        return reply
+
+    store.hgetall = slow_journal_read
+    try:
+        with pytest.raises(LeaseLost):
+            journal.execute("wf", "r1", lambda run: run.step("a", lambda: ran.append("a")))
+    finally:
+        del store.hgetall
+    assert ran == []
