@@ -22,6 +22,7 @@ from celery import Celery, Task
 
 from journal.clock import SystemClock
 from journal.errors import InvalidRunId, LeaseBusy, LeaseLost, RunParked, StoreUnavailable
+from journal.redact import redact_exception
 from journal.steps import StepEvent
 from journal.store import Journal, Outcome, jitter
 
@@ -153,6 +154,11 @@ class Durable:
         except LeaseLost as lost:
             log.warning("%s", lost)
             return {"run": f"{name}:{run_id}", "status": "lease-lost", "error": str(lost)}
+        except Exception as failure:
+            # Celery stores the exception's arguments and its formatted traceback, causes
+            # included, in the result backend: mask them before it formats anything.
+            redact_exception(failure)
+            raise
         self._wake_soon(task, outcome, run_id, kwargs)
         return {
             "run": outcome.run,

@@ -25,6 +25,8 @@ Celery's result backend and process pools.
 
 from __future__ import annotations
 
+from journal.redact import redact
+
 
 class JournalError(Exception):
     """Root of every error raised by the journal."""
@@ -149,9 +151,14 @@ class RunParked(JournalError):
 
 
 class _StoreError(JournalError):
-    """A failure of the store itself, named by its URL."""
+    """A failure of the store itself, named by its URL (its password masked).
+
+    Masked when built, not when shown: the arguments are what Celery's result backend stores
+    and what a pickled copy carries.
+    """
 
     def __init__(self, url: str, detail: str) -> None:
+        url, detail = redact(url), redact(detail)
         super().__init__(url, detail)
         self.url = url
         self.detail = detail

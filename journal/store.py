@@ -25,6 +25,7 @@ from journal.errors import (
 )
 from journal.keys import Keyspace, RunKeys
 from journal.lease import Grant, Heartbeat, Lease
+from journal.redact import redact
 from journal.scripts import Scripts, status_of
 from journal.steps import Run, StepEvent
 from journal.waits import Suspend, Wait
@@ -320,7 +321,7 @@ class Journal:
         now = millis(self.clock.now())
         fields = {
             "status": "failed",
-            "last_error": f"{type(error).__name__}: {error}",
+            "last_error": redact(f"{type(error).__name__}: {error}"),
             "updated_at": now,
             "starts_without_progress": 0,
             "wait": DELETE,

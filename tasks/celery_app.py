@@ -15,11 +15,12 @@ from typing import Any
 
 from celery import Celery
 from celery.schedules import crontab
-from celery.signals import worker_init
+from celery.signals import after_setup_logger, after_setup_task_logger, worker_init
 
 from journal import StepEvent
 from journal.durable import SWEEP_TASK, Durable, at_least_once_settings
 from journal.embedded import embedded_broker_url
+from journal.redact import redact_logging
 from tasks.config import Config
 from tasks.dispatch import dispatch_due
 from tasks.runtime import broker_url, worker_runtime
@@ -76,6 +77,16 @@ def import_model_sdk(**_: Any) -> None:
     """
     if os.environ.get("ANTHROPIC_API_KEY"):
         import anthropic  # noqa: F401
+
+
+@after_setup_logger.connect
+@after_setup_task_logger.connect
+def mask_secrets_in_logs(logger: logging.Logger, **_: Any) -> None:
+    """Mask secrets in every line the worker or beat logs, Celery's and the libraries' too.
+
+    The task logger has handlers of its own and does not propagate, hence both signals.
+    """
+    redact_logging(logger)
 
 
 def on_step(event: StepEvent) -> None:

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 from journal import JournalError, LeaseBusy, RunParked, StepEvent, validate_run_id
 from journal.errors import InvalidRunId
 from journal.inspect import RunView, inspect_run, recent_runs
+from journal.redact import redact, redact_logging
 from tasks.config import Config
 from tasks.errors import BadInput, DigestError
 from tasks.items import load_items
@@ -68,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``digest`` command."""
     args = _parser().parse_args(argv)
+    redact_logging()  # the journal's warnings, printed by logging's last-resort handler
     try:
         config = Config.from_env()
         # Only an omitted id means this week; an empty one is refused like any bad id.
@@ -76,13 +78,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         validate_run_id(run_id)
         return int(COMMANDS[args.command](config, run_id, args))
     except (BadInput, InvalidRunId) as bad:
-        print(f"digest: {bad}", file=sys.stderr)
+        print(f"digest: {redact(str(bad))}", file=sys.stderr)
         return EXIT_USAGE
     except LeaseBusy as busy:
         print(f"digest: {busy}", file=sys.stderr)
         return EXIT_BUSY
     except (DigestError, JournalError) as failure:
-        print(f"failed: {failure}", file=sys.stderr)
+        print(f"failed: {redact(str(failure))}", file=sys.stderr)
         return EXIT_FAILED
 
 
@@ -137,7 +139,7 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
         return EXIT_OK
     result: dict[str, Any] = outcome.result
     for skipped in result.get("skipped", []):
-        print(f"  skipped  summarize:{skipped['id']} ({skipped['error']})")
+        print(f"  skipped  summarize:{skipped['id']} ({redact(skipped['error'])})")
     if result["status"] == "dry-run":
         email = result["email"]
         print(f"\nTo: {email['to']}\nSubject: {email['subject']}\n\n{email['body']}\n")
@@ -161,10 +163,11 @@ def cmd_show(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Print what the journal knows about a run."""
     runtime = Runtime.build(config, allow_offline=True)
     view = inspect_run(runtime.journal, WORKFLOW, run_id)
+    # Masked again here: a journal written before masking, or by other code, may hold a secret.
     if args.json:
-        print(json.dumps(_view_json(view), indent=2, sort_keys=True))
+        print(redact(json.dumps(_view_json(view), indent=2, sort_keys=True)))
     else:
-        print(_render(view))
+        print(redact(_render(view)))
     return EXIT_OK
 
 

@@ -11,7 +11,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from journal.redact import add_secret, add_url_secrets
 from tasks.errors import BadInput
+
+# Variables whose values are secrets as a whole, and those that are URLs that may carry one.
+SECRET_VARIABLES = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
+URL_VARIABLES = ("REDIS_URL", "CELERY_BROKER_URL", "DIGEST_SMTP_URL", "ANTHROPIC_BASE_URL")
+
+
+def _register_secrets(env: Mapping[str, str]) -> None:
+    """Tell the masking function every secret this process was configured with.
+
+    First, before any setting is checked: an error about a bad setting must not show them.
+    """
+    for name in SECRET_VARIABLES:
+        add_secret(env.get(name))
+    for name in URL_VARIABLES:
+        add_url_secrets(env.get(name))
 
 
 def _number(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
@@ -121,6 +137,7 @@ class Config:
             BadInput: one line naming the variable, what is wrong and what to use.
         """
         env = os.environ if env is None else env
+        _register_secrets(env)
         config = cls(
             redis_url=env.get("REDIS_URL") or None,
             broker_url=env.get("CELERY_BROKER_URL") or None,

@@ -32,6 +32,7 @@ from urllib.parse import unquote, urlsplit
 
 from redis import Redis
 
+from journal.redact import redact
 from tasks.errors import BadInput, MailFailed
 
 log = logging.getLogger(__name__)
@@ -344,8 +345,7 @@ class _SmtpServer:
     @classmethod
     def parse(cls, url: str) -> _SmtpServer:
         parts = urlsplit(url)
-        # Never echo a password into an error message or a log.
-        shown = url if parts.password is None else url.replace(f":{parts.password}@", ":***@")
+        shown = redact(url)
         example = "for example smtp://localhost:1025 or smtps://user:pass@smtp.example.com"
         if parts.scheme not in ("smtp", "smtps"):
             raise BadInput(f"DIGEST_SMTP_URL {shown!r}: scheme must be smtp or smtps; {example}")
