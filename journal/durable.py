@@ -21,7 +21,14 @@ from typing import Any
 from celery import Celery, Task
 
 from journal.clock import SystemClock
-from journal.errors import InvalidRunId, LeaseBusy, LeaseLost, RunParked, StoreUnavailable
+from journal.errors import (
+    InvalidRunId,
+    JournalError,
+    LeaseBusy,
+    LeaseLost,
+    RunParked,
+    StoreUnavailable,
+)
 from journal.redact import redact_exception
 from journal.steps import StepEvent
 from journal.store import Journal, Outcome, jitter
@@ -180,7 +187,9 @@ class Durable:
         """Enqueue the runs whose wake-up or lease-expiry time has come.
 
         The claim is one script, so two beats never both enqueue a run; a claimed run is
-        re-armed rather than removed, so a lost message is found again by a later sweep.
+        re-armed rather than removed, so a lost message is found again by a later sweep. A run
+        whose stored state cannot be read is logged and skipped, never allowed to stop the
+        batch: it stays in the index, so every later sweep names it again until it is repaired.
 
         Returns:
             How many runs were enqueued.
@@ -192,7 +201,14 @@ class Durable:
             if task is None:
                 log.warning("due run %s has no workflow registered in this app", keys.run)
                 continue
-            task.apply_async(args=[keys.run_id], kwargs=journal.run_args(keys))
+            try:
+                args = journal.run_args(keys)
+            except StoreUnavailable:
+                raise
+            except JournalError as unreadable:
+                log.error("due sweep skipped run %s: %s", keys.run, unreadable)
+                continue
+            task.apply_async(args=[keys.run_id], kwargs=args)
             enqueued += 1
         if enqueued:
             log.info("due sweep enqueued %d run(s)", enqueued)

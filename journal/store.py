@@ -116,8 +116,7 @@ class Journal:
 
     def meta(self, keys: RunKeys) -> dict[str, str]:
         """The run's meta hash, decoded."""
-        raw = self.call(self.client.hgetall, keys.meta)
-        return {k.decode(): v.decode() for k, v in raw.items()}
+        return decode_meta(keys.run, self.call(self.client.hgetall, keys.meta))
 
     def execute(
         self,
@@ -437,6 +436,22 @@ class Journal:
             return fn(*args, **kwargs)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailable(self.url, str(exc) or type(exc).__name__) from exc
+
+
+def decode_meta(run: str, raw: dict[bytes, bytes]) -> dict[str, str]:
+    """A meta hash as text; a field that is not UTF-8 was not written by this library.
+
+    Raises:
+        CorruptJournal: naming the field, so the operator can repair or delete just that one.
+    """
+    meta: dict[str, str] = {}
+    for name, value in raw.items():
+        field = name.decode("utf-8", errors="replace")
+        try:
+            meta[field] = value.decode()
+        except UnicodeDecodeError as exc:
+            raise CorruptJournal(run, f"meta.{field}", f"not UTF-8: {exc}") from None
+    return meta
 
 
 def jitter(seconds: float, spread: float = 0.2) -> float:

@@ -158,6 +158,43 @@ def test_the_sweep_task_delivers_due_runs_of_registered_workflows(
     assert durable.sweep() == 0
 
 
+def test_a_run_whose_state_cannot_be_read_is_skipped_and_the_rest_of_the_batch_enqueued(
+    make_journal: MakeJournal, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = ManualClock(T0)
+    journal: Journal = make_journal(clock=clock)
+    app = Celery(f"t{uuid.uuid4().hex[:6]}", broker="memory://")
+    app.conf.task_default_queue = queue = f"q{uuid.uuid4().hex[:8]}"
+    durable = Durable(app, lambda: journal)
+
+    @durable.workflow("wf", task_name="t.wf")
+    def wf(run: Run, **options: object) -> str:
+        return napper(10)(run)
+
+    for run_id in ["r1", "r2", "r3", "r4"]:
+        journal.execute("wf", run_id, napper(10), args={"week": run_id})
+    journal.client.hset(journal.keys("wf", "r2").meta, "args", b"{not json")
+    journal.client.hset(journal.keys("wf", "r4").meta, "holder", b"\xff\xfe")
+    clock.advance(10)
+
+    assert durable.sweep() == 2
+
+    with app.connection_for_read() as connection:
+        messages = connection.SimpleQueue(queue)
+        payloads = []
+        while messages.qsize():
+            message = messages.get(timeout=1)
+            payloads.append(message.payload[:2])
+            message.ack()
+    assert payloads == [[["r1"], {"week": "r1"}], [["r3"], {"week": "r3"}]]
+    skipped = [r.getMessage() for r in caplog.records if "due sweep skipped" in r.getMessage()]
+    assert len(skipped) == 2
+    assert "run wf:r2" in skipped[0] and "'meta.args' is corrupt" in skipped[0]
+    assert "run wf:r4" in skipped[1] and "'meta.holder' is corrupt" in skipped[1]
+    for run_id in ["r2", "r4"]:  # still due: named again by every later sweep until repaired
+        assert journal.client.zscore(journal.keyspace.due, f"wf:{run_id}") is not None
+
+
 # -- no long countdowns -----------------------------------------------------------------------
 
 
