@@ -11,6 +11,8 @@ from typing import Any
 
 import orjson
 
+from journal.errors import CorruptJournal
+
 
 class EncodeError(ValueError):
     """A value JSON cannot hold; callers turn it into a typed error that names the step."""
@@ -27,6 +29,18 @@ def dumps(value: Any) -> bytes:
 def loads(data: bytes | str) -> Any:
     """Decode one stored value; raises ``orjson.JSONDecodeError`` (a ValueError) when corrupt."""
     return orjson.loads(data)
+
+
+def loads_field(run: str, field: str, data: bytes | str) -> Any:
+    """Decode one stored field of a run; a value that is not JSON was not written by us.
+
+    Raises:
+        CorruptJournal: naming the run and the field, so that one field can be repaired.
+    """
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise CorruptJournal(run, field, f"not valid JSON: {exc}") from None
 
 
 DecodeError = orjson.JSONDecodeError

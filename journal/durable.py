@@ -18,10 +18,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import redis
 from celery import Celery, Task
 
 from journal.clock import SystemClock
 from journal.errors import (
+    CorruptJournal,
     InvalidRunId,
     JournalError,
     LeaseBusy,
@@ -136,13 +138,20 @@ class Durable:
         try:
             journal = self._journal()
             keys = journal.keys(name, run_id)
-            journal.call(journal.client.hincrby, keys.meta, "deliveries", 1)
+            try:
+                journal.call(journal.client.hincrby, keys.meta, "deliveries", 1)
+            except redis.ResponseError as exc:
+                raise CorruptJournal(keys.run, "meta.deliveries", str(exc)) from None
             outcome = journal.execute(
                 name, run_id, lambda run: fn(run, **run.args), args=kwargs, on_step=self._on_step
             )
         except InvalidRunId as invalid:
             log.error("%s", invalid)
             return {"run": f"{name}:{run_id!r}", "status": "invalid", "error": str(invalid)}
+        except CorruptJournal as corrupt:
+            # Redelivering would only meet the same field: a person has to look at it.
+            log.error("%s", corrupt)
+            return {"run": f"{name}:{run_id}", "status": "corrupt", "error": str(corrupt)}
         except LeaseBusy as busy:
             countdown = min(jitter(busy.remaining_ms / 1000), self.max_countdown)
             log.info("%s; retrying this delivery in %.1fs", busy, countdown)

@@ -7,7 +7,7 @@ from typing import Any
 
 from journal import codec
 from journal.steps import Record, decode_journal, ordered
-from journal.store import Journal
+from journal.store import Journal, decode_meta
 from journal.waits import Wait
 
 
@@ -53,16 +53,19 @@ def inspect_run(journal: Journal, workflow: str, run_id: str) -> RunView:
     pipe.pttl(keys.lease)
     pipe.hgetall(keys.signals)
     raw_meta, raw_steps, holder, ttl, raw_signals = journal.call(pipe.execute)
-    meta = {k.decode(): v.decode() for k, v in raw_meta.items()}
-    wait = Wait.from_json(codec.loads(meta["wait"])) if meta.get("wait") else None
+    meta = decode_meta(keys.run, raw_meta)
+    wait = Wait.from_meta(keys.run, meta["wait"]) if meta.get("wait") else None
     return RunView(
         run=keys.run,
         meta=meta,
         steps=ordered(decode_journal(keys.run, raw_steps).values()),
-        lease_holder=holder.decode() if holder else None,
+        lease_holder=holder.decode(errors="replace") if holder else None,
         lease_ttl_ms=int(ttl) if holder and ttl > 0 else None,
         wait=wait,
-        signals={k.decode(): codec.loads(v) for k, v in raw_signals.items()},
+        signals={
+            name: codec.loads_field(keys.run, f"signals.{name}", value)
+            for name, value in ((k.decode(errors="replace"), v) for k, v in raw_signals.items())
+        },
     )
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from journal.errors import LeaseBusy, LeaseLost
+from journal.errors import CorruptJournal, LeaseBusy, LeaseLost
 from journal.holder import ProcessIdentity
 from journal.keys import RunKeys
 from journal.scripts import Scripts, status_of
@@ -80,10 +80,13 @@ class Lease:
         return Grant(f"{fence}:{self.token}", fence, int(reply[2]), asked)
 
     def _acquire(self, now_ms: int, me: ProcessIdentity, dead_holder: str) -> Any:
-        return self.scripts.acquire(
+        reply = self.scripts.acquire(
             keys=[self.keys.lease, self.keys.fence, self.keys.meta, self.keys.steps],
             args=[self.token, self.ttl_ms, now_ms, me.encode(), dead_holder],
         )
+        if status_of("acquire", reply, (0, 1, -1)) == -1:
+            raise CorruptJournal(self.keys.run, _text(reply[1]), "not an integer counter")
+        return reply
 
     def renew(self, holder: str) -> bool:
         """Extend the lease if we still hold it (compare-and-PEXPIRE)."""

@@ -405,7 +405,8 @@ class Run:
             return SignalResult(bool(outcome["received"]), outcome.get("payload"))
         raw = self._client.hget(self.keys.signals, name)
         if raw is not None:
-            outcome = {"received": True, "payload": codec.loads(raw)}
+            payload = codec.loads_field(self._run, f"signals.{name}", raw)
+            outcome = {"received": True, "payload": payload}
         elif deadline is not None and self.clock.now() >= float(deadline):
             outcome = {"received": False, "payload": None}
         else:

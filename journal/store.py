@@ -146,16 +146,16 @@ class Journal:
         if meta.get("status") in TERMINAL:
             return Outcome(keys.run, "already-done", self._decode_meta(keys, meta, "outcome"))
         if meta.get("parked"):
-            raise RunParked(keys.run, int(meta.get("starts_without_progress", "0")))
+            raise RunParked(keys.run, _count(keys, meta, "starts_without_progress"))
         lease = Lease(keys, self.scripts, millis(self.settings.lease_ttl))
         grant = self.call(lease.acquire, millis(self.clock.now()))
         try:
             if grant.starts_without_progress > self.settings.max_stalled_starts:
                 self._park(keys, grant.holder, grant.starts_without_progress - 1)
             current = self.meta(keys)
-            frozen = self._decode_meta(keys, current, "args")
+            frozen = self._frozen_args(keys, current)
             # Read before the announcement clears it: a retry wait carries its attempt count.
-            waited = self._decode_meta(keys, current, "wait")
+            waited = Wait.from_meta(keys.run, current["wait"]) if current.get("wait") else None
             self._announce(keys, grant.holder, args if frozen is None else None)
             run, heartbeat = self._open(keys, grant, on_step, lease, waited)
             run.args = dict(frozen if frozen is not None else args or {})
@@ -170,12 +170,11 @@ class Journal:
         grant: Grant,
         on_step: Callable[[StepEvent], None] | None,
         lease: Lease,
-        waited: dict[str, Any] | None,
+        wait: Wait | None,
     ) -> tuple[Run, Heartbeat]:
         holder = grant.holder
         raw_steps = self.call(self.client.hgetall, keys.steps)
         recorded = {field.decode(): value for field, value in raw_steps.items()}
-        wait = Wait.from_json(waited) if waited else None
         heartbeat = Heartbeat(
             lease, holder, grant.confirmed_at, on_renew=lambda: self._push_due(keys, xx=True)
         )
@@ -359,12 +358,13 @@ class Journal:
 
     def _decode_meta(self, keys: RunKeys, meta: dict[str, str], name: str) -> Any:
         raw = meta.get(name)
-        if raw is None:
-            return None
-        try:
-            return codec.loads(raw)
-        except codec.DecodeError as exc:
-            raise CorruptJournal(keys.run, f"meta.{name}", str(exc)) from None
+        return None if raw is None else codec.loads_field(keys.run, f"meta.{name}", raw)
+
+    def _frozen_args(self, keys: RunKeys, meta: dict[str, str]) -> dict[str, Any] | None:
+        args = self._decode_meta(keys, meta, "args")
+        if args is not None and not isinstance(args, dict):
+            raise CorruptJournal(keys.run, "meta.args", "not a JSON object")
+        return args
 
     # -- operations on runs from outside ---------------------------------------------------
 
@@ -403,7 +403,7 @@ class Journal:
         meta = self.meta(keys)
         wait = meta.get("wait")
         if meta.get("status") == "waiting" and wait:
-            waiting_for = Wait.from_json(codec.loads(wait))
+            waiting_for = Wait.from_meta(keys.run, wait)
             if waiting_for.signal == name:
                 self.call(self.client.zadd, self.keyspace.due, {keys.run: millis(self.clock.now())})
         return stored
@@ -427,8 +427,7 @@ class Journal:
 
     def run_args(self, keys: RunKeys) -> dict[str, Any]:
         """The arguments a run was delivered with, for re-enqueueing it."""
-        args = self._decode_meta(keys, self.meta(keys), "args")
-        return args if isinstance(args, dict) else {}
+        return self._frozen_args(keys, self.meta(keys)) or {}
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call a Redis operation, turning a lost connection into ``StoreUnavailable``."""
@@ -452,6 +451,14 @@ def decode_meta(run: str, raw: dict[bytes, bytes]) -> dict[str, str]:
         except UnicodeDecodeError as exc:
             raise CorruptJournal(run, f"meta.{field}", f"not UTF-8: {exc}") from None
     return meta
+
+
+def _count(keys: RunKeys, meta: dict[str, str], name: str) -> int:
+    """A counter kept in meta, refused by name when it is not one."""
+    raw = meta.get(name, "0")
+    if not raw.isdigit():
+        raise CorruptJournal(keys.run, f"meta.{name}", f"{raw[:40]!r} is not a count")
+    return int(raw)
 
 
 def jitter(seconds: float, spread: float = 0.2) -> float:

@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from journal import codec
+from journal.errors import CorruptJournal
+
 
 @dataclass(frozen=True)
 class Wait:
@@ -54,6 +57,19 @@ class Wait:
             attempt=int(data.get("attempt", 0)),
             reason=str(data.get("reason", "")),
         )
+
+    @classmethod
+    def from_meta(cls, run: str, raw: str) -> Wait:
+        """Read a run's ``meta.wait`` back.
+
+        Raises:
+            CorruptJournal: the field is not JSON, or not a wait this library wrote.
+        """
+        data = codec.loads_field(run, "meta.wait", raw)
+        try:
+            return cls.from_json(data)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptJournal(run, "meta.wait", f"not a wait: {exc!r}") from None
 
 
 class Suspend(Exception):

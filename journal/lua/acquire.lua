@@ -9,13 +9,24 @@
 -- ARGV[4] - the caller's process identity (JSON), stored in meta as holder_process
 -- ARGV[5] - a holder the caller proved dead ("" for none): its lease is taken over at once
 -- returns {1, fence, starts_without_progress} when acquired,
---         {0, remaining_ms, holder, holder_process} when another holder's lease is live.
+--         {0, remaining_ms, holder, holder_process} when another holder's lease is live,
+--         {-1, field} when a counter it must increment is not an integer (nothing is written).
 -- A start makes progress when the steps hash grew since the previous start; counting it here,
 -- once per start, keeps the per-step record script down to one check and one write.
 local holder = redis.call('GET', KEYS[1])
 if holder and holder ~= ARGV[5] then
   local process = redis.call('HGET', KEYS[3], 'holder_process') or ''
   return {0, redis.call('PTTL', KEYS[1]), holder, process}
+end
+local counters = {
+  fence = redis.call('GET', KEYS[2]),
+  ['meta.starts'] = redis.call('HGET', KEYS[3], 'starts'),
+  ['meta.starts_without_progress'] = redis.call('HGET', KEYS[3], 'starts_without_progress'),
+}
+for field, value in pairs(counters) do
+  if value and not string.match(value, '^%d+$') then
+    return {-1, field}
+  end
 end
 local fence = redis.call('INCR', KEYS[2])
 redis.call('SET', KEYS[1], fence .. ':' .. ARGV[1], 'PX', ARGV[2])

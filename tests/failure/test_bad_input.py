@@ -210,6 +210,39 @@ def test_corrupt_journal_field(garbage: bytes, says: str, case: Case, tmp_path: 
     assert case.snapshot() == before
 
 
+@pytest.mark.parametrize(
+    ("key", "field", "garbage", "commands"),
+    [
+        ("meta", "wait", b'{"kind": "signal", "st', ["run", "show", "approve"]),
+        ("meta", "wait", b'{"kind": "signal"}', ["run", "show", "approve"]),
+        ("signals", "approval", b'{"approved": tr', ["run", "show"]),
+    ],
+    ids=["wait-not-json", "wait-not-a-wait", "signal-payload"],
+)
+def test_corrupt_wait_or_signal(
+    key: str, field: str, garbage: bytes, commands: list[str], case: Case, tmp_path: Path
+) -> None:
+    run_id = f"waits-{tmp_path.name[-12:].strip('_')}"
+    keys = case.journal.keys("digest", run_id)
+    code, _, err = case.run(run_id, "--approval")
+    assert code == 0, err
+    assert case.journal.meta(keys)["status"] == "waiting"
+    case.client.hset(getattr(keys, key), field, garbage)
+    named = f"{key}.{field}"
+    before = case.snapshot()
+
+    for command in commands:
+        done = case.cli.run(case.deployment.env, command, run_id)
+        assert done.returncode == EXIT_FAILED, (command, done.stderr)
+        assert (done.stdout, len(done.stderr.splitlines())) == ("", 1), (command, done.stderr)
+        assert done.stderr.startswith(
+            f"failed: run digest:{run_id}: journal field '{named}' is corrupt ("
+        ), (command, done.stderr)
+        assert "repair or delete that field deliberately" in done.stderr
+    assert case.deployment.outbox() == []
+    assert case.snapshot() == before  # read, refused, and nothing written
+
+
 def test_invalid_api_key(case: Case) -> None:
     run_id = "2026-w44"
     before = case.snapshot(skip_run=run_id)
