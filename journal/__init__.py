@@ -9,12 +9,14 @@ from journal.errors import (
     CorruptJournal,
     EmbeddedServerError,
     Fenced,
+    GaveUp,
     InvalidRunId,
     JournalError,
     LeaseBusy,
     LeaseLost,
     NotDurable,
     ReplayMismatch,
+    RetryScheduled,
     RunParked,
     StoreUnavailable,
     StoreUnsupported,
@@ -22,7 +24,7 @@ from journal.errors import (
     UnserializableResult,
 )
 from journal.keys import Keyspace, RunKeys, validate_run_id
-from journal.retry import RetryPolicy
+from journal.retry import RetryPolicy, RunRetry
 from journal.steps import Record, Run, StepEvent
 from journal.store import Journal, Outcome, Settings
 from journal.waits import SignalResult, Suspend, Wait
@@ -33,6 +35,7 @@ __all__ = [
     "Effect",
     "EmbeddedServerError",
     "Fenced",
+    "GaveUp",
     "InvalidRunId",
     "Journal",
     "JournalError",
@@ -45,9 +48,11 @@ __all__ = [
     "Record",
     "ReplayMismatch",
     "RetryPolicy",
+    "RetryScheduled",
     "Run",
     "RunKeys",
     "RunParked",
+    "RunRetry",
     "Settings",
     "SignalResult",
     "StepEvent",

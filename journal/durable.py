@@ -4,7 +4,8 @@ The queue gives at-least-once delivery; this module turns each delivery into at-
 progress. A delivery opens the run under its lease and replays; a delivery that finds the
 lease held retries itself after the holder's remaining time plus jitter (it never waits in a
 worker slot and never runs concurrently); a run that suspends returns at once and is woken
-later by the due sweep, a beat task that also re-enqueues runs whose worker died.
+later by the due sweep, a beat task that also re-enqueues runs whose worker died, and runs
+that failed for a transient cause once their back-off has passed (``Settings.run_retry``).
 
 Settings this relies on (see ``at_least_once_settings``): late acks and reject-on-worker-lost
 so a killed child's message is redelivered, prefetch 1 so a dead worker strands one message at
@@ -24,10 +25,12 @@ from celery import Celery, Task
 from journal.clock import SystemClock
 from journal.errors import (
     CorruptJournal,
+    GaveUp,
     InvalidRunId,
     JournalError,
     LeaseBusy,
     LeaseLost,
+    RetryScheduled,
     RunParked,
     StoreUnavailable,
 )
@@ -170,6 +173,20 @@ class Durable:
         except LeaseLost as lost:
             log.warning("%s", lost)
             return {"run": f"{name}:{run_id}", "status": "lease-lost", "error": str(lost)}
+        except GaveUp as gave_up:
+            redact_exception(gave_up)  # Celery stores it and its cause, as below
+            log.error("%s", gave_up)  # the run's id and its last error, for whoever is paged
+            raise
+        except RetryScheduled as scheduled:
+            # Not a lost run: it stays due and the sweep delivers it again. Raising would log
+            # a traceback at ERROR for it; GaveUp, which is lost, propagates.
+            log.warning("%s", scheduled)
+            return {
+                "run": scheduled.run,
+                "status": "retrying",
+                "error": scheduled.error,
+                "retry_at": scheduled.retry_at,
+            }
         except Exception as failure:
             # Celery stores the exception's arguments and its formatted traceback, causes
             # included, in the result backend: mask them before it formats anything.

@@ -9,6 +9,8 @@
     ├── CorruptJournal        a stored record is not what this library writes
     ├── UnserializableResult  a step returned something JSON cannot hold
     ├── RunParked             a run kept dying at start and was set aside
+    ├── RetryScheduled        the run failed for a transient cause; the due sweep retries it
+    ├── GaveUp                transient failures outlasted the retry deadline: failed for good
     ├── StoreUnavailable      Redis could not be reached
     ├── StoreUnsupported      the server lacks what a setting needs (WAITAOF for fsync_records)
     ├── NotDurable            a record was written but its fsync was not confirmed in time
@@ -24,6 +26,8 @@ Celery's result backend and process pools.
 """
 
 from __future__ import annotations
+
+from datetime import UTC, datetime
 
 from journal.redact import redact
 
@@ -147,6 +151,49 @@ class RunParked(JournalError):
         return (
             f"run {self.run} was parked after {self.starts} starts without progress; "
             "fix the cause, then reset it deliberately (digest run RUN --retry)"
+        )
+
+
+def _utc(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+class RetryScheduled(JournalError):
+    """The run failed for a cause its application calls transient, and will be retried.
+
+    Raised by ``Journal.execute`` instead of the error itself (kept as ``__cause__``): the run
+    is not failed for good, and the caller should not report it as if it were.
+    """
+
+    def __init__(self, run: str, error: str, retry_at: float, give_up_at: float) -> None:
+        super().__init__(run, error, retry_at, give_up_at)
+        self.run = run
+        self.error = error
+        self.retry_at = retry_at
+        self.give_up_at = give_up_at
+
+    def __str__(self) -> str:
+        return (
+            f"run {self.run} failed ({self.error}); the due sweep retries it at "
+            f"{_utc(self.retry_at)}, until {_utc(self.give_up_at)} at the latest"
+        )
+
+
+class GaveUp(JournalError):
+    """Transient failures went on past the retry deadline: the run is failed for good."""
+
+    def __init__(self, run: str, error: str, failures: int, since: float) -> None:
+        super().__init__(run, error, failures, since)
+        self.run = run
+        self.error = error
+        self.failures = failures
+        self.since = since
+
+    def __str__(self) -> str:
+        return (
+            f"run {self.run} failed for good after {self.failures} transient failures since "
+            f"{_utc(self.since)} (the last: {self.error}); it is not retried again: fix the "
+            "cause, then start it again deliberately"
         )
 
 

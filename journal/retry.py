@@ -1,10 +1,13 @@
-"""How a failing step is tried again.
+"""How a failing step is tried again, and how a failed run is.
 
-Exponential back-off with jitter, honouring the server's own ``retry-after`` when it gives
-one, and a bounded number of attempts.
+``RetryPolicy``: a step's attempts within one delivery. Exponential back-off with jitter,
+honouring the server's own ``retry-after`` when it gives one, and a bounded number of
+attempts. A wait longer than ``suspend_over`` is not slept in the worker: the run suspends
+durably and the worker slot is freed (see ``journal.waits``).
 
-A wait longer than ``suspend_over`` is not slept in the worker: the run suspends durably and
-the worker slot is freed (see ``journal.waits``).
+``RunRetry``: a run whose error outlasted those attempts. The application says which errors
+are transient; such a run stays in the due index and the due sweep starts it again later,
+until it succeeds or a deadline passes. Every other error fails the run for good at once.
 """
 
 from __future__ import annotations
@@ -58,3 +61,50 @@ class RetryPolicy:
         backoff = (rng or random).uniform(ceiling / 2, ceiling)
         hint = self.retry_after(error)
         return max(backoff, hint) if hint is not None else backoff
+
+
+@dataclass(frozen=True)
+class RunRetry:
+    """When a run that failed for a transient cause is started again, and when to stop.
+
+    A failure the application calls transient (``retryable``) keeps the run in the due index:
+    the due sweep starts it again after ``first_delay``, doubling up to ``max_delay``, until
+    the run succeeds or ``give_up_after`` seconds have passed since the first failure of the
+    streak. The last retry falls on that deadline; if it fails too, the run is failed for good
+    and logged at ERROR. Any other error (bad input, drift, a refused account) fails the run
+    for good at once: retrying cannot fix it, and a person must look.
+
+    Attributes:
+        retryable: which errors are transient; none by default, so nothing is retried.
+        first_delay: seconds before the first retry.
+        max_delay: the cap of the doubling delay.
+        give_up_after: seconds from the first failure of a streak to giving up; 0 disables
+            retries.
+    """
+
+    retryable: Callable[[BaseException], bool] = _never
+    first_delay: float = 60.0
+    max_delay: float = 3600.0
+    give_up_after: float = 86400.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.first_delay <= self.max_delay:
+            raise ValueError(
+                f"first_delay={self.first_delay:g} must be positive and at most "
+                f"max_delay={self.max_delay:g}"
+            )
+        if self.give_up_after < 0:
+            raise ValueError(f"give_up_after={self.give_up_after:g} must not be negative")
+
+    def retries(self, error: BaseException) -> bool:
+        """Whether a run that failed with ``error`` is to be started again."""
+        return self.give_up_after > 0 and self.retryable(error)
+
+    def delay(self, failures: int, rng: random.Random | None = None) -> float:
+        """Seconds from failure number ``failures`` (1-based) of a streak to the next retry.
+
+        Up to 10% shorter at random, so runs that failed together do not all retry together;
+        never longer, so ``max_delay`` stays a bound.
+        """
+        ceiling = min(self.max_delay, self.first_delay * 2.0 ** min(failures - 1, 64))
+        return (rng or random).uniform(ceiling * 0.9, ceiling)

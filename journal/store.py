@@ -18,7 +18,10 @@ from journal import codec
 from journal.clock import Clock, SystemClock, millis
 from journal.errors import (
     CorruptJournal,
+    GaveUp,
+    JournalError,
     LeaseLost,
+    RetryScheduled,
     RunParked,
     StoreUnavailable,
     StoreUnsupported,
@@ -26,6 +29,7 @@ from journal.errors import (
 from journal.keys import Keyspace, RunKeys
 from journal.lease import Grant, Heartbeat, Lease
 from journal.redact import redact
+from journal.retry import RunRetry
 from journal.scripts import Scripts, status_of
 from journal.steps import Run, StepEvent
 from journal.waits import Suspend, Wait
@@ -36,6 +40,8 @@ R = TypeVar("R")
 
 DELETE = "\0"
 TERMINAL = ("done", "cancelled")
+# A run's streak of transient failures, in its meta: kept until it succeeds or fails otherwise.
+STREAK = ("retry_at", "retry_until", "failing_since", "failures", "gave_up_at")
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,8 @@ class Settings:
             message was lost.
         max_stalled_starts: starts that died without recording anything before a run is parked.
         fsync_records: wait for the local AOF fsync of every record (WAITAOF; Redis 7.2+, Valkey).
+        run_retry: which failures the due sweep retries, how often and for how long; by
+            default none.
     """
 
     lease_ttl: float = 30.0
@@ -57,6 +65,7 @@ class Settings:
     rearm_after: float = 300.0
     max_stalled_starts: int = 5
     fsync_records: bool = False
+    run_retry: RunRetry = field(default_factory=RunRetry)
 
     def __post_init__(self) -> None:
         if self.lease_ttl < 0.3:
@@ -139,7 +148,10 @@ class Journal:
             RunParked: the run kept dying at start and was set aside.
             LeaseLost: the lease was lost mid-run; nothing more was written.
             StoreUnavailable: Redis could not be reached.
-            Exception: whatever ``body`` raised, after the run was marked failed.
+            RetryScheduled: ``body`` raised an error ``settings.run_retry`` calls transient;
+                the run stays due and the sweep starts it again (the error is the cause).
+            GaveUp: the same, once the retry deadline has passed: the run is failed for good.
+            Exception: whatever else ``body`` raised, after the run was marked failed.
         """
         keys = self.keys(workflow, run_id)
         meta = self.meta(keys)
@@ -223,7 +235,9 @@ class Journal:
             raise StoreUnavailable(self.url, str(down) or type(down).__name__) from down
         except Exception as error:
             heartbeat.stop()
-            self._fail(keys, holder, error)
+            verdict = self._fail(keys, holder, error)
+            if verdict is not None:
+                raise verdict from error
             raise
         except BaseException:
             heartbeat.stop()  # interpreter exit: behave like a crash, the lease expires
@@ -258,6 +272,7 @@ class Journal:
             "run_id": keys.run_id,
             "holder": holder,
             "wait": DELETE,
+            "retry_at": DELETE,
         }
         if args is not None:
             fields["args"] = codec.dumps(args)
@@ -311,24 +326,70 @@ class Journal:
             "starts_without_progress": 0,
             "wait": DELETE,
             "last_error": DELETE,
+            **dict.fromkeys(STREAK, DELETE),
         }
         self._update_meta(keys, holder, fields)
         self._settle(keys, holder, now)
 
-    def _fail(self, keys: RunKeys, holder: str, error: BaseException) -> None:
-        now = millis(self.clock.now())
-        fields = {
+    def _fail(self, keys: RunKeys, holder: str, error: BaseException) -> JournalError | None:
+        """Record a failure; a transient one stays in the due index for the sweep to retry.
+
+        Returns:
+            ``RetryScheduled`` or ``GaveUp``, for the caller to raise in the error's place; or
+            None when the error itself is the run's final word.
+        """
+        now = self.clock.now()
+        described = redact(f"{type(error).__name__}: {error}")
+        fields: dict[str, Any] = {
             "status": "failed",
-            "last_error": redact(f"{type(error).__name__}: {error}"),
-            "updated_at": now,
+            "last_error": described,
+            "updated_at": millis(now),
             "starts_without_progress": 0,
             "wait": DELETE,
+            **dict.fromkeys(STREAK, DELETE),
         }
+        verdict: JournalError | None = None
+        retry_at: float | None = None
+        policy = self.settings.run_retry
         try:
+            if policy.retries(error):
+                since, failures = self._streak(keys, now)
+                deadline = since + policy.give_up_after
+                fields |= {"failing_since": millis(since), "failures": failures}
+                if now < deadline:
+                    retry_at = min(now + policy.delay(failures), deadline)
+                    fields |= {
+                        "status": "retrying",
+                        "retry_at": millis(retry_at),
+                        "retry_until": millis(deadline),
+                    }
+                    verdict = RetryScheduled(keys.run, described, retry_at, deadline)
+                else:
+                    fields["gave_up_at"] = millis(now)
+                    verdict = GaveUp(keys.run, described, failures, since)
             self._update_meta(keys, holder, fields)
-            self._settle(keys, holder, now)
+            self._settle(keys, holder, millis(now), retry_at)
         except (LeaseLost, StoreUnavailable):
             log.warning("run %s failed (%s) and its status could not be saved", keys.run, error)
+            return None
+        # Not logged here: the caller reports it (a worker logs it, a command line prints it).
+        return verdict
+
+    def _streak(self, keys: RunKeys, now: float) -> tuple[float, int]:
+        """When the run's streak of transient failures began, and its length with this one.
+
+        A run that gave up, or whose streak fields are unreadable, starts a new streak: a
+        deliberate start after giving up earns a full retry window again.
+        """
+        meta = self.meta(keys)
+        if "gave_up_at" in meta:
+            return now, 1
+        try:
+            since = int(meta["failing_since"]) / 1000
+            failures = int(meta["failures"])
+        except (KeyError, ValueError):
+            return now, 1
+        return since, failures + 1
 
     def _park(self, keys: RunKeys, holder: str, starts: int) -> None:
         now = millis(self.clock.now())
@@ -345,9 +406,14 @@ class Journal:
         self._settle(keys, holder, now)
         raise RunParked(keys.run, starts)
 
-    def _settle(self, keys: RunKeys, holder: str, now_ms: int) -> None:
+    def _settle(
+        self, keys: RunKeys, holder: str, now_ms: int, retry_at: float | None = None
+    ) -> None:
         pipe = self.client.pipeline(transaction=False)
-        pipe.zrem(self.keyspace.due, keys.run)
+        if retry_at is None:
+            pipe.zrem(self.keyspace.due, keys.run)
+        else:
+            pipe.zadd(self.keyspace.due, {keys.run: millis(retry_at)})
         pipe.zadd(self.keyspace.runs, {keys.run: now_ms})
         self.call(pipe.execute)
         self._release(keys, holder)
