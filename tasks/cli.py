@@ -176,8 +176,10 @@ def cmd_runs(config: Config, run_id: str, args: argparse.Namespace) -> int:
     runtime = Runtime.build(config, allow_offline=True)
     for full_id, updated_ms in recent_runs(runtime.journal):
         keys = runtime.journal.keyspace.parse_run(full_id)
-        status = runtime.journal.meta(keys).get("status", "?")
-        print(f"{full_id:32} {status:10} updated {_when(updated_ms / 1000)}")
+        meta = runtime.journal.meta(keys)
+        line = f"{full_id:32} {meta.get('status', '?'):10} updated {_when(updated_ms / 1000)}"
+        fate = _fate(meta)
+        print(f"{line}  {fate}" if fate else line)
     return EXIT_OK
 
 
@@ -246,9 +248,31 @@ def _usage(value: Any) -> str:
     return ""
 
 
+def _fate(meta: dict[str, str]) -> str:
+    """What becomes of a run that failed for a transient cause: its next retry, or none."""
+    failures = meta.get("failures", "?")
+    if meta.get("status") == "retrying":
+        return (
+            f"(next retry {_when_ms(meta, 'retry_at')}, gives up after "
+            f"{_when_ms(meta, 'retry_until')}; {failures} transient failures so far)"
+        )
+    if meta.get("status") == "failed" and "gave_up_at" in meta:
+        return (
+            f"for good (gave up {_when_ms(meta, 'gave_up_at')} after {failures} transient "
+            "failures; not retried again)"
+        )
+    return ""
+
+
+def _when_ms(meta: dict[str, str], name: str) -> str:
+    raw = meta.get(name, "")
+    return _when(int(raw) / 1000) if raw.isdigit() else f"unknown ({name}={raw!r})"
+
+
 def _render(view: RunView) -> str:
     meta = view.meta
-    lines = [f"run      {view.run}", f"status   {view.status}"]
+    fate = _fate(meta)
+    lines = [f"run      {view.run}", f"status   {view.status} {fate}".rstrip()]
     if meta.get("parked"):
         lines.append("parked   yes: starts kept dying; `digest run RUN --retry` resets it")
     if view.lease_holder:

@@ -96,6 +96,11 @@ class Config:
         task_time_limit: the hard limit of one delivery, in seconds.
         queue: the Celery queue digests are sent to and workers consume; one per deployment
             sharing a broker.
+        run_retry_delay: seconds before the due sweep retries a run that failed for a
+            transient cause; doubles on each failure of a streak.
+        run_retry_max_delay: the cap of that doubling delay, in seconds.
+        give_up_after: seconds from a streak's first transient failure to failing the run for
+            good; 0 turns automatic retries off.
         soft_shutdown_timeout: seconds a worker stopping cold (SIGQUIT, or SIGTERM with
             ``REMAP_SIGTERM=SIGQUIT``) lets running deliveries finish before it stops them and
             hands their messages back to the broker.
@@ -127,6 +132,9 @@ class Config:
     visibility_timeout: float = 3600.0
     task_time_limit: float = 1800.0
     queue: str = "celery"
+    run_retry_delay: float = 60.0
+    run_retry_max_delay: float = 3600.0
+    give_up_after: float = 86400.0
     soft_shutdown_timeout: float = 0.0
 
     @classmethod
@@ -165,6 +173,9 @@ class Config:
             visibility_timeout=_number(env, "DIGEST_VISIBILITY_TIMEOUT", 3600, 60, 43200),
             task_time_limit=_number(env, "DIGEST_TASK_TIME_LIMIT", 1800, 30, 43200),
             queue=env.get("DIGEST_QUEUE") or "celery",
+            run_retry_delay=_number(env, "DIGEST_RUN_RETRY_DELAY", 60, 0.1, 86400),
+            run_retry_max_delay=_number(env, "DIGEST_RUN_RETRY_MAX_DELAY", 3600, 0.1, 86400),
+            give_up_after=_number(env, "DIGEST_GIVE_UP_AFTER", 86400, 0, 30 * 86400),
             soft_shutdown_timeout=_number(env, "DIGEST_SOFT_SHUTDOWN_TIMEOUT", 0, 0, 3600),
         )
         config.check()
@@ -193,6 +204,12 @@ class Config:
             raise BadInput(
                 f"DIGEST_MODEL_TIMEOUT={self.model_timeout:g} must be shorter than "
                 f"DIGEST_TASK_TIME_LIMIT={self.task_time_limit:g}"
+            )
+        if self.run_retry_delay > self.run_retry_max_delay:
+            raise BadInput(
+                f"DIGEST_RUN_RETRY_DELAY={self.run_retry_delay:g} must not exceed "
+                f"DIGEST_RUN_RETRY_MAX_DELAY={self.run_retry_max_delay:g}: the first retry "
+                "delay doubles up to that cap"
             )
         if self.lease_ttl * 2 > self.visibility_timeout * 0.25:
             raise BadInput(

@@ -7,15 +7,28 @@ DigestError
 ├── ItemRefused         the API refused one item's prompt (too long, filtered): the item is skipped
 ├── EveryItemRefused    the API refused every item: the run fails rather than report nothing new
 ├── ModelNotConfigured  a worker has no API key and was not told to run offline
-├── ModelUnavailable    transient model failures outlasted the retry budget
-└── MailFailed          the mail server refused or could not be reached
+├── ModelUnavailable    transient model failures outlasted the step's attempts (transient)
+└── MailFailed          the mail server refused the email
+    └── MailUnavailable the mail server could not be reached or said "try later" (transient)
+
+A transient error fails the run for now only: the journal keeps it due and the sweep starts it
+again after a back-off, until ``DIGEST_GIVE_UP_AFTER`` (see ``is_transient_failure``). Every
+other error fails the run until a person acts: retrying cannot fix a bad input or an account.
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 
 class DigestError(Exception):
-    """Root of every error raised by the digest application."""
+    """Root of every error raised by the digest application.
+
+    Attributes:
+        transient: whether the same run may succeed later unchanged, so the system retries it.
+    """
+
+    transient: ClassVar[bool] = False
 
 
 class BadInput(DigestError):
@@ -55,6 +68,19 @@ class ModelNotConfigured(DigestError):
 class ModelUnavailable(DigestError):
     """The model kept failing transiently after every attempt the policy allows."""
 
+    transient = True
+
 
 class MailFailed(DigestError):
-    """Delivering the email failed."""
+    """Delivering the email failed, and sending it again unchanged would fail alike."""
+
+
+class MailUnavailable(MailFailed):
+    """The mail server could not be reached, or answered with a temporary (4xx) refusal."""
+
+    transient = True
+
+
+def is_transient_failure(error: BaseException) -> bool:
+    """The digest's answer to ``RunRetry.retryable``: retry the run later, or fail it for good."""
+    return isinstance(error, DigestError) and error.transient

@@ -33,7 +33,7 @@ from urllib.parse import unquote, urlsplit
 from redis import Redis
 
 from journal.redact import redact
-from tasks.errors import BadInput, MailFailed
+from tasks.errors import BadInput, MailFailed, MailUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -214,8 +214,8 @@ class SmtpMailer:
         """Send ``email`` unless a receipt for ``key`` is stored.
 
         Raises:
-            MailFailed: The server could not be reached, could not be verified, or refused
-                the email.
+            MailUnavailable: The server could not be reached, or refused for now (4xx).
+            MailFailed: The server could not be verified, or refused the email for good.
         """
         _check_key(key)
         receipt_key = self._receipt_key(key)
@@ -257,9 +257,10 @@ class SmtpMailer:
                 "STARTTLS (usually 587)"
             ) from None
         except smtplib.SMTPException as exc:
-            raise MailFailed(_smtp_problem(server.where, exc)) from None
+            failure = MailUnavailable if _temporary(exc) else MailFailed
+            raise failure(_smtp_problem(server.where, exc)) from None
         except OSError as exc:
-            raise MailFailed(
+            raise MailUnavailable(
                 f"cannot reach SMTP server {server.where} ({exc.strerror or exc}); "
                 "check DIGEST_SMTP_URL and that the server is running"
             ) from None
@@ -420,6 +421,15 @@ def _message(key: str, email: Email, sender: str) -> EmailMessage:
     message["Idempotency-Key"] = key
     message.set_content(email.body)
     return message
+
+
+def _temporary(exc: smtplib.SMTPException) -> bool:
+    """Whether the server may accept the same email later: a dropped connection, or 4xx."""
+    if isinstance(exc, smtplib.SMTPServerDisconnected):
+        return True
+    if isinstance(exc, smtplib.SMTPRecipientsRefused):
+        return all(400 <= code < 500 for code, _ in exc.recipients.values())
+    return isinstance(exc, smtplib.SMTPResponseException) and 400 <= exc.smtp_code < 500
 
 
 def _smtp_problem(where: str, exc: smtplib.SMTPException) -> str:

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import redis
 
-from journal import Journal, Keyspace, Settings, StoreUnavailable
+from journal import Journal, Keyspace, RunRetry, Settings, StoreUnavailable
 from journal.durability import check_persistence
 from journal.embedded import embedded_broker_url, embedded_url
 from tasks.config import Config
-from tasks.errors import ModelNotConfigured
+from tasks.errors import ModelNotConfigured, is_transient_failure
 from tasks.items import Item
 from tasks.keys import DigestKeys
 from tasks.mail import FileOutbox, Mailer, SmtpMailer
@@ -72,7 +72,16 @@ class Runtime:
         journal = Journal(
             client,
             keyspace=Keyspace(config.key_prefix),
-            settings=Settings(lease_ttl=config.lease_ttl, fsync_records=config.wait_aof),
+            settings=Settings(
+                lease_ttl=config.lease_ttl,
+                fsync_records=config.wait_aof,
+                run_retry=RunRetry(
+                    retryable=is_transient_failure,
+                    first_delay=config.run_retry_delay,
+                    max_delay=config.run_retry_max_delay,
+                    give_up_after=config.give_up_after,
+                ),
+            ),
             url=url,
         )
         keys = DigestKeys(config.key_prefix)

@@ -31,6 +31,11 @@ def test_an_empty_environment_gives_the_documented_defaults() -> None:
     )
     assert (config.visibility_timeout, config.task_time_limit) == (3600.0, 1800.0)
     assert config.max_countdown == 900.0
+    assert (config.run_retry_delay, config.run_retry_max_delay, config.give_up_after) == (
+        60.0,
+        3600.0,
+        86400.0,
+    )
 
 
 def test_empty_values_count_as_unset() -> None:
@@ -66,6 +71,9 @@ def test_every_variable_is_read() -> None:
             "DIGEST_CATCH_UP_WEEKS": "0",
             "DIGEST_VISIBILITY_TIMEOUT": "7200",
             "DIGEST_TASK_TIME_LIMIT": "600",
+            "DIGEST_RUN_RETRY_DELAY": "30",
+            "DIGEST_RUN_RETRY_MAX_DELAY": "900",
+            "DIGEST_GIVE_UP_AFTER": "0",
         }
     )
     assert config == Config(
@@ -94,6 +102,9 @@ def test_every_variable_is_read() -> None:
         catch_up_weeks=0,
         visibility_timeout=7200.0,
         task_time_limit=600.0,
+        run_retry_delay=30.0,
+        run_retry_max_delay=900.0,
+        give_up_after=0.0,
     )
 
 
@@ -116,6 +127,9 @@ def test_every_variable_is_read() -> None:
         ("DIGEST_CATCH_UP_WEEKS", "1.5", "not a whole number; use a value from 0 to 52"),
         ("DIGEST_VISIBILITY_TIMEOUT", "10", "out of range; use a value from 60 to 43200"),
         ("DIGEST_TASK_TIME_LIMIT", "10", "out of range; use a value from 30 to 43200"),
+        ("DIGEST_RUN_RETRY_DELAY", "0", "out of range; use a value from 0.1 to 86400"),
+        ("DIGEST_RUN_RETRY_MAX_DELAY", "1e6", "out of range; use a value from 0.1 to 86400"),
+        ("DIGEST_GIVE_UP_AFTER", "-1", "out of range; use a value from 0 to 2.592e+06"),
         ("DIGEST_OFFLINE", "maybe", "not a flag; use 1 or 0"),
         ("DIGEST_APPROVAL", "2", "not a flag; use 1 or 0"),
         ("DIGEST_WAITAOF", "sometimes", "not a flag; use 1 or 0"),
@@ -125,6 +139,15 @@ def test_a_bad_value_is_refused_naming_the_variable(name: str, value: str, probl
     with pytest.raises(BadInput) as caught:
         Config.from_env({name: value})
     assert str(caught.value) == f"{name}={value!r}: {problem}"
+
+
+def test_a_first_retry_delay_above_its_cap_is_refused() -> None:
+    with pytest.raises(BadInput) as caught:
+        Config.from_env({"DIGEST_RUN_RETRY_DELAY": "600", "DIGEST_RUN_RETRY_MAX_DELAY": "60"})
+    assert str(caught.value) == (
+        "DIGEST_RUN_RETRY_DELAY=600 must not exceed DIGEST_RUN_RETRY_MAX_DELAY=60: the first "
+        "retry delay doubles up to that cap"
+    )
 
 
 def test_an_unknown_time_zone_is_refused() -> None:

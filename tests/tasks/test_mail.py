@@ -5,12 +5,13 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import fakeredis
 import pytest
 import redis
 
-from tasks.errors import BadInput, MailFailed
+from tasks.errors import BadInput, MailFailed, MailUnavailable, is_transient_failure
 from tasks.mail import Email, FileOutbox, Receipt, SmtpMailer
 from tests.fakes.smtp import Inbox, start_server
 
@@ -282,6 +283,8 @@ def test_a_refused_recipient_is_one_line_and_stores_no_receipt(
         f"SMTP 127.0.0.1:{port} refused the recipient nobody@example.com "
         "(550 5.1.1 no such user); check DIGEST_TO"
     )
+    assert type(caught.value) is MailFailed  # a 5xx: sending again unchanged cannot help
+    assert not is_transient_failure(caught.value)
     assert handler.messages == []
     assert store.get(receipt_key("digest-2026-w42")) is None
     # Once the address is fixed the same key still delivers: a failure is not a receipt.
@@ -301,7 +304,34 @@ def test_an_unreachable_server_is_one_line(
         f"cannot reach SMTP server 127.0.0.1:{port} (Connection refused); "
         "check DIGEST_SMTP_URL and that the server is running"
     )
+    assert type(caught.value) is MailUnavailable  # the relay may be back later: retried
+    assert is_transient_failure(caught.value)
     assert store.get(receipt_key("k")) is None
+
+
+class TryLater(Inbox):
+    """A relay that defers every email, as one does while its queue is full."""
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        return "451 4.3.0 try again later"
+
+
+def test_a_temporary_refusal_is_transient_and_stores_no_receipt(
+    store: redis.Redis, receipt_key: Callable[[str], str]
+) -> None:
+    controller = start_server(TryLater())
+    try:
+        mailer = smtp_mailer(f"smtp://127.0.0.1:{controller.port}", store, receipt_key)
+        with pytest.raises(MailUnavailable) as caught:
+            mailer.send("digest-2026-w42", DIGEST)
+    finally:
+        controller.stop()
+    assert str(caught.value) == (
+        f"SMTP 127.0.0.1:{controller.port} answered 451 4.3.0 try again later; check the "
+        "server's log and relay rules, then retry the run"
+    )
+    assert is_transient_failure(caught.value)
+    assert store.get(receipt_key("digest-2026-w42")) is None
 
 
 @pytest.mark.parametrize(
@@ -338,4 +368,5 @@ def test_smtps_against_a_plain_server_fails_as_one_line(
     assert message.startswith(f"SMTP 127.0.0.1:{port}: TLS handshake failed (")
     assert message.endswith("or use smtp:// for STARTTLS (usually 587)")
     assert "\n" not in message
+    assert type(caught.value) is MailFailed  # a TLS mismatch is a setting, not an outage
     assert handler.messages == []
