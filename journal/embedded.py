@@ -4,7 +4,9 @@ With no ``REDIS_URL`` the CLI, the Celery worker, beat and the tests all call
 :func:`embedded_url` and get the same server: the first caller starts it, the others find it
 answering PING on its unix socket. The server is configured as a journal needs it
 (``appendonly yes``, ``appendfsync always``, no RDB snapshots, ``noeviction``) and listens
-only on a unix socket that only its owner may use, never on TCP.
+only on a unix socket that only its owner may use, never on TCP. The journal holds model
+output and email drafts, so the state directory is 0700 and every file in the data directory
+0600, whatever the umask of whoever started the server first.
 
 Files, all under the state directory::
 
@@ -171,7 +173,8 @@ def _ensure_running(paths: _Paths, timeout: float) -> None:
     if _ping(paths.socket):
         return
     try:
-        paths.data.mkdir(parents=True, exist_ok=True)
+        _private_dir(paths.state)
+        _private_dir(paths.data)
         with _locked(paths.start_lock):
             _start_or_wait(paths, timeout)
     except OSError as exc:
@@ -213,9 +216,17 @@ def _spawn(paths: _Paths, run_lock: int, timeout: float) -> None:
     # No server holds the data directory, so this pidfile names a dead process; a stop
     # request read during the start must not signal whatever now has that pid.
     paths.pidfile.unlink(missing_ok=True)
-    paths.config.write_text(_config(paths), encoding="utf-8")
+    # Data written by an older version, or restored from a backup, may be world-readable.
+    for path in paths.data.rglob("*"):
+        if path.lstat().st_mode & 0o077 and not path.is_symlink():
+            path.chmod(0o700 if path.is_dir() else 0o600)
+    config = os.open(paths.config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(config, "w", encoding="utf-8") as out:
+        out.write(_config(paths))
     try:
-        with paths.logfile.open("ab") as log:
+        with os.fdopen(
+            os.open(paths.logfile, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab"
+        ) as log:
             # The first process exits once the server has forked into the background; its
             # output (configuration errors) lands in the log the server itself writes to.
             started = subprocess.run(
@@ -226,6 +237,7 @@ def _spawn(paths: _Paths, run_lock: int, timeout: float) -> None:
                 cwd=paths.data,
                 pass_fds=(run_lock,),
                 start_new_session=True,
+                umask=0o077,  # the append-only files, the pidfile: the owner's alone
                 timeout=max(timeout, _POLL_S),
                 check=False,
             )
@@ -271,6 +283,13 @@ def _quote(value: str) -> str:
         else:
             out.append(ch)
     return '"' + "".join(out) + '"'
+
+
+def _private_dir(path: Path) -> None:
+    """Create ``path`` (and its parents) if missing, and make it its owner's alone."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)
 
 
 def _socket_path(state: Path) -> Path:

@@ -6,6 +6,7 @@ import fcntl
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -305,3 +306,42 @@ def test_live_server_that_does_not_answer_is_waited_for_not_duplicated(state: Pa
     # Once that server is gone, the next call starts one.
     redis.Redis.from_url(embedded_url(state)).ping()
     assert len(server_pids(state)) == 1
+
+
+def modes(root: Path) -> dict[str, int]:
+    return {
+        str(path.relative_to(root)): stat.S_IMODE(path.lstat().st_mode)
+        for path in [root, *root.rglob("*")]
+        if not path.is_socket()
+    }
+
+
+def test_state_dir_is_private_and_data_files_are_the_owners_alone(state: Path) -> None:
+    # Started by a process with the common permissive umask, as a shell user's would be.
+    starter = (
+        "import os, sys, redis; os.umask(0o022)\n"
+        "from journal.embedded import embedded_url\n"
+        "redis.Redis.from_url(embedded_url(sys.argv[1])).set('summary', 'model output')\n"
+    )
+    subprocess.run([sys.executable, "-c", starter, str(state)], check=True, timeout=30)
+    data = state / "valkey"
+    found = modes(state)
+    assert {"valkey/valkey.conf", "valkey/valkey.log", "valkey/valkey.pid"} <= set(found)
+    assert any(name.endswith(".aof") for name in found)
+    dirs = {name: mode for name, mode in found.items() if (state / name).is_dir()}
+    files = {name: mode for name, mode in found.items() if name not in dirs}
+    assert set(dirs.values()) == {0o700}, dirs
+    assert set(files.values()) == {0o600}, files
+
+    # Data left world-readable (an older version, a restore) is made private at the next start.
+    pid = int((data / "valkey.pid").read_text())
+    kill_server(state, pid)
+    aof = next((data / "appendonlydir").glob("*.aof"))
+    aof.chmod(0o644)
+    (data / "appendonlydir").chmod(0o755)
+    state.chmod(0o755)
+    client = redis.Redis.from_url(embedded_url(state))
+    assert client.get("summary") == b"model output"
+    assert stat.S_IMODE(aof.stat().st_mode) == 0o600
+    assert stat.S_IMODE((data / "appendonlydir").stat().st_mode) == 0o700
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
