@@ -437,14 +437,25 @@ class Journal:
     def reset(self, workflow: str, run_id: str) -> bool:
         """Un-park a run deliberately, so the next delivery starts it again.
 
-        Its recorded steps stay: the reset run resumes where it stopped.
+        Its recorded steps stay: the reset run resumes where it stopped. A run that is not
+        parked (finished, running, or never started) is left exactly as it is.
+
+        Returns:
+            Whether the run was parked.
         """
         keys = self.keys(workflow, run_id)
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hdel(keys.meta, "parked", "last_error")
-        pipe.hset(keys.meta, mapping={"starts_without_progress": 0, "status": "failed"})
-        pipe.exists(keys.meta)
-        return bool(self.call(pipe.execute)[-1])
+
+        def un_park(pipe: redis.client.Pipeline) -> bool:
+            if not pipe.hexists(keys.meta, "parked"):
+                return False
+            pipe.multi()
+            pipe.hdel(keys.meta, "parked", "last_error")
+            pipe.hset(keys.meta, "starts_without_progress", 0)
+            return True
+
+        return bool(
+            self.call(self.client.transaction, un_park, keys.meta, value_from_callable=True)
+        )
 
     def delete(self, workflow: str, run_id: str) -> int:
         """Remove every key of one run and its index entries (a dry run's scratch journal)."""
