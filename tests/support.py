@@ -258,8 +258,11 @@ class Relay:
 
     ``cut`` closes every relayed connection and refuses new ones until ``restore``: the client
     sees the connection errors of a lost server while the server itself, shared by the test
-    session, is never touched.
+    session, is never touched. ``lag`` holds each reply back that many seconds, as a slow
+    network or a paused process would.
     """
+
+    lag = 0.0
 
     def __init__(self, target_url: str, directory: Path) -> None:
         target = urlsplit(target_url)
@@ -311,13 +314,16 @@ class Relay:
                 upstream = socket.socket(self._family)
                 upstream.connect(self._address)
                 self._open += [client, upstream]
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+            for source, sink, replies in ((client, upstream, False), (upstream, client, True)):
+                pump = threading.Thread(target=self._pump, args=(source, sink, replies))
+                pump.daemon = True
+                pump.start()
 
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, replies: bool) -> None:
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
+                if replies and self.lag:
+                    time.sleep(self.lag)
                 sink.sendall(data)
         with contextlib.suppress(OSError):
             sink.shutdown(socket.SHUT_RDWR)

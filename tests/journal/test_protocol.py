@@ -415,7 +415,8 @@ def test_a_renewal_that_hits_a_redis_error_is_retried_at_the_next_beat(
 ) -> None:
     journal = Journal(outage.client, keyspace=Keyspace(prefix), settings=Settings(lease_ttl=0.3))
     held = lease(journal, 300)
-    heartbeat = Heartbeat(held, held.acquire(0).holder).start()
+    grant = held.acquire(0)
+    heartbeat = Heartbeat(held, grant.holder, grant.confirmed_at).start()
     try:
         outage.cut()
         with caplog.at_level(logging.WARNING, logger="journal.lease"):
@@ -437,26 +438,58 @@ def test_ensure_renews_synchronously_when_the_beat_is_held_back(
 ) -> None:
     journal = make_journal(lease_ttl=0.3)
     held = lease(journal, 300)
-    heartbeat = Heartbeat(held, held.acquire(0).holder)  # never started: no beat renews
-    heartbeat.ensure()  # just confirmed: nothing to ask Redis
-    assert heartbeat.renewals == 0
-    time.sleep(0.16)  # past half the TTL since the grant
-    journal.client.pexpire(keys.lease, 100)
-    heartbeat.ensure()
-    assert heartbeat.renewals == 1
-    assert journal.client.pttl(keys.lease) > 200
-    heartbeat.ensure()  # confirmed again just now
-    assert heartbeat.renewals == 1
+    grant = held.acquire(0)
+    # Never started: no beat renews. Each heartbeat is told when the lease was last confirmed.
+    fresh = Heartbeat(held, grant.holder, grant.confirmed_at)
+    fresh.ensure()  # just confirmed: nothing to ask Redis
+    assert fresh.renewals == 0
 
-    time.sleep(0.16)
+    stale = Heartbeat(held, grant.holder, time.monotonic() - 0.16)  # past half the TTL
+    journal.client.pexpire(keys.lease, 100)
+    stale.ensure()
+    assert stale.renewals == 1
+    assert journal.client.pttl(keys.lease) > 200
+    stale.ensure()  # confirmed again just now
+    assert stale.renewals == 1
+
+    taken = Heartbeat(held, grant.holder, time.monotonic() - 0.16)
     journal.client.set(keys.lease, "2:winner")
     with pytest.raises(LeaseLost, match="expired or was taken over"):
-        heartbeat.ensure()
-    assert heartbeat.lost.is_set()
+        taken.ensure()
+    assert taken.lost.is_set()
     assert journal.client.get(keys.lease) == b"2:winner"
     journal.client.delete(keys.lease)
     with pytest.raises(LeaseLost):
-        heartbeat.ensure()  # lost stays lost, without asking again
+        taken.ensure()  # lost stays lost, without asking again
+    assert taken.renewals == 0
+
+
+def test_a_confirmation_dates_from_before_its_request_not_from_its_late_reply(
+    shared_redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    relay = Relay(shared_redis_url, tmp_path)
+    client = redis.Redis.from_url(relay.url)
+    try:
+        journal = Journal(client, keyspace=Keyspace(prefix))
+        held = lease(journal, 300)
+        client.ping()  # connected before replies start to lag
+        relay.lag = 0.2  # each reply arrives 0.2 s after its request: past half the TTL
+        asked = time.monotonic()
+        grant = held.acquire(0)
+        assert grant.confirmed_at - asked < 0.1
+        heartbeat = Heartbeat(held, grant.holder, grant.confirmed_at)
+        heartbeat.ensure()  # the grant is 0.2 s old by the time it arrived: renew now
+        assert heartbeat.renewals == 1
+        heartbeat.ensure()  # and so is that renewal
+        assert heartbeat.renewals == 2
+        asked = time.monotonic()
+        assert heartbeat.confirm() - asked < 0.1
+    finally:
+        relay.lag = 0
+        for key in client.scan_iter(match=f"{prefix}:*"):
+            client.delete(key)
+        client.close()
+        relay.close()
 
 
 def test_the_beat_renews_at_a_third_of_the_ttl_and_stops_when_lost(
@@ -465,7 +498,8 @@ def test_the_beat_renews_at_a_third_of_the_ttl_and_stops_when_lost(
     journal = make_journal(lease_ttl=0.3)
     held = lease(journal, 300)
     renewed: list[int] = []
-    heartbeat = Heartbeat(held, held.acquire(0).holder, on_renew=lambda: renewed.append(1))
+    grant = held.acquire(0)
+    heartbeat = Heartbeat(held, grant.holder, grant.confirmed_at, lambda: renewed.append(1))
     heartbeat.start()
     try:
         time.sleep(0.35)  # past the first lease's expiry
