@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint install bench stop clean
+.PHONY: run test test-fast mutants lint install bench stop clean
 
 $(BIN)/digest: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -26,6 +26,15 @@ lint: install
 
 test: lint
 	$(BIN)/pytest -q
+	$(BIN)/python -m tests.mutants
+
+# The tests that start no process: the contract suite on both backends, in under a minute.
+test-fast: install
+	$(BIN)/pytest -q -m "not slow"
+
+# Each mutant breaks one guard of the protocol; the fast tests must fail for every one.
+mutants: install
+	$(BIN)/python -m tests.mutants
 
 bench: install
 	$(BIN)/python bench/journal.py

@@ -40,10 +40,12 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
 import pytest
+
+if TYPE_CHECKING:
+    import anthropic
 
 API_KEY = "test-key"
 MESSAGES_PATH = "/v1/messages"
@@ -233,6 +235,8 @@ class FakeAnthropic:
 
     def client(self, **options: Any) -> anthropic.Anthropic:
         """A real SDK client on this server; no SDK retries unless ``max_retries`` is given."""
+        import anthropic  # seconds to import: only the tests that talk to the SDK pay for it
+
         settings: dict[str, Any] = {"api_key": API_KEY, "base_url": self.url, "max_retries": 0}
         return anthropic.Anthropic(**(settings | options))
 

@@ -25,12 +25,14 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from journal import (
+    Effect,
     Fenced,
     Journal,
     Keyspace,
     LeaseBusy,
     LeaseLost,
     ManualClock,
+    RetryPolicy,
     Run,
     RunParked,
     Settings,
@@ -257,6 +259,27 @@ def test_a_step_finished_after_another_holder_took_over_is_fenced(
     assert journal.client.get(keys.lease) == b"2:winner"
 
 
+def test_a_retry_after_a_back_off_checks_the_lease_before_it_runs_again(
+    make_journal: MakeJournal, keys: RunKeys
+) -> None:
+    journal = make_journal(lease_ttl=0.3)  # the real clock: the back-off really passes
+    attempts: list[int] = []
+
+    def flaky() -> str:
+        attempts.append(1)
+        if len(attempts) == 1:
+            journal.client.set(keys.lease, "2:winner")  # taken over during the back-off
+            raise TimeoutError("transient")
+        return "ran again without the lease"
+
+    # A 0.2 s back-off: past half the TTL, so the boundary asks Redis before the next attempt.
+    policy = RetryPolicy(base_delay=0.2, retryable=lambda e: True, retry_after=lambda e: 0.2)
+    with pytest.raises(LeaseLost) as lost:
+        journal.execute("wf", "r1", lambda run: run.step("a", flaky, retry=policy))
+    assert type(lost.value) is LeaseLost  # stopped at the boundary, not refused at the record
+    assert attempts == [1]
+
+
 # -- release and renew -----------------------------------------------------------------------
 
 
@@ -324,6 +347,74 @@ def test_a_run_taken_over_before_saving_its_status_leaves_the_new_holder_alone(
     meta = journal.meta(keys)
     assert (meta["status"], "last_error" in meta) == ("running", False)
     assert journal.client.get(keys.lease) == b"2:winner"
+
+
+# -- effect_claim and effect_settle ---------------------------------------------------------
+
+
+def test_the_effect_scripts_answer_each_of_their_codes(journal: Journal, keys: RunKeys) -> None:
+    first = lease(journal).acquire(millis(T0))
+    me = ProcessIdentity.current().encode()
+    script_keys = [keys.lease, keys.effects]
+
+    def claim(holder: str, fence: int, proved_dead: str = "") -> Any:
+        args = [holder, "send", fence, 60_000, me, proved_dead]
+        return journal.scripts.effect_claim(keys=script_keys, args=args)
+
+    def settle(holder: str, fence: int, state: str = "done", receipt: bytes = b"{}") -> Any:
+        args = [holder, "send", fence, state, receipt]
+        return journal.scripts.effect_settle(keys=script_keys, args=args)
+
+    assert claim("1:not-the-token", 1) == [-2, first.holder.encode()]
+    assert settle("1:not-the-token", 1) == -2
+    assert journal.client.hlen(keys.effects) == 0
+    assert claim(first.holder, 1) == [1, 0, b""]
+    assert lease(journal).release(first.holder)
+    assert claim(first.holder, 1) == [-1]
+    assert settle(first.holder, 1) == -1
+
+    second = lease(journal).acquire(millis(T0))
+    busy = claim(second.holder, 2)  # fence 1 may still act: wait, or prove it dead
+    assert busy[0] == 3 and 55_000 < busy[1] <= 60_000 and busy[2] == me.encode()
+    assert settle(second.holder, 2) == -3  # fence 1's claim is not fence 2's to settle
+    assert journal.client.hget(keys.effects, "send").endswith(b":claimed")
+    assert claim(second.holder, 2, proved_dead="1") == [1, 1, b""]
+    assert settle(second.holder, 2, receipt=b'{"id": 7}') == 1
+    assert journal.client.hget(keys.effects, "send:receipt") == b'{"id": 7}'
+    assert claim(second.holder, 2) == [1, 1, b'{"id": 7}']  # done: handed over, not waited for
+
+
+def test_an_effect_whose_lease_is_gone_is_never_called(journal: Journal, keys: RunKeys) -> None:
+    called: list[str] = []
+
+    def body(run: Run) -> None:
+        journal.client.set(keys.lease, "2:winner")
+        run.effect("send", lambda effect: called.append("send"), timeout=5)
+
+    with pytest.raises(Fenced, match="effect 'send' refused"):
+        journal.execute("wf", "r1", body)
+
+    def expired(run: Run) -> None:
+        journal.client.delete(journal.keys("wf", "r2").lease)
+        run.effect("send", lambda effect: called.append("send"), timeout=5)
+
+    with pytest.raises(LeaseLost, match="expired before effect 'send' could be claimed"):
+        journal.execute("wf", "r2", expired)
+    assert called == []
+    assert journal.client.hlen(keys.effects) == 0
+
+
+def test_a_receipt_after_a_takeover_is_refused(journal: Journal, keys: RunKeys) -> None:
+    def act(effect: Effect) -> str:
+        effect.confirm()
+        journal.client.set(keys.lease, "2:winner")  # taken over between the act and its receipt
+        effect.accepted({"id": 7})
+        return "sent"
+
+    with pytest.raises(Fenced, match="effect 'send' refused"):
+        journal.execute("wf", "r1", lambda run: run.effect("send", act, timeout=5))
+    assert journal.client.hget(keys.effects, "send:receipt") is None
+    assert journal.client.hget(keys.effects, "send").endswith(b":claimed")
 
 
 # -- a status nobody knows -------------------------------------------------------------------
@@ -507,6 +598,8 @@ def test_the_beat_renews_at_a_third_of_the_ttl_and_stops_when_lost(
         assert 2 <= heartbeat.renewals == len(renewed) <= 5
         journal.client.set(keys.lease, "2:winner")
         wait_until(heartbeat.lost.is_set, 1, "the beat to notice the takeover")
+        with pytest.raises(LeaseLost):
+            heartbeat.ensure()  # confirmed moments ago, but the beat has since found it lost
         count = heartbeat.renewals
         time.sleep(0.15)
         assert heartbeat.renewals == count

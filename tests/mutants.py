@@ -1,0 +1,440 @@
+"""Mutation testing of the protocol: break one guard at a time, and the fast tests must notice.
+
+Each mutant is one text substitution in the Lua scripts or in the lease, heartbeat, record
+and store path: a comparison flipped, a holder check removed, a fence not incremented, a
+confirmation stamped late, a renewal skipped. Each is applied to a scratch copy of the
+project, and the fast tests that cover the protocol run against that copy; every mutant must
+make them fail. A pattern that no longer matches the source fails the whole run before any
+mutant is tried, so the set cannot go stale silently when the code changes: update the
+pattern with the code.
+
+Run it with ``make mutants`` (``python -m tests.mutants [-j JOBS] [NAME ...]``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+COPIED = ("journal", "tasks", "tests", "data", "pyproject.toml")
+
+# The fast tests that cover the protocol, the quickest to fail first: a mutant stops at the
+# first failing test, and one that survives runs them all.
+PROTOCOL_TESTS = (
+    "tests/journal/test_protocol.py",
+    "tests/journal/test_steps.py",
+    "tests/journal/test_effects.py",
+    "tests/journal/test_holder.py",
+    "tests/journal/test_waits.py",
+    "tests/journal/test_sweep.py",
+    "tests/journal/test_racers.py",
+)
+CELERY_TESTS = ("tests/journal/test_durable.py",)
+# Stop at the first failure and name it; a mutant that hangs a test fails it in 30 s.
+PYTEST = ("-m", "pytest", "-x", "-q", "-rf", "-m", "not slow", "-p", "no:cacheprovider")
+PYTEST += ("-o", "timeout=30")
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One broken guard: ``find`` replaced by ``replace`` in ``path``."""
+
+    name: str
+    path: str
+    find: str
+    replace: str
+    tests: tuple[str, ...] = PROTOCOL_TESTS
+
+
+def lua(script: str, name: str, find: str, replace: str) -> Mutant:
+    return Mutant(f"{script}: {name}", f"journal/lua/{script}.lua", find, replace)
+
+
+def python(module: str, name: str, find: str, replace: str, **kwargs: tuple[str, ...]) -> Mutant:
+    return Mutant(f"{module}: {name}", f"journal/{module}.py", find, replace, **kwargs)
+
+
+EXPIRED_THEN_HOLDER = "if not holder then\n  return {-1}\nend\nif holder ~= ARGV[1] then"
+META_EXPIRED_THEN_HOLDER = "if not holder then\n  return -1\nend\nif holder ~= ARGV[1] then"
+
+MUTANTS = (
+    # -- acquire: one holder at a time, each with a new fence, stalled starts counted
+    lua(
+        "acquire",
+        "a live lease is taken anyway",
+        "if holder and holder ~= ARGV[5] then",
+        "if false then",
+    ),
+    lua(
+        "acquire",
+        "the proved-dead holder comparison flipped",
+        "holder ~= ARGV[5]",
+        "holder == ARGV[5]",
+    ),
+    lua(
+        "acquire",
+        "the fence is not incremented",
+        "redis.call('INCR', KEYS[2])",
+        "tonumber(redis.call('GET', KEYS[2]) or '1')",
+    ),
+    lua("acquire", "the lease never expires", "ARGV[1], 'PX', ARGV[2])", "ARGV[1])"),
+    lua(
+        "acquire",
+        "stalled starts are never counted",
+        "stalled = tonumber(redis.call('HGET', KEYS[3], 'starts_without_progress') or '0') + 1",
+        "stalled = 1",
+    ),
+    lua(
+        "acquire",
+        "the progress comparison flipped",
+        "if recorded == seen then",
+        "if recorded ~= seen then",
+    ),
+    lua("acquire", "the progress mark is not moved", "'recorded_at_start', recorded, ", ""),
+    lua(
+        "acquire",
+        "the creation time is overwritten",
+        "redis.call('HSETNX', KEYS[3], 'created_at'",
+        "redis.call('HSET', KEYS[3], 'created_at'",
+    ),
+    # -- record: only the holder writes, first write wins
+    lua(
+        "record",
+        "writes when nobody holds the lease",
+        EXPIRED_THEN_HOLDER,
+        "if holder and holder ~= ARGV[1] then",
+    ),
+    lua(
+        "record",
+        "the holder check removed",
+        "if holder ~= ARGV[1] then\n  return {-2, holder}\nend\n",
+        "",
+    ),
+    lua(
+        "record",
+        "only the fence compared, not the token",
+        "if holder ~= ARGV[1] then",
+        "if holder:match('^%d+') ~= ARGV[1]:match('^%d+') then",
+    ),
+    lua(
+        "record",
+        "the last write wins",
+        "redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3])",
+        "redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])",
+    ),
+    # -- release and renew: compare, then act
+    lua(
+        "release",
+        "deletes whoever holds the lease",
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then",
+        "if true then",
+    ),
+    lua("release", "the comparison flipped", "== ARGV[1] then", "~= ARGV[1] then"),
+    lua(
+        "renew",
+        "extends whoever holds the lease",
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then",
+        "if redis.call('EXISTS', KEYS[1]) == 1 then",
+    ),
+    lua(
+        "renew",
+        "the renewal is skipped but reported done",
+        "return redis.call('PEXPIRE', KEYS[1], ARGV[2])",
+        "return 1",
+    ),
+    # -- update_meta: only the holder writes the run's status; an arrived signal wins
+    lua(
+        "update_meta",
+        "writes when nobody holds the lease",
+        META_EXPIRED_THEN_HOLDER,
+        "if holder and holder ~= ARGV[1] then",
+    ),
+    lua(
+        "update_meta",
+        "the holder check removed",
+        "if holder ~= ARGV[1] then\n  return -2\nend\n",
+        "",
+    ),
+    lua(
+        "update_meta",
+        "an arrived signal is ignored",
+        "redis.call('HEXISTS', KEYS[3], ARGV[2]) == 1",
+        "redis.call('HEXISTS', KEYS[3], ARGV[2]) == 2",
+    ),
+    lua("update_meta", "a field is never deleted", "if ARGV[i + 1] == '\\0' then", "if false then"),
+    # -- claim_due: due runs only, re-armed rather than dropped
+    lua("claim_due", "claims runs that are not due", "'-inf', ARGV[1]", "'-inf', '+inf'"),
+    lua(
+        "claim_due",
+        "a claimed run is dropped, not re-armed",
+        "redis.call('ZADD', KEYS[1], 'XX', ARGV[3], run)",
+        "redis.call('ZREM', KEYS[1], run)",
+    ),
+    # -- effect_claim and effect_settle: one holder acts, an earlier live claim is waited for
+    lua(
+        "effect_claim",
+        "the holder check removed",
+        "if holder ~= ARGV[1] then\n  return {-2, holder}\nend\n",
+        "",
+    ),
+    lua(
+        "effect_claim",
+        "claims when nobody holds the lease",
+        EXPIRED_THEN_HOLDER,
+        "if holder and holder ~= ARGV[1] then",
+    ),
+    lua(
+        "effect_claim",
+        "a live earlier claim is not waited for",
+        "tonumber(deadline) > now",
+        "tonumber(deadline) < now",
+    ),
+    lua(
+        "effect_claim",
+        "an earlier receipt is not handed over",
+        "receipt = redis.call('HGET', KEYS[2], ARGV[2] .. ':receipt') or ''",
+        "receipt = ''",
+    ),
+    lua(
+        "effect_settle",
+        "the holder check removed",
+        "if holder ~= ARGV[1] then\n  return -2\nend\n",
+        "",
+    ),
+    lua(
+        "effect_settle",
+        "another fence's claim is settled",
+        "if not claim or string.match(claim, '^(%d+):') ~= ARGV[3] then",
+        "if not claim then",
+    ),
+    lua(
+        "effect_settle",
+        "the receipt is not saved",
+        "redis.call('HSET', KEYS[2], ARGV[2] .. ':receipt', ARGV[5])",
+        "redis.call('TIME')",
+    ),
+    # -- the lease and its heartbeat
+    python(
+        "lease",
+        "a live holder is taken over",
+        "process is not None and process.provably_gone(me)",
+        "process is not None",
+    ),
+    python(
+        "lease",
+        "the grant is stamped after its reply",
+        'asked = time.monotonic()\n        reply = self._acquire(now_ms, me, "")',
+        'reply = self._acquire(now_ms, me, "")\n        asked = time.monotonic()',
+    ),
+    python(
+        "lease", "ensure never renews synchronously", "if not stale or self._renew():", "if True:"
+    ),
+    python(
+        "lease",
+        "the staleness comparison flipped",
+        "time.monotonic() - self._confirmed_at > self._lease.ttl_ms / 2000",
+        "time.monotonic() - self._confirmed_at < self._lease.ttl_ms / 2000",
+    ),
+    python(
+        "lease",
+        "ensure ignores a loss the beat found",
+        "        if not self.lost.is_set():\n            stale",
+        "        if True:\n            stale",
+    ),
+    python(
+        "lease",
+        "a renewal's confirmation is stamped late",
+        "self._confirmed_at = max(self._confirmed_at, asked)",
+        "self._confirmed_at = time.monotonic()",
+    ),
+    python(
+        "lease",
+        "a failed renewal is not marked lost",
+        "            self.lost.set()\n            return False",
+        "            return False",
+    ),
+    python("lease", "the beat skips its renewal", "if not self._renew():", "if False:"),
+    python(
+        "lease",
+        "a Redis error kills the beat",
+        "except Exception:  # a blip must not kill the thread",
+        "except ArithmeticError:  #",
+    ),
+    # -- the record path
+    python(
+        "steps",
+        "a step starts without the boundary check",
+        "        self.check_lease()\n        started = millis(self.clock.now())\n        attempt,",
+        "        started = millis(self.clock.now())\n        attempt,",
+    ),
+    python(
+        "steps",
+        "a retry after a back-off skips the boundary check",
+        "self.clock.sleep(delay)\n                self.check_lease()",
+        "self.clock.sleep(delay)",
+    ),
+    python(
+        "steps", "an expired lease is taken for a record", "if status == -1:", "if status == -9:"
+    ),
+    python(
+        "steps", "a fenced record is taken for a record", "if status == -2:", "if status == -9:"
+    ),
+    # -- the store: status writes, parking, Redis lost
+    python(
+        "store", "a lost lease at a status write is ignored", "if status < 0:", "if status < -2:"
+    ),
+    python(
+        "store",
+        "parks one start late",
+        "if grant.starts_without_progress > self.settings.max_stalled_starts:",
+        "if grant.starts_without_progress > self.settings.max_stalled_starts + 1:",
+    ),
+    python("store", "a parked run is started anyway", 'if meta.get("parked"):', "if False:"),
+    python(
+        "store",
+        "a suspension keeps the stall count",
+        '"wait": codec.dumps(wait.to_json()),\n            "starts_without_progress": 0,',
+        '"wait": codec.dumps(wait.to_json()),',
+    ),
+    python(
+        "store",
+        "reset keeps the stall count",
+        '            pipe.hset(keys.meta, "starts_without_progress", 0)\n',
+        "",
+    ),
+    python(
+        "store",
+        "Redis lost under a step fails the run",
+        "except (redis.ConnectionError, redis.TimeoutError) as down:",
+        "except redis.TimeoutError as down:",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the fast tests made of one mutant."""
+
+    mutant: Mutant
+    killed: bool
+    by: str
+    seconds: float
+    output: str
+
+
+def stale(mutants: tuple[Mutant, ...]) -> list[str]:
+    """Mutants whose pattern does not occur exactly once in today's source."""
+    problems = []
+    for mutant in mutants:
+        count = (ROOT / mutant.path).read_text().count(mutant.find)
+        if count != 1:
+            problems.append(f"{mutant.name}: {mutant.path} holds its pattern {count} times")
+    return problems
+
+
+def scratch_copy(directory: Path) -> Path:
+    """A copy of the project to mutate; the installed package is never touched."""
+    for name in COPIED:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, directory / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, directory / name)
+    return directory
+
+
+def run_tests(copy: Path, tests: tuple[str, ...]) -> tuple[int, str]:
+    """The fast tests against ``copy``, stopping at the first failure."""
+    env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run(
+        [sys.executable, *PYTEST, *tests],
+        cwd=copy,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+def imports_from(copy: Path) -> str:
+    """Where a process started like the test runs imports ``journal`` from."""
+    env = {**os.environ, "PYTHONPATH": str(copy)}
+    probe = [sys.executable, "-c", "import journal; print(journal.__file__)"]
+    return subprocess.run(
+        probe, cwd=copy, env=env, capture_output=True, text=True, check=True
+    ).stdout
+
+
+def judge(mutant: Mutant, workspace: Path) -> Verdict:
+    """Apply one mutant to its own copy and run its tests."""
+    started = time.monotonic()
+    copy = scratch_copy(workspace / re.sub(r"\W+", "-", mutant.name))
+    target = copy / mutant.path
+    target.write_text(target.read_text().replace(mutant.find, mutant.replace))
+    code, output = run_tests(copy, mutant.tests)
+    if code not in (0, 1):
+        raise SystemExit(f"mutant {mutant.name!r}: pytest exited {code}, not a verdict:\n{output}")
+    failed = re.search(r"^FAILED (\S+)", output, re.MULTILINE)
+    by = failed.group(1) if failed else ""
+    return Verdict(mutant, code == 1, by, time.monotonic() - started, output)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("names", nargs="*", help="run only mutants whose name contains these")
+    options = parser.parse_args(argv)
+    chosen = tuple(
+        m for m in MUTANTS if not options.names or any(n in m.name for n in options.names)
+    )
+    problems = stale(MUTANTS)
+    if problems:
+        print("stale mutants: the code changed under them; update their patterns:", file=sys.stderr)
+        for problem in problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="mutants-") as scratch:
+        workspace = Path(scratch)
+        baseline = scratch_copy(workspace / "baseline")
+        where = imports_from(baseline)
+        if not where.startswith(str(baseline)):
+            print(
+                f"a scratch copy imports journal from {where.strip()}, not from itself",
+                file=sys.stderr,
+            )
+            return 2
+        tests = tuple(sorted({t for m in chosen for t in m.tests}))
+        code, output = run_tests(baseline, tests)
+        if code != 0:
+            print(f"the unmutated tests fail; no mutant can be judged:\n{output}", file=sys.stderr)
+            return 2
+        with ThreadPoolExecutor(max_workers=options.jobs) as pool:
+            verdicts = list(pool.map(lambda m: judge(m, workspace), chosen))
+    survivors = [v for v in verdicts if not v.killed]
+    for verdict in verdicts:
+        state = f"killed by {verdict.by}" if verdict.killed else "SURVIVED"
+        print(f"{verdict.seconds:5.1f}s  {verdict.mutant.name}: {state}")
+    print(
+        f"mutants: {len(verdicts) - len(survivors)} killed of {len(verdicts)} "
+        f"in {time.monotonic() - started:.0f}s"
+    )
+    for verdict in survivors:
+        print(f"\nsurvivor {verdict.mutant.name!r} ({verdict.mutant.path}):", file=sys.stderr)
+        print(f"  - {verdict.mutant.find!r}\n  + {verdict.mutant.replace!r}", file=sys.stderr)
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
