@@ -8,6 +8,7 @@ parallel steps safe, and what lets drift be detected by name.
 
 from __future__ import annotations
 
+import functools
 import threading
 import uuid as uuid_module
 from collections.abc import Callable, Iterable, Sequence
@@ -118,6 +119,40 @@ def decode_journal(run: str, raw: dict[bytes, bytes]) -> dict[str, Record]:
 
 class _NotStarted(Exception):
     """A map item skipped because another item had already failed."""
+
+
+class _ItemOrder:
+    """Turns for a map's items: each is recorded and reported once every item before it is done.
+
+    An item is done once it is recorded and reported, replayed, or given up (it failed or never
+    started), so a failure never holds back the items after it. A map abandoned because the
+    process is stopping lets everyone through.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._done = [False] * size
+        self._next = 0  # every item before it is done
+        self._changed = threading.Condition()
+        self._abandoned = False
+
+    def wait_turn(self, index: int) -> None:
+        """Block until every item before ``index`` is done (or the map is abandoned)."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._next >= index or self._abandoned)
+
+    def done(self, index: int) -> None:
+        """Mark ``index`` done and pass the turn on."""
+        with self._changed:
+            self._done[index] = True
+            while self._next < len(self._done) and self._done[self._next]:
+                self._next += 1
+            self._changed.notify_all()
+
+    def abandon(self) -> None:
+        """Stop ordering: the map is being left behind."""
+        with self._changed:
+            self._abandoned = True
+            self._changed.notify_all()
 
 
 class Run:
@@ -255,12 +290,16 @@ class Run:
         concurrency: int = 3,
         retry: RetryPolicy | None = None,
     ) -> list[T]:
-        """One step per item, ``concurrency`` at a time, each recorded as it completes.
+        """One step per item, ``concurrency`` at a time, recorded and reported in item order.
 
-        The group counts as one position for drift detection: its steps may complete and be
-        recorded in any order. When one item fails, items already running finish and are
-        recorded (their cost is not thrown away), items not started are cancelled, and the
-        first error is raised.
+        Whatever order the calls finish in, item N is recorded (and its step reported) once
+        items 1 to N-1 are: a resumed map holds a prefix of the items, so a crash after item N
+        always resumes at item N+1, and the transcript and crash points are the same at any
+        concurrency. A finished item waits for its turn in its own slot, so a crash still loses
+        at most ``concurrency`` results, in flight or waiting. The group counts as one position
+        for drift detection. When one item fails, items already running finish and are recorded
+        (their cost is not thrown away), items not started are cancelled, and the first error is
+        raised.
         """
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -274,50 +313,42 @@ class Run:
                 self._check_drift(keys[0])
             todo = [index for index, record in enumerate(recorded) if record is None]
             self._open_groups.add(prefix)
-        try:
-            for index, record in enumerate(recorded):
-                if record is not None:
-                    results[index] = self._replay(keys[index], record)
-            if todo:
-                self._map_pending(prefix, items, keys, fn, retry, concurrency, todo, results)
-        finally:
-            with self._lock:
-                self._open_groups.discard(prefix)
-        return results
-
-    def _map_pending(
-        self,
-        prefix: str,
-        items: Sequence[X],
-        keys: list[str],
-        fn: Callable[[X], T],
-        retry: RetryPolicy | None,
-        concurrency: int,
-        todo: list[int],
-        results: list[Any],
-    ) -> None:
+        order = _ItemOrder(len(keys))
         stop = threading.Event()
 
         def one(index: int) -> T:
-            if stop.is_set():
-                raise _NotStarted()
             try:
-                return self._execute(keys[index], lambda: fn(items[index]), retry, "step", prefix)
+                if stop.is_set():
+                    raise _NotStarted()
+                call = functools.partial(fn, items[index])
+                turn = functools.partial(order.wait_turn, index)
+                return self._execute(keys[index], call, retry, "step", prefix, turn)
             except BaseException:
                 stop.set()  # items not yet started stay unstarted
                 raise
+            finally:
+                order.done(index)
 
         pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=prefix)
         futures: dict[Future[T], int] = {pool.submit(one, i): i for i in todo}
         try:
+            for index, record in enumerate(recorded):
+                if record is not None:
+                    order.wait_turn(index)
+                    results[index] = self._replay(keys[index], record)
+                    order.done(index)
             wait(futures)
         except BaseException:
             # The process is stopping (a pool child's SIGTERM raises SystemExit here): leave
             # the calls in flight behind rather than wait out their timeouts. Whatever they
             # still record is fenced; the next holder replays it or makes the call again.
             stop.set()
+            order.abandon()
             pool.shutdown(wait=False, cancel_futures=True)
             raise
+        finally:
+            with self._lock:
+                self._open_groups.discard(prefix)
         pool.shutdown()
         first_error: BaseException | None = None
         for future, index in futures.items():
@@ -330,6 +361,7 @@ class Run:
                 first_error = error
         if first_error is not None:
             raise first_error
+        return results
 
     def now(self, key: str) -> float:
         """The wall time, recorded once: a replay sees the time of the first attempt."""
@@ -471,10 +503,13 @@ class Run:
         retry: RetryPolicy | None,
         kind: str,
         group: str | None,
+        turn: Callable[[], None] | None = None,
     ) -> T:
         self.check_lease()
         started = millis(self.clock.now())
         attempt, result = self._attempt(key, fn, retry)
+        if turn is not None:
+            turn()  # a map item waits until the items before it are recorded
         return self._record(key, result, attempt, started, kind, group)  # type: ignore[no-any-return]
 
     def _attempt(self, key: str, fn: Callable[[], T], retry: RetryPolicy | None) -> tuple[int, T]:

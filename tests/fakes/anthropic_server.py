@@ -14,6 +14,8 @@ Faults are scripted per server:
   ``not_found_error`` ``model: <id>``.
 - ``refuse_when(contains)``: a 200 whose ``stop_reason`` is ``refusal``, as the real API answers
   when the model declines.
+- ``delay_when(contains, seconds)``: matching calls answer later than the others, so calls
+  finish in another order than they were made.
 - ``delay`` (seconds before answering) and ``hold()`` / ``release()``: keep a call open so a
   client can time out or a worker can be killed in the middle of it; ``wait_for_calls(n)``
   tells the test the call has arrived.
@@ -183,6 +185,7 @@ class FakeAnthropic:
         self._rules: list[Fault] = []
         self._queue: list[tuple[Fault, int]] = []
         self._refusals: list[str] = []
+        self._delays: list[tuple[str, float]] = []
         self.known_models: set[str] | None = None
         self._released = threading.Event()
         self._released.set()
@@ -321,6 +324,11 @@ class FakeAnthropic:
         with self._lock:
             self._refusals.append(contains)
 
+    def delay_when(self, contains: str, seconds: float) -> None:
+        """Answer calls whose prompt contains ``contains`` after ``seconds`` (the longest wins)."""
+        with self._lock:
+            self._delays.append((contains, seconds))
+
     def clear_faults(self) -> None:
         with self._lock:
             self._rules.clear()
@@ -361,11 +369,12 @@ class FakeAnthropic:
             request = Received(len(self._received) + 1, body, lowered, status)
             self._received.append(request)
             self._arrived.notify_all()
+            delay = max([self.delay, *(s for needle, s in self._delays if needle in text)])
         if self._log is not None:
             self._log(f"call {request.number}: model={request.model or '-'} -> {status}")
 
-        if self.delay > 0:
-            self._stopping.wait(self.delay)
+        if delay > 0:
+            self._stopping.wait(delay)
         self._released.wait()
 
         request_id = f"req_fake_{request.number}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -205,6 +206,71 @@ def test_map_runs_n_at_a_time(make_journal) -> None:
     )
     assert outcome.result == list(range(9))
     assert peak == 3
+
+
+def test_map_records_and_reports_in_item_order_whatever_order_the_calls_finish(
+    make_journal,
+) -> None:
+    journal = make_journal()
+    keys = journal.keys("wf", "r1")
+    finished: list[str] = []
+    after = {"a": threading.Event(), "b": threading.Event(), "c": threading.Event()}
+    seen: list[tuple[str, list[str]]] = []
+
+    def call(item: str) -> str:
+        # c finishes first, then b, then a.
+        if item != "c":
+            assert after[chr(ord(item) + 1)].wait(5)
+        finished.append(item)
+        after[item].set()
+        return item.upper()
+
+    def on_step(event: StepEvent) -> None:
+        # What a crash at this point would leave behind: the journal at the report.
+        seen.append((event.key, sorted(k.decode() for k in journal.client.hkeys(keys.steps))))
+
+    outcome = journal.execute(
+        "wf",
+        "r1",
+        lambda run: run.map("s", ["a", "b", "c"], call, key=str, concurrency=3),
+        on_step=on_step,
+    )
+    assert outcome.result == ["A", "B", "C"]
+    assert finished == ["c", "b", "a"]
+    assert seen == [("s:a", ["s:a"]), ("s:b", ["s:a", "s:b"]), ("s:c", ["s:a", "s:b", "s:c"])]
+    records = journal.client.hgetall(keys.steps)
+    seqs = {key.decode(): json.loads(raw)["seq"] for key, raw in records.items()}
+    assert seqs["s:a"] < seqs["s:b"] < seqs["s:c"]
+
+
+def test_a_failed_map_item_does_not_hold_back_the_items_after_it(make_journal) -> None:
+    journal = make_journal()
+    events: list[str] = []
+    all_started = threading.Barrier(3, timeout=5)
+
+    def call(item: str) -> str:
+        all_started.wait()
+        if item == "a":
+            raise RuntimeError("boom on a")
+        return item
+
+    with pytest.raises(RuntimeError, match="boom on a"):
+        journal.execute(
+            "wf",
+            "r1",
+            lambda run: run.map("s", ["a", "b", "c"], call, key=str, concurrency=3),
+            on_step=lambda event: events.append(event.key),
+        )
+    assert events == ["s:b", "s:c"]
+    resumed: list[tuple[str, bool]] = []
+    outcome = journal.execute(
+        "wf",
+        "r1",
+        lambda run: run.map("s", ["a", "b", "c"], str.upper, key=str, concurrency=3),
+        on_step=lambda event: resumed.append((event.key, event.replayed)),
+    )
+    assert outcome.result == ["A", "b", "c"]
+    assert resumed == [("s:a", False), ("s:b", True), ("s:c", True)]
 
 
 def test_map_group_may_complete_in_any_order_without_drift(make_journal) -> None:

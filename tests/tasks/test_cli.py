@@ -18,7 +18,7 @@ import pytest
 from journal import Run
 from journal.inspect import inspect_run
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.support import Deployment, wait_until
+from tests.support import TITLES, Deployment, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -182,6 +182,42 @@ def test_with_the_model_api_a_crash_costs_only_the_calls_in_flight(
     runs = deployment.cli("runs")
     [line] = runs.stdout.splitlines()
     assert line.startswith(f"{'digest:' + RUN:32} {'done':10} updated ")
+
+
+def test_a_map_prints_and_crashes_in_item_order_whatever_order_the_calls_finish(
+    deployment: Deployment, fake_anthropic: FakeAnthropic
+) -> None:
+    # Three at a time, each batch's first item slowest: calls finish i3, i2, i1, i6, i5, i4...
+    deployment.env.update(fake_anthropic.env(), DIGEST_CONCURRENCY="3")
+    for title, seconds in zip(TITLES, [0.6, 0.3, 0, 0.6, 0.3, 0, 0.3, 0], strict=True):
+        if seconds:
+            fake_anthropic.delay_when(f'<update title="{title}">', seconds)
+    crashed = deployment.cli("run", RUN, env={"CRASH": "after:summarize:i2"})
+    assert (crashed.returncode, crashed.stderr) == (137, "")
+    assert crashed.stdout == (
+        "  ran      select\n  ran      summarize:i1\n  ran      summarize:i2\n"
+        "  ** simulated crash at after:summarize:i2 **\n"
+    )
+    assert fake_anthropic.calls_for(TITLES[2]) == 1  # answered first, yet not recorded
+    assert [r.key for r in deployment.view(RUN).steps] == ["select", "summarize:i1", "summarize:i2"]
+
+    resumed = deployment.cli("run", RUN)  # at once: the crashed holder died on this host
+    summaries = [f"  ran      summarize:i{n}" for n in range(3, 9)]
+    assert resumed.stdout.splitlines() == [
+        "  replayed select",
+        "  replayed summarize:i1",
+        "  replayed summarize:i2",
+        *summaries,
+        "  ran      compose",
+        "  ran      send",
+        "  ran      mark-seen",
+        "  ran      done",
+        "sent: 8 items, 7 model calls in this attempt, email sent (digest-2026-w42)",
+    ]
+    seqs = {r.key: r.seq for r in deployment.view(RUN).steps}
+    assert [seqs[f"summarize:i{n}"] for n in range(1, 9)] == sorted(
+        seqs[f"summarize:i{n}"] for n in range(1, 9)
+    )
 
 
 def test_a_run_leased_by_a_live_worker_exits_3(
