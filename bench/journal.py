@@ -226,7 +226,7 @@ def measure_writes(journal: Journal, run_id: str) -> list[Row]:
     step: list[int] = []
 
     def body(run: Run) -> None:
-        record_keys = [run.keys.lease, run.keys.steps]
+        record_keys = [run.keys.lease, run.keys.steps, run.keys.meta]
         clock = time.perf_counter_ns
         for i in range(WRITE_REPS):
             encoded = stored_record(i)

@@ -3,9 +3,11 @@
 The public face; everything not listed in ``__all__`` may change.
 """
 
+from journal.cancel import Cancelled
 from journal.clock import Clock, ManualClock, SystemClock
 from journal.effects import Effect
 from journal.errors import (
+    ControlRefused,
     CorruptJournal,
     EmbeddedServerError,
     Fenced,
@@ -30,7 +32,9 @@ from journal.store import Journal, Outcome, Settings
 from journal.waits import SignalResult, Suspend, Wait
 
 __all__ = [
+    "Cancelled",
     "Clock",
+    "ControlRefused",
     "CorruptJournal",
     "Effect",
     "EmbeddedServerError",

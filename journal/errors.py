@@ -11,15 +11,17 @@
     ├── RunParked             a run kept dying at start and was set aside
     ├── RetryScheduled        the run failed for a transient cause; the due sweep retries it
     ├── GaveUp                transient failures outlasted the retry deadline: failed for good
+    ├── ControlRefused        an operator's cancel, retry or fork does not apply to that run
     ├── StoreUnavailable      Redis could not be reached
     ├── StoreUnsupported      the server lacks what a setting needs (WAITAOF for fsync_records)
     ├── NotDurable            a record was written but its fsync was not confirmed in time
     ├── EmbeddedServerError   the embedded Valkey server could not be started or reached
     └── UnknownScriptStatus   a Lua script returned a code this version does not know (a bug)
 
-Control flow that is not a failure (a run suspending until a time or a signal) derives
-from ``Suspend`` in ``journal.waits``, not from ``JournalError``, so ``except JournalError``
-never swallows a suspension.
+Control flow that is not a failure (a run suspending until a time or a signal, a run
+cancelled by an operator) derives from ``Suspend`` in ``journal.waits`` or is ``Cancelled``
+in ``journal.cancel``, not from ``JournalError``, so ``except JournalError`` never swallows
+either.
 
 Every exception keeps its constructor arguments in ``args`` so it survives pickling across
 Celery's result backend and process pools.
@@ -195,6 +197,18 @@ class GaveUp(JournalError):
             f"{_utc(self.since)} (the last: {self.error}); it is not retried again: fix the "
             "cause, then start it again deliberately"
         )
+
+
+class ControlRefused(JournalError):
+    """An operator's action (cancel, retry, fork) does not apply to the run as it stands."""
+
+    def __init__(self, run: str, detail: str) -> None:
+        super().__init__(run, detail)
+        self.run = run
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"run {self.run}: {self.detail}"
 
 
 class _StoreError(JournalError):

@@ -2,13 +2,43 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from journal import codec
+from journal.cancel import CANCEL_FIELD
 from journal.steps import Record, decode_journal, ordered
 from journal.store import Journal, decode_meta
 from journal.waits import Wait
+
+# What an operator filters on: the stored status, refined where one word would mislead.
+STATES = (
+    "new",
+    "running",
+    "cancelling",
+    "waiting",
+    "retrying",
+    "failed",
+    "parked",
+    "done",
+    "cancelled",
+)
+
+
+def state_of(meta: dict[str, str]) -> str:
+    """The run's state as an operator reads it.
+
+    Its status, but ``parked`` for a parked run (stored as failed, so that it is retried only
+    deliberately) and ``cancelling`` for a running run asked to stop.
+    """
+    status = meta.get("status", "new")
+    if meta.get("parked"):
+        return "parked"
+    if status == "running" and CANCEL_FIELD in meta:
+        return "cancelling"
+    return status
 
 
 @dataclass(frozen=True)
@@ -37,6 +67,11 @@ class RunView:
     def status(self) -> str:
         """``new`` for a run never started, else the stored status."""
         return self.meta.get("status", "new")
+
+    @property
+    def state(self) -> str:
+        """The status an operator reads (see ``state_of``)."""
+        return state_of(self.meta)
 
     def step(self, key: str) -> Record | None:
         """The record of one step, if present."""
@@ -69,9 +104,64 @@ def inspect_run(journal: Journal, workflow: str, run_id: str) -> RunView:
     )
 
 
-def recent_runs(journal: Journal, limit: int = 20) -> list[tuple[str, int]]:
-    """The most recently updated runs, newest first, from the index (no SCAN)."""
-    rows: list[tuple[bytes, float]] = journal.call(
-        journal.client.zrevrange, journal.keyspace.runs, 0, limit - 1, withscores=True
-    )
-    return [(member.decode(), int(score)) for member, score in rows]
+@dataclass(frozen=True)
+class RunRow:
+    """One run as a listing shows it.
+
+    Attributes:
+        run: the full id; run_id its run id part.
+        state: see ``state_of``.
+        updated_ms: its score in the runs index.
+        meta: the meta hash as text.
+        steps: its records in order, when the listing asked for them.
+    """
+
+    run: str
+    run_id: str
+    state: str
+    updated_ms: int
+    meta: dict[str, str]
+    steps: list[Record]
+
+
+def list_runs(
+    journal: Journal, *, state: str | None = None, limit: int = 50, steps: bool = False
+) -> list[RunRow]:
+    """Runs newest first from the runs index (no SCAN), optionally only those in ``state``.
+
+    Reads the index a page at a time, with each page's metas (and step journals, if asked)
+    in one pipelined round trip, until ``limit`` runs matched or the index ends.
+    """
+    return list(islice(_rows(journal, state, steps), limit))
+
+
+def _rows(
+    journal: Journal, state: str | None, with_steps: bool, page: int = 100
+) -> Iterator[RunRow]:
+    start = 0
+    while True:
+        members: list[tuple[bytes, float]] = journal.call(
+            journal.client.zrevrange,
+            journal.keyspace.runs,
+            start,
+            start + page - 1,
+            withscores=True,
+        )
+        if not members:
+            return
+        start += page
+        keys = [journal.keyspace.parse_run(member.decode()) for member, _ in members]
+        pipe = journal.client.pipeline(transaction=False)
+        for run_keys in keys:
+            pipe.hgetall(run_keys.meta)
+            if with_steps:
+                pipe.hgetall(run_keys.steps)
+        replies = iter(journal.call(pipe.execute))
+        for run_keys, (_, score) in zip(keys, members, strict=True):
+            meta = {k.decode(): v.decode() for k, v in next(replies).items()}
+            records = (
+                ordered(decode_journal(run_keys.run, next(replies)).values()) if with_steps else []
+            )
+            row_state = state_of(meta)
+            if state is None or row_state == state:
+                yield RunRow(run_keys.run, run_keys.run_id, row_state, int(score), meta, records)

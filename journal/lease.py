@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from journal.cancel import Cancelled
 from journal.errors import CorruptJournal, LeaseBusy, LeaseLost
 from journal.holder import ProcessIdentity
 from journal.keys import RunKeys
@@ -88,10 +89,16 @@ class Lease:
             raise CorruptJournal(self.keys.run, _text(reply[1]), "not an integer counter")
         return reply
 
-    def renew(self, holder: str) -> bool:
-        """Extend the lease if we still hold it (compare-and-PEXPIRE)."""
-        reply = self.scripts.renew(keys=[self.keys.lease], args=[holder, self.ttl_ms])
-        return status_of("renew", reply, (0, 1)) == 1
+    def renew(self, holder: str) -> int:
+        """Extend the lease if we still hold it (compare-and-PEXPIRE).
+
+        Returns:
+            1 extended, 2 extended and a cancel of the run is pending, 0 lost.
+        """
+        reply = self.scripts.renew(
+            keys=[self.keys.lease, self.keys.meta], args=[holder, self.ttl_ms]
+        )
+        return status_of("renew", reply, (0, 1, 2))
 
     def release(self, holder: str) -> bool:
         """Give the lease back if we still hold it (compare-and-DEL)."""
@@ -107,7 +114,9 @@ class Heartbeat:
     """Renews a lease every ttl/3 from a daemon thread, and guards each step boundary.
 
     A failed renewal only sets ``lost``; the run notices at its next step boundary, and the
-    fenced record refuses anything it tries to write in between. ``ensure`` closes the gap a
+    fenced record refuses anything it tries to write in between. A renewal (or a record) that
+    reports a pending cancel sets ``cancelled``, and the next boundary stops the run.
+    ``ensure`` closes the gap a
     paused process (SIGSTOP, a long GC, a frozen VM) would otherwise leave: when the last
     confirmation is older than half the TTL, it renews synchronously before a step may start,
     so a worker that slept through its lease learns it before running a side effect.
@@ -131,6 +140,7 @@ class Heartbeat:
         self._confirm_lock = threading.Lock()
         self._on_renew = on_renew
         self.lost = threading.Event()
+        self.cancelled = threading.Event()
         self.renewals = 0
         self._thread = threading.Thread(
             target=self._beat, name=f"lease-heartbeat-{lease.keys.run}", daemon=True
@@ -148,16 +158,20 @@ class Heartbeat:
             self._thread.join(timeout=5)
 
     def ensure(self) -> None:
-        """Raise unless the lease is known to be held now.
+        """Raise unless the lease is known to be held now and the run is not cancelled.
 
         Raises:
             LeaseLost: renewal failed, or a synchronous check found the lease gone.
+            Cancelled: the run was cancelled; it must not start another step.
         """
         if not self.lost.is_set():
             stale = time.monotonic() - self._confirmed_at > self._lease.ttl_ms / 2000
-            if not stale or self._renew():
-                return
-        raise LeaseLost(self._lease.keys.run, "the lease expired or was taken over")
+            if stale:
+                self._renew()
+        if self.lost.is_set():
+            raise LeaseLost(self._lease.keys.run, "the lease expired or was taken over")
+        if self.cancelled.is_set():
+            raise Cancelled(self._lease.keys.run)
 
     def confirm(self) -> float:
         """Renew synchronously, now, whatever the last confirmation: for an irreversible act.
@@ -168,17 +182,23 @@ class Heartbeat:
 
         Raises:
             LeaseLost: the lease is gone or held by another.
+            Cancelled: the run was cancelled: the act must not happen.
         """
         asked = time.monotonic()
         if self.lost.is_set() or not self._renew(asked):
             raise LeaseLost(self._lease.keys.run, "the lease expired or was taken over")
+        if self.cancelled.is_set():
+            raise Cancelled(self._lease.keys.run)
         return asked
 
     def _renew(self, asked: float | None = None) -> bool:
         asked = time.monotonic() if asked is None else asked
-        if not self._lease.renew(self._holder):
+        status = self._lease.renew(self._holder)
+        if status == 0:
             self.lost.set()
             return False
+        if status == 2:
+            self.cancelled.set()
         with self._confirm_lock:  # the beat and a step boundary may both renew
             self._confirmed_at = max(self._confirmed_at, asked)
             self.renewals += 1

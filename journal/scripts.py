@@ -23,6 +23,7 @@ SCRIPT_NAMES = (
     "claim_due",
     "effect_claim",
     "effect_settle",
+    "cancel",
 )
 
 
@@ -42,6 +43,7 @@ class Scripts:
     claim_due: Script
     effect_claim: Script
     effect_settle: Script
+    cancel: Script
 
     @classmethod
     def register(cls, client: redis.Redis) -> Scripts:

@@ -191,7 +191,7 @@ class Run:
         self._known: dict[str, dict[str, Any]] = {}  # replayed or recorded in this attempt
         self._open_groups: set[str] = set()
         self._next_seq: int | None = None
-        self._record_keys = [keys.lease, keys.steps]
+        self._record_keys = [keys.lease, keys.steps, keys.meta]
         self._run = keys.run
         self._guard = guard
         self._retry_state = retry_state
@@ -448,7 +448,12 @@ class Run:
         return SignalResult(bool(stored["received"]), stored.get("payload"))
 
     def check_lease(self) -> None:
-        """The step boundary check: raise unless the lease is known to be held."""
+        """The step boundary check: raise unless the lease is held and the run not cancelled.
+
+        Raises:
+            LeaseLost: the lease is gone.
+            Cancelled: the run was cancelled.
+        """
         self._guard.ensure()
 
     # -- internals ---------------------------------------------------------------------
@@ -556,7 +561,9 @@ class Run:
         except codec.EncodeError as exc:
             raise UnserializableResult(self.keys.run, key, str(exc)) from None
         reply = self._write(key, encoded)
-        status = status_of("record", reply, (1, 2, -1, -2))
+        status = status_of("record", reply, (1, 2, 3, -1, -2))
+        if status == 3:  # recorded; an operator cancelled the run: no step starts after this
+            self._guard.cancelled.set()
         if status == -1:
             raise LeaseLost(self.keys.run, f"the lease expired before {key!r} could be recorded")
         if status == -2:
@@ -591,7 +598,7 @@ class Run:
         if self._fsync_records:
             return self._write_synced(args)
         try:  # EVALSHA straight away: the hot path of every new step
-            return self._client.evalsha(self._scripts.record.sha, 2, *self._record_keys, *args)
+            return self._client.evalsha(self._scripts.record.sha, 3, *self._record_keys, *args)
         except redis.exceptions.NoScriptError:  # flushed or restarted: load it, once
             return self._scripts.record(keys=self._record_keys, args=args)
 
@@ -603,7 +610,7 @@ class Run:
         """
         for _ in range(2):
             pipe = self._client.pipeline(transaction=False)
-            pipe.execute_command("EVALSHA", self._scripts.record.sha, 2, *self._record_keys, *args)  # type: ignore[no-untyped-call]
+            pipe.execute_command("EVALSHA", self._scripts.record.sha, 3, *self._record_keys, *args)  # type: ignore[no-untyped-call]
             pipe.execute_command("WAITAOF", 1, 0, 1000)  # type: ignore[no-untyped-call]
             reply, synced = pipe.execute(raise_on_error=False)
             if isinstance(reply, redis.exceptions.NoScriptError):

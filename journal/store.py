@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import redis
 
 from journal import codec
+from journal.cancel import CANCEL_FIELD, Cancelled
 from journal.clock import Clock, SystemClock, millis
 from journal.errors import (
     CorruptJournal,
@@ -80,7 +81,8 @@ class Outcome:
 
     Attributes:
         status: ``done`` (the body returned now), ``already-done`` (it had returned before and
-            did not run), or ``waiting`` (the run suspended).
+            did not run), ``waiting`` (the run suspended), or ``cancelled`` (an operator
+            cancelled it, now or before).
         result: the body's return value (for ``already-done``, the one it returned then).
         wait: what a waiting run waits for.
         ran: steps executed in this attempt; replayed: steps replayed from the journal.
@@ -156,7 +158,7 @@ class Journal:
         keys = self.keys(workflow, run_id)
         meta = self.meta(keys)
         if meta.get("status") in TERMINAL:
-            return Outcome(keys.run, "already-done", self._decode_meta(keys, meta, "outcome"))
+            return self._ended(keys, meta)
         if meta.get("parked"):
             raise RunParked(keys.run, _count(keys, meta, "starts_without_progress"))
         lease = Lease(keys, self.scripts, millis(self.settings.lease_ttl))
@@ -165,6 +167,12 @@ class Journal:
             if grant.starts_without_progress > self.settings.max_stalled_starts:
                 self._park(keys, grant.holder, grant.starts_without_progress - 1)
             current = self.meta(keys)
+            if current.get("status") in TERMINAL:  # ended between our read and our lease
+                self.call(lease.release, grant.holder)
+                return self._ended(keys, current)
+            if CANCEL_FIELD in current:  # a holder that died before it could stop
+                self._cancel(keys, grant.holder)
+                return Outcome(keys.run, "cancelled")
             frozen = self._frozen_args(keys, current)
             # Read before the announcement clears it: a retry wait carries its attempt count.
             waited = Wait.from_meta(keys.run, current["wait"]) if current.get("wait") else None
@@ -175,6 +183,11 @@ class Journal:
             self.call(lease.release, grant.holder)
             raise
         return self._drive(keys, grant.holder, run, heartbeat, body)
+
+    def _ended(self, keys: RunKeys, meta: dict[str, str]) -> Outcome:
+        if meta.get("status") == "cancelled":
+            return Outcome(keys.run, "cancelled")
+        return Outcome(keys.run, "already-done", self._decode_meta(keys, meta, "outcome"))
 
     def _open(
         self,
@@ -225,6 +238,10 @@ class Journal:
                         )
                     continue  # the signal it waits for arrived meanwhile: replay and go on
                 break
+        except Cancelled:
+            heartbeat.stop()
+            self._cancel(keys, holder)
+            return Outcome(keys.run, "cancelled", None, None, run.ran, run.replayed)
         except (LeaseLost, StoreUnavailable):
             heartbeat.stop()
             raise
@@ -249,7 +266,12 @@ class Journal:
     # -- meta transitions, each a fenced write ---------------------------------------------
 
     def _update_meta(
-        self, keys: RunKeys, holder: str, fields: dict[str, Any], unless_signal: str = ""
+        self,
+        keys: RunKeys,
+        holder: str,
+        fields: dict[str, Any],
+        unless_signal: str = "",
+        unless_cancelled: bool = False,
     ) -> int:
         flat: list[Any] = []
         for name, value in fields.items():
@@ -257,9 +279,9 @@ class Journal:
         reply = self.call(
             self.scripts.update_meta,
             keys=[keys.lease, keys.meta, keys.signals],
-            args=[holder, unless_signal, *flat],
+            args=[holder, unless_signal, "1" if unless_cancelled else "0", *flat],
         )
-        status = status_of("update_meta", reply, (1, 3, -1, -2))
+        status = status_of("update_meta", reply, (1, 3, 4, -1, -2))
         if status < 0:
             raise LeaseLost(keys.run, "the lease was lost before the run's status could be saved")
         return status
@@ -295,7 +317,12 @@ class Journal:
             "starts_without_progress": 0,
             "updated_at": millis(self.clock.now()),
         }
-        if self._update_meta(keys, holder, fields, unless_signal=wait.signal or "") == 3:
+        written = self._update_meta(
+            keys, holder, fields, unless_signal=wait.signal or "", unless_cancelled=True
+        )
+        if written == 4:
+            raise Cancelled(keys.run)  # cancelled while about to wait: not worth waiting for
+        if written == 3:
             return False
         # Waiting now: a renewal from here on would log a lost lease once it is released, and
         # its due push (the lease expiry) could overwrite the wake-up time written below.
@@ -390,6 +417,18 @@ class Journal:
         except (KeyError, ValueError):
             return now, 1
         return since, failures + 1
+
+    def _cancel(self, keys: RunKeys, holder: str) -> None:
+        now = millis(self.clock.now())
+        fields = {
+            "status": "cancelled",
+            "finished_at": now,
+            "updated_at": now,
+            "starts_without_progress": 0,
+            "wait": DELETE,
+        }
+        self._update_meta(keys, holder, fields)
+        self._settle(keys, holder, now)
 
     def _park(self, keys: RunKeys, holder: str, starts: int) -> None:
         now = millis(self.clock.now())

@@ -15,10 +15,18 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
-from journal import JournalError, LeaseBusy, RunParked, StepEvent, validate_run_id
+from journal import (
+    ControlRefused,
+    JournalError,
+    LeaseBusy,
+    RunParked,
+    StepEvent,
+    validate_run_id,
+)
 from journal.errors import InvalidRunId
-from journal.inspect import RunView, inspect_run, recent_runs
+from journal.inspect import STATES, RunView, inspect_run, list_runs
 from journal.redact import redact, redact_logging
+from tasks import control
 from tasks.config import Config
 from tasks.errors import BadInput, DigestError
 from tasks.items import load_items
@@ -56,7 +64,18 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("run_id", nargs="?", help="the run id (default: this week)")
     show.add_argument("--json", action="store_true", help="machine-readable output")
 
-    sub.add_parser("runs", help="the most recently updated runs")
+    runs = sub.add_parser("runs", help="the most recently updated runs")
+    runs.add_argument("--status", choices=STATES, help="only runs in this state")
+
+    cancel = sub.add_parser("cancel", help="stop a run before its next step; a waiting one now")
+    cancel.add_argument("run_id")
+    cancel.add_argument("--reason", default="", help="kept in the run's meta")
+    retry = sub.add_parser("retry", help="hand a failed (or parked) run to the workers now")
+    retry.add_argument("run_id")
+    fork = sub.add_parser("fork", help="a new run with this one's steps before STEP; runs the rest")
+    fork.add_argument("run_id")
+    fork.add_argument("--from", dest="step", required=True, metavar="STEP")
+    fork.add_argument("--as", dest="new_run_id", metavar="NEW", help="default: RUN-forkN")
 
     approve = sub.add_parser("approve", help="approve a digest waiting for approval")
     approve.add_argument("run_id")
@@ -77,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_id = iso_week_run_id(datetime.now(config.zone)) if given is None else given
         validate_run_id(run_id)
         return int(COMMANDS[args.command](config, run_id, args))
-    except (BadInput, InvalidRunId) as bad:
+    except (BadInput, InvalidRunId, ControlRefused) as bad:
         print(f"digest: {redact(str(bad))}", file=sys.stderr)
         return EXIT_USAGE
     except LeaseBusy as busy:
@@ -123,6 +142,9 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
     finally:
         if args.dry_run:
             journal.delete(DRY_RUN_WORKFLOW, run_id)
+    if outcome.status == "cancelled":
+        print(f"cancelled: {outcome.run} was cancelled; nothing more runs or is sent")
+        return EXIT_OK
     if outcome.status == "already-done":
         print("already-done: 0 items, 0 model calls in this attempt")
         return EXIT_OK
@@ -172,14 +194,33 @@ def cmd_show(config: Config, run_id: str, args: argparse.Namespace) -> int:
 
 
 def cmd_runs(config: Config, run_id: str, args: argparse.Namespace) -> int:
-    """List recent runs with their status."""
+    """List recent runs with their state, newest first."""
     runtime = Runtime.build(config, allow_offline=True)
-    for full_id, updated_ms in recent_runs(runtime.journal):
-        keys = runtime.journal.keyspace.parse_run(full_id)
-        meta = runtime.journal.meta(keys)
-        line = f"{full_id:32} {meta.get('status', '?'):10} updated {_when(updated_ms / 1000)}"
-        fate = _fate(meta)
+    for row in list_runs(runtime.journal, state=args.status):
+        line = f"{row.run:32} {row.state:10} updated {_when(row.updated_ms / 1000)}"
+        fate = _fate(row.meta)
         print(f"{line}  {fate}" if fate else line)
+    return EXIT_OK
+
+
+def cmd_cancel(config: Config, run_id: str, args: argparse.Namespace) -> int:
+    """Cancel a run: a held one stops before its next step, any other at once."""
+    runtime = Runtime.build(config, allow_offline=True)
+    print(control.cancel(runtime, run_id, args.reason).line)
+    return EXIT_OK
+
+
+def cmd_retry(config: Config, run_id: str, args: argparse.Namespace) -> int:
+    """Hand a failed run to the workers now."""
+    runtime = Runtime.build(config, allow_offline=True)
+    print(control.retry(runtime, run_id).line)
+    return EXIT_OK
+
+
+def cmd_fork(config: Config, run_id: str, args: argparse.Namespace) -> int:
+    """Fork a run from one of its steps and hand the fork to the workers."""
+    runtime = Runtime.build(config, allow_offline=True)
+    print(control.fork(runtime, run_id, args.step, args.new_run_id).line)
     return EXIT_OK
 
 
@@ -225,6 +266,9 @@ COMMANDS = {
     "runs": cmd_runs,
     "approve": cmd_approve,
     "reject": cmd_reject,
+    "cancel": cmd_cancel,
+    "retry": cmd_retry,
+    "fork": cmd_fork,
 }
 
 
@@ -271,8 +315,13 @@ def _when_ms(meta: dict[str, str], name: str) -> str:
 
 def _render(view: RunView) -> str:
     meta = view.meta
-    fate = _fate(meta)
-    lines = [f"run      {view.run}", f"status   {view.status} {fate}".rstrip()]
+    lines = [f"run      {view.run}", f"status   {view.status}"]
+    if meta.get("cancel"):
+        lines.append(
+            f"cancel   {meta['cancel']} (asked {_when(int(meta['cancel_requested_at']) / 1000)})"
+        )
+    if meta.get("forked_from"):
+        lines.append(f"forked   from {meta['forked_from']} at {meta.get('forked_at_step', '?')}")
     if meta.get("parked"):
         lines.append("parked   yes: starts kept dying; `digest run RUN --retry` resets it")
     if view.lease_holder:

@@ -152,7 +152,7 @@ def test_processes_with_one_holder_record_one_value_and_all_get_it_back(
     journal.client.script_load(journal.scripts.record.script)  # no racer pays a NOSCRIPT
     barrier = PROCESSES.Barrier(RACERS)
     results = PROCESSES.Queue()
-    script_keys = [keys.lease, keys.steps]
+    script_keys = [keys.lease, keys.steps, keys.meta]
     procs = [
         PROCESSES.Process(
             target=record_in_process,

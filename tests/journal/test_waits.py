@@ -307,8 +307,8 @@ def test_a_signal_between_the_check_and_the_suspension_is_taken_at_once(
 class SignalAfterWaitIsRecorded(Journal):
     """Delivers the signal in the gap after the wait is recorded, before the index is updated."""
 
-    def _update_meta(self, keys, holder, fields, unless_signal=""):  # type: ignore[no-untyped-def]
-        status = super()._update_meta(keys, holder, fields, unless_signal)
+    def _update_meta(self, keys, holder, fields, unless_signal="", unless_cancelled=False):  # type: ignore[no-untyped-def]
+        status = super()._update_meta(keys, holder, fields, unless_signal, unless_cancelled)
         if fields.get("status") == "waiting":
             assert self.send_signal(keys.workflow, keys.run_id, "approval", "late") is True
         return status

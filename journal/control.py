@@ -1,0 +1,150 @@
+"""What an operator does to a run from outside it: cancel, retry, fork.
+
+Generic: any workflow's runs, from a command line or a web page alike. None of these ever
+writes a step of a run another process holds: a cancel of a held run is a request that the
+holder honours inside its own fenced scripts (see ``journal.cancel``), a retry only un-parks a
+run nobody holds, and a fork writes a new run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from journal.cancel import CANCEL_FIELD
+from journal.clock import millis
+from journal.errors import ControlRefused
+from journal.keys import RunKeys
+from journal.scripts import status_of
+from journal.steps import decode_fields
+from journal.store import Journal
+
+# Statuses a retry applies to: failed for now (parked or not), or failed and due for an
+# automatic retry later.
+RETRYABLE = ("failed", "retrying")
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    """How a cancel request landed.
+
+    Attributes:
+        run: the full run id.
+        immediate: True when nobody held the run and it is ``cancelled`` now; False when its
+            holder stops at its next step boundary.
+    """
+
+    run: str
+    immediate: bool
+
+
+def cancel(journal: Journal, workflow: str, run_id: str, reason: str = "") -> Cancellation:
+    """Cancel a run: at once when nobody holds it (waiting, failed), else at its next step.
+
+    Raises:
+        ControlRefused: the run does not exist or has already ended.
+    """
+    keys = journal.keys(workflow, run_id)
+    now = millis(journal.clock.now())
+    reply = journal.call(
+        journal.scripts.cancel, keys=[keys.lease, keys.meta], args=[now, reason or "cancelled"]
+    )
+    status = status_of("cancel", reply, (0, 1, 2, 3))
+    if status == 0:
+        raise ControlRefused(keys.run, "no such run")
+    if status == 1:
+        ended = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+        raise ControlRefused(keys.run, f"it is {ended} already; there is nothing to cancel")
+    if status == 3:
+        # Out of the due index: a sweep must not wake it; a delivery already queued finds it
+        # cancelled and returns without running anything.
+        pipe = journal.client.pipeline(transaction=False)
+        pipe.zrem(journal.keyspace.due, keys.run)
+        pipe.zadd(journal.keyspace.runs, {keys.run: now})
+        journal.call(pipe.execute)
+    return Cancellation(keys.run, immediate=status == 3)
+
+
+def retry(journal: Journal, workflow: str, run_id: str) -> dict[str, Any]:
+    """Make a failed run (parked or not) ready to start again now; its steps stay.
+
+    Returns:
+        The run's frozen arguments, for the caller to hand it to a worker.
+
+    Raises:
+        ControlRefused: the run does not exist, or has not failed.
+    """
+    keys = journal.keys(workflow, run_id)
+    meta = journal.meta(keys)
+    status = meta.get("status")
+    if not meta:
+        raise ControlRefused(keys.run, "no such run")
+    if status not in RETRYABLE or CANCEL_FIELD in meta:
+        raise ControlRefused(keys.run, f"it is {status or 'new'}; only a failed run can be retried")
+    if meta.get("parked"):
+        journal.reset(workflow, run_id)
+    return journal.run_args(keys)
+
+
+def fork(
+    journal: Journal, workflow: str, run_id: str, from_step: str, new_run_id: str | None = None
+) -> RunKeys:
+    """A new run holding the source run's steps recorded before ``from_step``.
+
+    The new run starts with the source's frozen arguments and replays the kept steps; from
+    ``from_step`` on it executes again, under its own id, so every idempotency key it derives
+    (the digest's email key among them) is its own. Map steps recorded after ``from_step``
+    are not kept, whichever group they belong to: the fork re-executes them.
+
+    Raises:
+        ControlRefused: no such run or step, or the new run id is taken.
+    """
+    source = journal.keys(workflow, run_id)
+    pipe = journal.client.pipeline(transaction=True)
+    pipe.hgetall(source.meta)
+    pipe.hgetall(source.steps)
+    raw_meta, raw_steps = journal.call(pipe.execute)
+    if not raw_meta:
+        raise ControlRefused(source.run, "no such run")
+    steps = {field.decode(): value for field, value in raw_steps.items()}
+    if from_step not in steps:
+        raise ControlRefused(source.run, f"it has no step {from_step!r} to fork from")
+    cut = decode_fields(source.run, from_step, steps[from_step])["seq"]
+    kept = {
+        key: value
+        for key, value in steps.items()
+        if decode_fields(source.run, key, value)["seq"] < cut
+    }
+    target = _claim(journal, workflow, run_id, new_run_id, source.run)
+    now = millis(journal.clock.now())
+    fields: dict[Any, Any] = {
+        "workflow": workflow,
+        "run_id": target.run_id,
+        "forked_at_step": from_step,
+        "created_at": now,
+        "updated_at": now,
+    }
+    if b"args" in raw_meta:
+        fields["args"] = raw_meta[b"args"]
+    pipe = journal.client.pipeline(transaction=True)
+    if kept:
+        pipe.hset(target.steps, mapping=kept)
+    pipe.hset(target.meta, mapping=fields)
+    pipe.zadd(journal.keyspace.runs, {target.run: now})
+    journal.call(pipe.execute)
+    return target
+
+
+def _claim(
+    journal: Journal, workflow: str, run_id: str, wanted: str | None, origin: str
+) -> RunKeys:
+    """Reserve the fork's run id (``<run>-fork<N>`` unless given) with one HSETNX."""
+    for n in range(1, 1000):
+        name = wanted or f"{run_id}-fork{n}"
+        keys = journal.keys(workflow, name)
+        taken = journal.call(journal.client.exists, keys.steps)
+        if not taken and journal.call(journal.client.hsetnx, keys.meta, "forked_from", origin):
+            return keys
+        if wanted:
+            raise ControlRefused(keys.run, "that run exists already; choose another --as")
+    raise ControlRefused(f"{workflow}:{run_id}", "it has been forked 999 times; use --as")

@@ -1,0 +1,62 @@
+"""What an operator does to a digest, one code path for the command line and the console.
+
+Each action answers with the line the operator reads, or raises ``ControlRefused`` (a run the
+action does not apply to) naming the run and why. Retry and fork hand the run to the workers
+at once; the Celery app is imported then, not before, so the other commands stay light.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from journal import control
+from tasks.runtime import Runtime
+
+WORKFLOW = "digest"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What an action did: the line to show, and the run to look at next."""
+
+    run_id: str
+    line: str
+
+
+def enqueue(run_id: str, kwargs: dict[str, Any] | None = None) -> str:
+    """Hand a run to the workers; returns the Celery task id."""
+    from tasks.celery_app import digest
+
+    return str(digest.apply_async(args=[run_id], kwargs=kwargs or {}).id)
+
+
+def cancel(runtime: Runtime, run_id: str, reason: str = "") -> Answer:
+    """Cancel a digest: at once if nobody runs it, else before its next step."""
+    landed = control.cancel(runtime.journal, WORKFLOW, run_id, reason)
+    if landed.immediate:
+        return Answer(run_id, f"cancelled {landed.run}; nothing more will run or be sent")
+    return Answer(
+        run_id,
+        f"cancelling {landed.run}: its worker stops before its next step and sends nothing "
+        "more; `digest show` says cancelled once it has",
+    )
+
+
+def retry(runtime: Runtime, run_id: str) -> Answer:
+    """Hand a failed digest (parked or not) to the workers now; it resumes where it failed."""
+    args = control.retry(runtime.journal, WORKFLOW, run_id)
+    task = enqueue(run_id, args)
+    line = f"retrying {WORKFLOW}:{run_id} now as task {task}; it resumes from the failed step"
+    return Answer(run_id, line)
+
+
+def fork(runtime: Runtime, run_id: str, step: str, new_run_id: str | None = None) -> Answer:
+    """Start a new digest from ``run_id``'s journal up to ``step``; it sends under its own key."""
+    keys = control.fork(runtime.journal, WORKFLOW, run_id, step, new_run_id)
+    task = enqueue(keys.run_id, runtime.journal.run_args(keys))
+    return Answer(
+        keys.run_id,
+        f"forked {WORKFLOW}:{run_id} at {step} as {keys.run} (task {task}); it keeps the steps "
+        f"before {step} and runs the rest, its email keyed digest-{keys.run_id}",
+    )
