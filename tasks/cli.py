@@ -298,12 +298,12 @@ def _fate(meta: dict[str, str]) -> str:
     if meta.get("status") == "retrying":
         return (
             f"(next retry {_when_ms(meta, 'retry_at')}, gives up after "
-            f"{_when_ms(meta, 'retry_until')}; {failures} transient failures so far)"
+            f"{_when_ms(meta, 'retry_until')}; transient failures so far: {failures})"
         )
     if meta.get("status") == "failed" and "gave_up_at" in meta:
         return (
-            f"for good (gave up {_when_ms(meta, 'gave_up_at')} after {failures} transient "
-            "failures; not retried again)"
+            f"for good (gave up {_when_ms(meta, 'gave_up_at')}; transient failures: {failures}; "
+            "not retried again)"
         )
     return ""
 
