@@ -150,14 +150,15 @@ class Effect:
     def release(self) -> None:
         """The function ended without finishing: this holder will not act on its claim again.
 
-        Best effort: a holder that lost its lease cannot write, and the next one then waits
-        for the claim's timeout, which is what a holder that may still act deserves.
+        Raises:
+            LeaseLost: the lease was lost meanwhile, so the claim stays: the next holder waits
+                for its timeout, which is what a holder that may still act deserves.
         """
         if self._settled:
             return
         try:
             self._settle("released", b"")
-        except (LeaseLost, redis.RedisError):
+        except redis.RedisError:
             log.info("run %s: effect %r left claimed", self._keys.run, self.key)
 
     def _settle(self, state: str, receipt: bytes) -> None:
@@ -177,10 +178,19 @@ class Effect:
 
 
 def run_effect(effect: Effect, fn: Callable[[Effect], Any]) -> Any:
-    """Claim, call ``fn``, and release the claim if ``fn`` did not finish."""
+    """Claim, call ``fn``, and release the claim if ``fn`` did not finish.
+
+    A failure of ``fn`` in a holder that has lost its lease is reported as the lease loss it
+    is (a frozen sender's socket times out when it wakes): the run stops without recording.
+    An interpreter exit (``SystemExit`` from a shutdown) leaves the claim: the process may be
+    mid-effect, so the next holder waits for the timeout or for proof the process is gone.
+    """
     effect.claim()
     try:
         return fn(effect)
-    except BaseException:
-        effect.release()
+    except Exception as error:
+        try:
+            effect.release()
+        except LeaseLost as lost:
+            raise lost from error
         raise

@@ -81,6 +81,9 @@ class Config:
         retry_base_delay: the first back-off of a failed model call, in seconds.
         long_backoff: back-offs longer than this become a durable sleep, in seconds.
         smtp_url: real SMTP delivery; None means the file outbox.
+        smtp_timeout: seconds for each SMTP operation; also how long after claiming the send a
+            worker may still start DATA, and so how long a later holder waits for a claimant
+            that may be alive.
         smtp_require_tls: refuse an ``smtp://`` server that offers no STARTTLS, even when
             the URL carries no credentials (credentials are never sent in clear anyway).
         sender, recipient: the email's From and To.
@@ -119,6 +122,7 @@ class Config:
     retry_base_delay: float = 1.0
     long_backoff: float = 30.0
     smtp_url: str | None = None
+    smtp_timeout: float = 30.0
     smtp_require_tls: bool = False
     sender: str = "digest@example.com"
     recipient: str = "team@example.com"
@@ -160,6 +164,7 @@ class Config:
             retry_base_delay=_number(env, "DIGEST_RETRY_BASE_DELAY", 1.0, 0, 60),
             long_backoff=_number(env, "DIGEST_LONG_BACKOFF", 30, 0, 3600),
             smtp_url=env.get("DIGEST_SMTP_URL") or None,
+            smtp_timeout=_number(env, "DIGEST_SMTP_TIMEOUT", 30, 1, 600),
             smtp_require_tls=_flag(env, "DIGEST_SMTP_REQUIRE_TLS"),
             sender=env.get("DIGEST_FROM") or "digest@example.com",
             recipient=env.get("DIGEST_TO") or "team@example.com",

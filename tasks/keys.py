@@ -16,7 +16,7 @@ def text(raw: bytes | str) -> str:
 
 @dataclass(frozen=True)
 class DigestKeys:
-    """Keys that outlive single runs: what earlier digests covered, and delivery receipts."""
+    """Keys that outlive single runs: what earlier digests covered, and dispatch markers."""
 
     prefix: str = "journal"
 
@@ -24,10 +24,6 @@ class DigestKeys:
     def seen(self) -> str:
         """Set: ids of items covered by earlier digests (updated as a set union)."""
         return f"{self.prefix}:digest:seen"
-
-    def receipt(self, idempotency_key: str) -> str:
-        """String: the JSON receipt of one SMTP delivery."""
-        return f"{self.prefix}:digest:receipt:{idempotency_key}"
 
     def dispatched(self, run_id: str) -> str:
         """String: set once when beat enqueues a weekly run, so restarts never enqueue twice."""

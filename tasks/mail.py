@@ -1,12 +1,15 @@
 """Sending the digest, once per idempotency key.
 
-The ``send`` step can run twice: a worker may die after the email left but before the step was
-recorded. Every mailer therefore takes an idempotency key derived from the run (never random)
-and behaves like a provider that honours one: the first send with a key delivers, and every
-later send with it returns a receipt with ``sent=False`` and delivers nothing.
+The ``send`` step is a fenced effect (``journal.effects``): claimed before it starts, its
+lease confirmed right before the irreversible moment (``effect.confirm()``: before the
+outbox's link, before SMTP's DATA), its receipt saved through a fenced script right after
+(``effect.accepted``). A receipt saved by an earlier holder comes back as ``effect.earlier``,
+and the mailer sends nothing and answers ``sent=False``.
 
-``FileOutbox`` writes each email to a directory (the default, and the tutorial's outbox);
-``SmtpMailer`` delivers through an SMTP server and keeps its receipts in Redis.
+Every mailer takes an idempotency key derived from the run (never random) for the one window
+the effect leaves (a holder died after the irreversible moment, before its receipt):
+``FileOutbox`` delivers once per key, like a provider that honours one; ``SmtpMailer`` sends
+again with the same ``Message-ID`` and ``Idempotency-Key``, which lets receivers drop it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import re
 import smtplib
 import ssl
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email import policy as email_policy
@@ -30,8 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
-from redis import Redis
-
+from journal import Effect
 from journal.redact import redact
 from tasks.errors import BadInput, MailFailed, MailUnavailable
 
@@ -73,10 +75,17 @@ class Receipt:
 
 
 class Mailer(Protocol):
-    """Anything that delivers an email at most once per idempotency key."""
+    """Anything that delivers an email under an idempotency key, as a fenced effect.
 
-    def send(self, key: str, email: Email) -> Receipt:
-        """Deliver ``email`` unless ``key`` was delivered before."""
+    Attributes:
+        timeout: seconds after its claim within which a send may still pass
+            ``effect.confirm()``; a later holder waits this long for a claimant that may be alive.
+    """
+
+    timeout: float
+
+    def send(self, key: str, email: Email, effect: Effect | None = None) -> Receipt:
+        """Deliver ``email``: confirm ``effect`` right before, report the receipt right after."""
         ...
 
 
@@ -89,6 +98,9 @@ class FileOutbox:
     temporary file, which does not count as sent.
     """
 
+    # A link on a local disk: a holder that claimed the send acts within milliseconds.
+    timeout = 10.0
+
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
 
@@ -96,13 +108,15 @@ class FileOutbox:
         """The file that records ``key``'s email."""
         return self.directory / f"{_safe_token(key)}.json"
 
-    def send(self, key: str, email: Email) -> Receipt:
+    def send(self, key: str, email: Email, effect: Effect | None = None) -> Receipt:
         """Write the email unless a file for ``key`` exists.
 
         Raises:
             MailFailed: The outbox cannot be written, or holds a damaged record for ``key``.
         """
         _check_key(key)
+        if effect is not None and effect.earlier is not None:
+            return Receipt(id=Receipt.from_json(effect.earlier).id, sent=False)
         final = self.path_for(key)
         record = {
             "key": key,
@@ -121,6 +135,8 @@ class FileOutbox:
                 json.dump(record, handle, indent=2, ensure_ascii=False)
                 handle.flush()
                 os.fsync(handle.fileno())
+            if effect is not None:
+                effect.confirm()  # the link below delivers
             try:
                 os.link(temp, final)
             except FileExistsError:
@@ -130,7 +146,10 @@ class FileOutbox:
             raise self._unwritable(exc) from None
         finally:
             os.unlink(temp)
-        return Receipt(id=key, sent=True)
+        receipt = Receipt(id=key, sent=True)
+        if effect is not None:
+            effect.accepted(receipt.to_json())
+        return receipt
 
     def _unwritable(self, exc: OSError) -> MailFailed:
         return MailFailed(
@@ -157,19 +176,20 @@ class FileOutbox:
 
 
 class SmtpMailer:
-    """Delivery through an SMTP server, with receipts in Redis.
+    """Delivery through an SMTP server, as a fenced effect.
 
-    Before sending, the receipt for the key is read from Redis: if it is there the email went
-    out earlier and nothing is sent. Otherwise the email is sent and then its receipt is saved.
+    The session goes as far as RCPT, then ``effect.confirm()`` re-confirms the run's lease: a
+    holder that lost it (paused, taken over) quits without DATA, so nothing is delivered.
+    Once DATA is answered the receipt is saved with ``effect.accepted``; a later holder that
+    finds it sends nothing.
 
     The honest window: if the process dies (or Redis fails, or the connection drops before the
     server's answer arrives) after the server accepted the email but before the receipt was
-    saved, the next attempt sends it once more. Both copies
-    carry the same ``Message-ID`` and ``Idempotency-Key`` headers, derived from the key, so a
-    receiver or relay that deduplicates on them drops the repeat. Claiming the key before
-    sending would close the window the other way, by losing the email after such a crash;
-    a digest is better twice than never. Concurrent sends of one key are not guarded here:
-    the run's lease already allows only one worker at a time.
+    saved, the next holder sends it once more. Both copies carry the same ``Message-ID`` and
+    ``Idempotency-Key`` headers, derived from the key, so a receiver or relay that
+    deduplicates on them drops the repeat. Marking the email sent before DATA would close the
+    window the other way, by losing the email after such a crash; a digest is better twice
+    than never.
 
     Transport security: ``smtps://`` speaks TLS from the first byte; ``smtp://`` upgrades with
     STARTTLS whenever the server offers it. Either way the certificate is verified against the
@@ -182,8 +202,6 @@ class SmtpMailer:
     def __init__(
         self,
         url: str,
-        redis: Redis,
-        receipt_key: Callable[[str], str],
         sender: str,
         timeout: float = SMTP_TIMEOUT_S,
         *,
@@ -194,49 +212,47 @@ class SmtpMailer:
         Args:
             url: ``smtp://[user:pass@]host[:port]`` (STARTTLS when offered) or ``smtps://...``
                 (implicit TLS).
-            redis: Where receipts are kept; they must outlive every retry of the run.
-            receipt_key: Builds the Redis key of a receipt from an idempotency key.
             sender: The ``From`` address.
-            timeout: Seconds to wait for the server on each operation.
+            timeout: Seconds to wait for the server on each operation; also the effect's
+                timeout, within which a claimed send must reach DATA.
             require_tls: Refuse a server that offers no TLS, even without credentials.
 
         Raises:
             BadInput: The URL is not a usable SMTP URL.
         """
         self._server = _SmtpServer.parse(url)
-        self._redis = redis
-        self._receipt_key = receipt_key
         self._sender = sender
-        self._timeout = timeout
+        self.timeout = timeout
         self._require_tls = require_tls
 
-    def send(self, key: str, email: Email) -> Receipt:
-        """Send ``email`` unless a receipt for ``key`` is stored.
+    def send(self, key: str, email: Email, effect: Effect | None = None) -> Receipt:
+        """Send ``email`` unless an earlier holder saved a receipt for it.
 
         Raises:
             MailUnavailable: The server could not be reached, or refused for now (4xx).
             MailFailed: The server could not be verified, or refused the email for good.
+            LeaseLost: The run's lease was lost before DATA; nothing was delivered.
         """
         _check_key(key)
-        receipt_key = self._receipt_key(key)
-        stored = self._redis.get(receipt_key)
-        if stored is not None:
-            earlier = Receipt.from_json(json.loads(stored))
-            return Receipt(id=earlier.id, sent=False)
-        self._deliver(_message(key, email, self._sender))
+        if effect is not None and effect.earlier is not None:
+            return Receipt(id=Receipt.from_json(effect.earlier).id, sent=False)
+        self._deliver(_message(key, email, self._sender), effect)
         receipt = Receipt(id=key, sent=True)
-        self._redis.set(receipt_key, json.dumps(receipt.to_json()))
+        if effect is not None:
+            effect.accepted(receipt.to_json())
         return receipt
 
-    def _deliver(self, message: EmailMessage) -> None:
+    def _deliver(self, message: EmailMessage, effect: Effect | None) -> None:
         server = self._server
         envelope = _Envelope.of(message)
         try:
-            client = server.open(self._timeout, require_tls=self._require_tls)
+            client = server.open(self.timeout, require_tls=self._require_tls)
             try:
                 refused = envelope.announce(client)
                 # Between RCPT and DATA: the last point at which the email can still be held
                 # back; once DATA is answered it is delivered.
+                if effect is not None:
+                    effect.confirm()
                 envelope.transmit(client)
             finally:
                 # The email is accepted once DATA is answered; a failing QUIT must not make a

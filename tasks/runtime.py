@@ -91,7 +91,7 @@ class Runtime:
             journal=journal,
             keys=keys,
             summarizer=choose_summarizer(config, allow_offline=allow_offline),
-            mailer=choose_mailer(config, client, keys),
+            mailer=choose_mailer(config),
         )
 
 
@@ -104,14 +104,13 @@ def choose_summarizer(config: Config, *, allow_offline: bool) -> Summarizer:
     return MissingKey()
 
 
-def choose_mailer(config: Config, client: redis.Redis, keys: DigestKeys) -> Mailer:
+def choose_mailer(config: Config) -> Mailer:
     """SMTP when ``DIGEST_SMTP_URL`` is set, else the file outbox in the state dir."""
     if config.smtp_url:
         return SmtpMailer(
             config.smtp_url,
-            client,
-            keys.receipt,
             config.sender,
+            config.smtp_timeout,
             require_tls=config.smtp_require_tls,
         )
     return FileOutbox(config.state_dir / "outbox")

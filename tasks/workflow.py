@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from journal import RetryPolicy, Run
+from journal import Effect, RetryPolicy, Run
 from tasks.errors import EveryItemRefused, ItemRefused, ModelUnavailable
 from tasks.items import Item, load_items
 from tasks.keys import text
@@ -120,8 +120,13 @@ def run_digest(
             run.step("done", lambda: True)
             return report(status, 0, calls, skipped=skipped, reason=_reason(decision.payload))
 
-    # 4. The side effect, under an idempotency key derived from the run: a repeat is a no-op.
-    receipt = run.step("send", lambda: send(runtime, run.idempotency_key(), email))
+    # 4. The side effect, fenced: claimed, the lease confirmed right before delivery, the
+    #    receipt saved right after; a repeat carries an idempotency key derived from the run.
+    receipt = run.effect(
+        "send",
+        lambda effect: send(runtime, run.idempotency_key(), email, effect),
+        timeout=runtime.mailer.timeout,
+    )
 
     # 5. Remember what this digest covered. A set union: safe to repeat.
     run.step("mark-seen", lambda: mark_seen(runtime, [item.id for item, _ in kept]))
@@ -179,9 +184,9 @@ def email_json(email: Email) -> dict[str, str]:
     return {"to": email.to, "subject": email.subject, "body": email.body}
 
 
-def send(runtime: Runtime, key: str, email: Email) -> dict[str, Any]:
-    """Deliver once per key; the dangerous moment is after delivery, before the record."""
-    receipt = runtime.mailer.send(key, email)
+def send(runtime: Runtime, key: str, email: Email, effect: Effect) -> dict[str, Any]:
+    """Deliver as a fenced effect; the dangerous moment is after delivery, before the record."""
+    receipt = runtime.mailer.send(key, email, effect)
     crash_point("before-save:send")
     return receipt.to_json()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import email
 import email.policy
+import threading
 from email.message import EmailMessage
 from typing import Any
 
@@ -32,7 +33,41 @@ class Inbox:
         self.messages: list[EmailMessage] = []
         self.over_tls: list[bool] = []
         self.logins: list[tuple[bytes, bytes]] = []
+        self.recipients: list[str] = []
         self._login = login
+        self._holds: dict[str, tuple[threading.Event, threading.Event]] = {}
+
+    def hold(self, phase: str) -> tuple[threading.Event, threading.Event]:
+        """Hold the next session's reply at ``phase`` until released: (reached, release).
+
+        ``EHLO``: the client is connected, its session not yet started; ``RCPT``: the
+        recipient is taken, DATA not yet begun; ``DATA``: the message is taken (it counts as
+        delivered), the client not yet told. Later sessions pass freely.
+        """
+        held = (threading.Event(), threading.Event())
+        self._holds[phase] = held
+        return held
+
+    def release_all(self) -> None:
+        """Let every held reply go."""
+        for _, release in self._holds.values():
+            release.set()
+
+    async def _pause(self, phase: str) -> None:
+        held = self._holds.get(phase)
+        if held is None or held[0].is_set():
+            return
+        reached, release = held
+        reached.set()
+        while not release.is_set():  # polled: a blocking wait would stall every session
+            await asyncio.sleep(0.01)
+
+    async def handle_EHLO(
+        self, server: Any, session: Any, envelope: Any, hostname: str, responses: list[str]
+    ) -> list[str]:
+        await self._pause("EHLO")
+        session.host_name = hostname
+        return responses
 
     def authenticator(
         self, server: Any, session: Any, envelope: Any, mechanism: str, data: Any
@@ -48,6 +83,8 @@ class Inbox:
         if address in self.refuse:
             return "550 5.1.1 no such user"
         envelope.rcpt_tos.append(address)
+        self.recipients.append(address)
+        await self._pause("RCPT")
         return "250 OK"
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
@@ -57,6 +94,7 @@ class Inbox:
         # session.ssl is set by STARTTLS; an implicit TLS transport says so itself.
         implicit = server.transport.get_extra_info("ssl_object") is not None
         self.over_tls.append(session.ssl is not None or implicit)
+        await self._pause("DATA")
         return "250 Message accepted for delivery"
 
 

@@ -19,7 +19,17 @@ from typing import Any
 import pytest
 import redis
 
-from journal import CorruptJournal, Journal, Keyspace, LeaseBusy, Outcome, Run, Settings, StepEvent
+from journal import (
+    CorruptJournal,
+    Effect,
+    Journal,
+    Keyspace,
+    LeaseBusy,
+    Outcome,
+    Run,
+    Settings,
+    StepEvent,
+)
 from tasks.cli import main
 from tasks.config import Config
 from tasks.errors import EveryItemRefused, ModelAuthFailed, ModelRefused
@@ -308,12 +318,14 @@ def test_a_crash_after_sending_but_before_saving_does_not_send_twice(
     class DiesAfterDelivery:
         """Delivers through the real outbox, then dies before ``send`` is recorded, once."""
 
+        timeout = FileOutbox.timeout
+
         def __init__(self, outbox: FileOutbox) -> None:
             self.outbox = outbox
             self.died = False
 
-        def send(self, key: str, email: Email) -> Receipt:
-            receipt = self.outbox.send(key, email)
+        def send(self, key: str, email: Email, effect: Effect | None = None) -> Receipt:
+            receipt = self.outbox.send(key, email, effect)
             if not self.died:
                 self.died = True
                 raise Crash("before-save:send")

@@ -1,16 +1,13 @@
 import json
 import socket
-import subprocess
-import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import fakeredis
 import pytest
-import redis
 
+from journal import Effect, Journal, LeaseLost, Run
 from tasks.errors import BadInput, MailFailed, MailUnavailable, is_transient_failure
 from tasks.mail import Email, FileOutbox, Receipt, SmtpMailer
 from tests.fakes.smtp import Inbox, start_server
@@ -26,25 +23,8 @@ def inbox() -> Iterator[tuple[Inbox, str]]:
     controller.stop()
 
 
-def reconnect(store: redis.Redis) -> redis.Redis:
-    """A new client with its own connection pool; fakeredis keeps its state in the client."""
-    if isinstance(store, fakeredis.FakeRedis):
-        return store
-    pool = store.connection_pool
-    return redis.Redis(
-        connection_pool=redis.ConnectionPool(
-            connection_class=pool.connection_class, **pool.connection_kwargs
-        )
-    )
-
-
-@pytest.fixture
-def receipt_key(prefix: str) -> Callable[[str], str]:
-    return lambda key: f"{prefix}:receipt:{key}"
-
-
-def smtp_mailer(url: str, store: redis.Redis, receipt_key: Callable[[str], str]) -> SmtpMailer:
-    return SmtpMailer(url, store, receipt_key, sender="digest@example.com", timeout=5)
+def smtp_mailer(url: str) -> SmtpMailer:
+    return SmtpMailer(url, sender="digest@example.com", timeout=5)
 
 
 def json_files(directory: Path) -> list[str]:
@@ -165,14 +145,43 @@ def test_receipts_round_trip_through_json() -> None:
 # SmtpMailer, against a real SMTP server on loopback
 
 
-def test_repeated_sends_deliver_one_message_with_a_stable_message_id(
-    inbox: tuple[Inbox, str], store: redis.Redis, receipt_key: Callable[[str], str]
+def send_in_run(
+    journal: Journal, mailer: SmtpMailer, run_id: str = "2026-w42", *, then: Any = None
+) -> dict[str, Any]:
+    """The send as the digest makes it: a fenced effect of run ``run_id``."""
+
+    def body(run: Run) -> Any:
+        def act(effect: Effect) -> Any:
+            receipt = mailer.send(run.idempotency_key(), DIGEST, effect).to_json()
+            if then is not None:
+                then(effect)
+            return receipt
+
+        return run.effect("send", act, timeout=5)
+
+    return journal.execute("digest", run_id, body).result  # type: ignore[no-any-return]
+
+
+class Died(Exception):
+    """The process died at this point (the run fails; its next start resumes)."""
+
+
+def die_once(effect: Effect) -> None:
+    if not effect.resumed:
+        raise Died()
+
+
+def test_a_delivered_email_is_never_sent_again_by_a_later_holder(
+    inbox: tuple[Inbox, str], make_journal: Any
 ) -> None:
     handler, url = inbox
-    mailer = smtp_mailer(url, store, receipt_key)
-    receipts = [mailer.send("digest-2026-w42", DIGEST) for _ in range(5)]
+    journal = make_journal()
+    with pytest.raises(Died):  # delivered, receipt saved, then died before the record
+        send_in_run(journal, smtp_mailer(url), then=die_once)
+    # A new mailer and a new journal client: only the fenced receipt carries over.
+    resumed = send_in_run(make_journal(), smtp_mailer(url), then=die_once)
 
-    assert receipts == [Receipt("digest-2026-w42", True)] + [Receipt("digest-2026-w42", False)] * 4
+    assert resumed == {"id": "digest-2026-w42", "sent": False}
     assert len(handler.messages) == 1
     message = handler.messages[0]
     assert message["Message-ID"] == "<digest-2026-w42@durable-digest>"
@@ -181,86 +190,59 @@ def test_repeated_sends_deliver_one_message_with_a_stable_message_id(
     assert message["To"] == "team@example.com"
     assert message["Subject"] == "Your weekly digest (2026-w42)"
     assert message.get_content().replace("\r\n", "\n") == "Hello.\n"
-    assert json.loads(store.get(receipt_key("digest-2026-w42")) or b"") == {
-        "id": "digest-2026-w42",
-        "sent": True,
-    }
-
-
-def test_a_fresh_mailer_on_the_same_redis_sends_nothing(
-    inbox: tuple[Inbox, str], store: redis.Redis, receipt_key: Callable[[str], str]
-) -> None:
-    handler, url = inbox
-    assert smtp_mailer(url, store, receipt_key).send("digest-2026-w42", DIGEST).sent is True
-
-    # A new mailer and, on the real server, a new connection: nothing in memory carries over.
-    fresh = reconnect(store)
-    assert smtp_mailer(url, fresh, receipt_key).send("digest-2026-w42", DIGEST) == Receipt(
-        "digest-2026-w42", False
-    )
-    assert len(handler.messages) == 1
-
-    assert smtp_mailer(url, fresh, receipt_key).send("digest-2026-w43", DIGEST).sent is True
+    assert send_in_run(journal, smtp_mailer(url), "2026-w43")["sent"] is True
     assert [m["Message-ID"] for m in handler.messages] == [
         "<digest-2026-w42@durable-digest>",
         "<digest-2026-w43@durable-digest>",
     ]
 
 
-@pytest.mark.slow
-def test_a_second_process_with_the_same_redis_sends_nothing(
-    inbox: tuple[Inbox, str],
-    real_redis: redis.Redis,
-    shared_redis_url: str,
-    prefix: str,
-    receipt_key: Callable[[str], str],
+def test_a_holder_that_lost_its_lease_quits_before_data_and_delivers_nothing(
+    inbox: tuple[Inbox, str], make_journal: Any
 ) -> None:
     handler, url = inbox
-    assert smtp_mailer(url, real_redis, receipt_key).send("digest-2026-w42", DIGEST).sent is True
-    script = (
-        "import json, redis\n"
-        "from tasks.mail import Email, SmtpMailer\n"
-        f"store = redis.Redis.from_url({shared_redis_url!r})\n"
-        f"mailer = SmtpMailer({url!r}, store, lambda k: {prefix!r} + ':receipt:' + k, "
-        "'digest@example.com')\n"
-        "receipt = mailer.send('digest-2026-w42', Email('team@example.com', 's', 'b'))\n"
-        "print(json.dumps(receipt.to_json()))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=True
-    )
-    assert json.loads(done.stdout) == {"id": "digest-2026-w42", "sent": False}
-    assert len(handler.messages) == 1
+    journal = make_journal(lease_ttl=5.0)
+    keys = journal.keys("digest", "2026-w42")
+
+    def body(run: Run) -> Any:
+        def act(effect: Effect) -> Any:
+            journal.client.delete(keys.lease)  # expired while this holder was paused
+            return mailer.send(run.idempotency_key(), DIGEST, effect)
+
+        return run.effect("send", act, timeout=5)
+
+    mailer = smtp_mailer(url)
+    with pytest.raises(LeaseLost):
+        journal.execute("digest", "2026-w42", body)
+    assert handler.messages == []
+    assert handler.recipients == ["team@example.com"]  # it got as far as RCPT
 
 
-def test_a_crash_before_the_receipt_is_saved_resends_once_with_the_same_message_id(
-    inbox: tuple[Inbox, str],
-    store: redis.Redis,
-    receipt_key: Callable[[str], str],
-    monkeypatch: pytest.MonkeyPatch,
+def test_a_death_before_the_receipt_is_saved_resends_once_with_the_same_message_id(
+    inbox: tuple[Inbox, str], make_journal: Any
 ) -> None:
     handler, url = inbox
+    journal = make_journal()
+    mailer = smtp_mailer(url)
 
-    def lost(*args: object, **kwargs: object) -> None:
-        raise redis.ConnectionError("connection lost")
+    def body(run: Run) -> Any:
+        def act(effect: Effect) -> Any:
+            if not effect.resumed:  # delivered, then died before the receipt was saved
+                mailer.send(run.idempotency_key(), DIGEST)
+                raise Died()
+            return mailer.send(run.idempotency_key(), DIGEST, effect).to_json()
 
-    with monkeypatch.context() as patch:
-        patch.setattr(store, "set", lost)
-        with pytest.raises(redis.ConnectionError):
-            smtp_mailer(url, store, receipt_key).send("digest-2026-w42", DIGEST)
-    assert store.get(receipt_key("digest-2026-w42")) is None
+        return run.effect("send", act, timeout=5)
 
-    mailer = smtp_mailer(url, store, receipt_key)
-    assert mailer.send("digest-2026-w42", DIGEST).sent is True
-    assert mailer.send("digest-2026-w42", DIGEST).sent is False
+    with pytest.raises(Died):
+        journal.execute("digest", "2026-w42", body)
+    assert journal.execute("digest", "2026-w42", body).result["sent"] is True
     assert [m["Message-ID"] for m in handler.messages] == ["<digest-2026-w42@durable-digest>"] * 2
 
 
-def test_an_unusual_key_gets_a_valid_distinct_message_id(
-    inbox: tuple[Inbox, str], store: redis.Redis, receipt_key: Callable[[str], str]
-) -> None:
+def test_an_unusual_key_gets_a_valid_distinct_message_id(inbox: tuple[Inbox, str]) -> None:
     handler, url = inbox
-    mailer = smtp_mailer(url, store, receipt_key)
+    mailer = smtp_mailer(url)
     assert mailer.send("digest 2026/w42", DIGEST).sent is True
     assert mailer.send("digest_2026_w42", DIGEST).sent is True
     first, second = (m["Message-ID"] for m in handler.messages)
@@ -270,11 +252,11 @@ def test_an_unusual_key_gets_a_valid_distinct_message_id(
     assert handler.messages[0]["Idempotency-Key"] == "digest 2026/w42"
 
 
-def test_a_refused_recipient_is_one_line_and_stores_no_receipt(
-    inbox: tuple[Inbox, str], store: redis.Redis, receipt_key: Callable[[str], str]
+def test_a_refused_recipient_is_one_line_and_a_failure_is_not_a_receipt(
+    inbox: tuple[Inbox, str],
 ) -> None:
     handler, url = inbox
-    mailer = smtp_mailer(url, store, receipt_key)
+    mailer = smtp_mailer(url)
     bad = Email(to="nobody@example.com", subject="s", body="b")
     with pytest.raises(MailFailed) as caught:
         mailer.send("digest-2026-w42", bad)
@@ -286,27 +268,23 @@ def test_a_refused_recipient_is_one_line_and_stores_no_receipt(
     assert type(caught.value) is MailFailed  # a 5xx: sending again unchanged cannot help
     assert not is_transient_failure(caught.value)
     assert handler.messages == []
-    assert store.get(receipt_key("digest-2026-w42")) is None
     # Once the address is fixed the same key still delivers: a failure is not a receipt.
     assert mailer.send("digest-2026-w42", DIGEST).sent is True
     assert len(handler.messages) == 1
 
 
-def test_an_unreachable_server_is_one_line(
-    store: redis.Redis, receipt_key: Callable[[str], str]
-) -> None:
+def test_an_unreachable_server_is_one_line() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     with pytest.raises(MailFailed) as caught:
-        smtp_mailer(f"smtp://127.0.0.1:{port}", store, receipt_key).send("k", DIGEST)
+        smtp_mailer(f"smtp://127.0.0.1:{port}").send("k", DIGEST)
     assert str(caught.value) == (
         f"cannot reach SMTP server 127.0.0.1:{port} (Connection refused); "
         "check DIGEST_SMTP_URL and that the server is running"
     )
     assert type(caught.value) is MailUnavailable  # the relay may be back later: retried
     assert is_transient_failure(caught.value)
-    assert store.get(receipt_key("k")) is None
 
 
 class TryLater(Inbox):
@@ -316,12 +294,10 @@ class TryLater(Inbox):
         return "451 4.3.0 try again later"
 
 
-def test_a_temporary_refusal_is_transient_and_stores_no_receipt(
-    store: redis.Redis, receipt_key: Callable[[str], str]
-) -> None:
+def test_a_temporary_refusal_is_transient() -> None:
     controller = start_server(TryLater())
     try:
-        mailer = smtp_mailer(f"smtp://127.0.0.1:{controller.port}", store, receipt_key)
+        mailer = smtp_mailer(f"smtp://127.0.0.1:{controller.port}")
         with pytest.raises(MailUnavailable) as caught:
             mailer.send("digest-2026-w42", DIGEST)
     finally:
@@ -331,7 +307,6 @@ def test_a_temporary_refusal_is_transient_and_stores_no_receipt(
         "server's log and relay rules, then retry the run"
     )
     assert is_transient_failure(caught.value)
-    assert store.get(receipt_key("digest-2026-w42")) is None
 
 
 @pytest.mark.parametrize(
@@ -348,7 +323,7 @@ def test_a_bad_url_is_refused_at_construction_without_echoing_a_password(
     url: str, problem: str
 ) -> None:
     with pytest.raises(BadInput) as caught:
-        SmtpMailer(url, fakeredis.FakeRedis(), str, sender="digest@example.com")
+        SmtpMailer(url, sender="digest@example.com")
     message = str(caught.value)
     assert message.startswith("DIGEST_SMTP_URL ")
     assert f": {problem}; for example smtp://localhost:1025" in message
@@ -356,12 +331,10 @@ def test_a_bad_url_is_refused_at_construction_without_echoing_a_password(
     assert "\n" not in message
 
 
-def test_smtps_against_a_plain_server_fails_as_one_line(
-    inbox: tuple[Inbox, str], store: redis.Redis, receipt_key: Callable[[str], str]
-) -> None:
+def test_smtps_against_a_plain_server_fails_as_one_line(inbox: tuple[Inbox, str]) -> None:
     handler, url = inbox
     port = url.rsplit(":", 1)[1]
-    mailer = smtp_mailer(url.replace("smtp://", "smtps://"), store, receipt_key)
+    mailer = smtp_mailer(url.replace("smtp://", "smtps://"))
     with pytest.raises(MailFailed) as caught:
         mailer.send("k", DIGEST)
     message = str(caught.value)

@@ -46,9 +46,8 @@ def test_a_crash_after_smtp_accepted_the_email_sends_nothing_more(
     assert message["Message-ID"] == f"<digest-{RUN}@durable-digest>"
     assert message["Idempotency-Key"] == f"digest-{RUN}"
     assert message["Subject"] == f"Your weekly digest ({RUN})"
-    receipt = deployment.client().get(
-        f"{deployment.env['DIGEST_KEY_PREFIX']}:digest:receipt:digest-{RUN}"
-    )
+    effects = deployment.runtime().journal.keys("digest", RUN).effects
+    receipt = deployment.client().hget(effects, "send:receipt")  # saved, fenced, by fence 1
     assert receipt is not None and f"digest-{RUN}".encode() in receipt
     assert deployment.outbox() == []  # SMTP replaced the file outbox
 

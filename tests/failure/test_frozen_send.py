@@ -1,0 +1,87 @@
+"""A worker frozen inside the send: it delivers nothing more, whatever phase it froze in.
+
+Worker A's pool child is stopped with SIGSTOP while a real SMTP server on loopback holds its
+reply at one phase of A's session; A's lease (2 s) expires. Worker B gets a second delivery,
+takes the lease (fence 2), finds A's claim on the send and, A being alive (stopped, not
+gone), waits until that claim's timeout (``DIGEST_SMTP_TIMEOUT``, 8 s here) has passed, then
+sends. A is then resumed:
+
+- frozen at EHLO (connected, session not started) or after RCPT (recipient taken, no DATA):
+  A re-confirms its lease before DATA, finds it gone and quits (or its socket times out as it
+  wakes, and the failure is reported as the lease loss it is): exactly one message;
+- frozen after DATA (the server took the message, A not yet told): the documented window.
+  B cannot know the server took it and sends once more, with the same ``Message-ID``; A's
+  receipt is refused by the fence. Two copies of one ``Message-ID``, which receivers drop.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.failure.conftest import JOURNAL, RUN, fences, wait_for_status
+from tests.fakes.smtp import Inbox, start_server
+from tests.support import Deployment, wait_until
+
+pytestmark = pytest.mark.slow
+
+CLAIM_TIMEOUT = 8.0  # more than B's start and A's lease: B must wait for A's claim
+
+
+@pytest.fixture
+def inbox() -> Iterator[tuple[Inbox, str]]:
+    handler = Inbox()
+    controller = start_server(handler)
+    yield handler, f"smtp://127.0.0.1:{controller.port}"
+    handler.release_all()
+    controller.stop()
+
+
+@pytest.mark.parametrize("phase", ["EHLO", "RCPT", "DATA"])
+def test_a_worker_frozen_inside_the_send_delivers_nothing_more(
+    phase: str, deployment: Deployment, inbox: tuple[Inbox, str]
+) -> None:
+    handler, url = inbox
+    deployment.env.update(
+        DIGEST_SMTP_URL=url, DIGEST_SMTP_TIMEOUT=str(CLAIM_TIMEOUT), DIGEST_OFFLINE="1"
+    )
+    reached, release = handler.hold(phase)
+    a = deployment.worker("a", concurrency=1)
+    assert deployment.cli("enqueue", RUN).returncode == 0
+    assert reached.wait(30), a.text()
+    b = deployment.worker("b", concurrency=1)  # A is held by the server meanwhile, lease kept
+    [zombie] = a.children()
+    os.kill(zombie, signal.SIGSTOP)
+    effects = deployment.runtime().journal.keys("digest", RUN).effects
+    fence, deadline, state = deployment.client().hget(effects, "send").decode().split(":")
+    assert (fence, state) == ("1", "claimed")
+    try:
+        frozen = time.monotonic()
+        assert deployment.cli("enqueue", RUN).returncode == 0  # A's only slot is taken
+        wait_for_status(deployment, "done", 40)
+        took = time.monotonic() - frozen
+    finally:
+        release.set()
+        os.kill(zombie, signal.SIGCONT)
+    wait_until(lambda: "'status': 'lease-lost'" in a.text(), 20, "the frozen worker to give up")
+
+    ids = [message["Message-ID"] for message in handler.messages]
+    if phase == "DATA":
+        assert ids == [f"<digest-{RUN}@durable-digest>"] * 2  # the documented window
+    else:
+        assert ids == [f"<digest-{RUN}@durable-digest>"]
+    if phase != "EHLO":  # A's session reached RCPT before B's
+        assert handler.recipients == ["team@example.com"] * 2
+    view = deployment.view(RUN)
+    assert [record.key for record in view.steps] == JOURNAL
+    assert fences(deployment)["send"] == 2
+    assert view.step("send").result == {"id": f"digest-{RUN}", "sent": True}  # type: ignore[union-attr]
+    assert deployment.client().hget(effects, "send") == b"2:0:done"  # A's receipt was refused
+    # B waited out A's claim: until its deadline, A might still have acted.
+    assert "for its timeout" in b.text()
+    assert view.step("send").finished_at >= int(deadline)  # type: ignore[union-attr]
+    print(f"frozen at {phase}: {len(ids)} message(s); B finished {took:.1f}s after the freeze")
