@@ -203,7 +203,7 @@ def test_a_start_that_suspends_or_fails_clears_the_stall_count(
 
 def test_the_record_script_answers_each_of_its_four_codes(journal: Journal, keys: RunKeys) -> None:
     grant = lease(journal).acquire(millis(T0))
-    script_keys = [keys.lease, keys.steps]
+    script_keys = [keys.lease, keys.steps, keys.meta]
 
     def record(holder: str, value: object) -> Any:
         return journal.scripts.record(keys=script_keys, args=[holder, "a", record_of(value)])
@@ -313,7 +313,7 @@ def test_the_meta_script_answers_each_of_its_four_codes(journal: Journal, keys: 
     script_keys = [keys.lease, keys.meta, keys.signals]
 
     def update(holder: str, signal: str, *fields: str) -> Any:
-        return journal.scripts.update_meta(keys=script_keys, args=[holder, signal, *fields])
+        return journal.scripts.update_meta(keys=script_keys, args=[holder, signal, "", *fields])
 
     assert update(grant.holder, "", "status", "running", "note", "n") == 1
     assert update(grant.holder, "go", "note", "\0", "wait", "w") == 1
