@@ -23,6 +23,7 @@ from journal import (
     StepEvent,
     validate_run_id,
 )
+from journal.control import retry as retry_run
 from journal.errors import InvalidRunId
 from journal.inspect import STATES, RunView, inspect_run, list_runs
 from journal.redact import redact, redact_logging
@@ -119,7 +120,8 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
     journal = runtime.journal
     if isinstance(runtime.summarizer, OfflineSummarizer):
         print("  (no ANTHROPIC_API_KEY: using the offline summarizer)", file=sys.stderr)
-    if args.retry and journal.reset(WORKFLOW, run_id):
+    if args.retry:  # only a failed run: any other is refused, and nothing is written
+        retry_run(journal, WORKFLOW, run_id)
         print(f"  reset {WORKFLOW}:{run_id}: its next start is a deliberate retry", file=sys.stderr)
     workflow = DRY_RUN_WORKFLOW if args.dry_run else WORKFLOW
     view = inspect_run(journal, workflow, run_id)

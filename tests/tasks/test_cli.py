@@ -280,6 +280,40 @@ def test_an_invalid_run_id_exits_2(deployment: Deployment) -> None:
     )
 
 
+def test_retry_is_refused_for_a_run_that_is_not_failed_and_creates_nothing(
+    deployment: Deployment,
+) -> None:
+    offline(deployment, CRASH="after:summarize:i2")
+    journal = deployment.runtime().journal
+
+    never = deployment.cli("run", "2026-w40", "--retry")
+    assert (never.returncode, never.stdout) == (2, "")
+    assert never.stderr.splitlines()[-1] == "digest: run digest:2026-w40: no such run"
+    assert prefix_keys(deployment) == []  # no meta, no index entry for a run that never was
+
+    crashed = deployment.cli("run", RUN)
+    assert crashed.returncode == 137
+    wait_for_lease_expiry(deployment)
+    meta = journal.meta(journal.keys("digest", RUN))
+    running = deployment.cli("run", RUN, "--retry", env={"CRASH": ""})
+    assert (running.returncode, running.stdout) == (2, "")
+    assert running.stderr.splitlines()[-1] == (
+        f"digest: run digest:{RUN}: it is running; only a failed run can be retried"
+    )
+    assert journal.meta(journal.keys("digest", RUN)) == meta
+
+    finished = deployment.cli("run", RUN, env={"CRASH": ""})
+    assert finished.returncode == 0, finished.stderr
+    meta = journal.meta(journal.keys("digest", RUN))
+    done = deployment.cli("run", RUN, "--retry", env={"CRASH": ""})
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.splitlines()[-1] == (
+        f"digest: run digest:{RUN}: it is done; only a failed run can be retried"
+    )
+    assert journal.meta(journal.keys("digest", RUN)) == meta  # not reopened
+    assert len(deployment.outbox()) == 1
+
+
 def imported(stderr: str) -> list[str]:
     """Top-level packages a process imported, from its ``-X importtime`` report, in order."""
     return [
