@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -98,13 +99,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         validate_run_id(run_id)
         return int(COMMANDS[args.command](config, run_id, args))
     except (BadInput, InvalidRunId, ControlRefused) as bad:
-        print(f"digest: {redact(str(bad))}", file=sys.stderr)
+        print(f"digest: {_printable(redact(str(bad)))}", file=sys.stderr)
         return EXIT_USAGE
     except LeaseBusy as busy:
         print(f"digest: {busy}", file=sys.stderr)
         return EXIT_BUSY
     except (DigestError, JournalError) as failure:
-        print(f"failed: {redact(str(failure))}", file=sys.stderr)
+        print(f"failed: {_printable(redact(str(failure)))}", file=sys.stderr)
         return EXIT_FAILED
 
 
@@ -163,10 +164,11 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
         return EXIT_OK
     result: dict[str, Any] = outcome.result
     for skipped in result.get("skipped", []):
-        print(f"  skipped  summarize:{skipped['id']} ({redact(skipped['error'])})")
+        print(f"  skipped  summarize:{skipped['id']} ({_printable(redact(skipped['error']))})")
     if result["status"] == "dry-run":
         email = result["email"]
-        print(f"\nTo: {email['to']}\nSubject: {email['subject']}\n\n{email['body']}\n")
+        text = f"\nTo: {email['to']}\nSubject: {email['subject']}\n\n{email['body']}\n"
+        print(_printable(text, newlines=True))
     print(
         f"{result['status']}: {result['items']} items, {result['model_calls']} model calls "
         f"in this attempt{receipt_line(result)}"
@@ -191,7 +193,7 @@ def cmd_show(config: Config, run_id: str, args: argparse.Namespace) -> int:
     if args.json:
         print(redact(json.dumps(_view_json(view), indent=2, sort_keys=True)))
     else:
-        print(redact(_render(view)))
+        print(_printable(redact(_render(view)), newlines=True))
     return EXIT_OK
 
 
@@ -201,7 +203,7 @@ def cmd_runs(config: Config, run_id: str, args: argparse.Namespace) -> int:
     for row in list_runs(runtime.journal, state=args.status):
         line = f"{row.run:32} {row.state:10} updated {_when(row.updated_ms / 1000)}"
         fate = _fate(row.meta)
-        print(f"{line}  {fate}" if fate else line)
+        print(_printable(f"{line}  {fate}" if fate else line))
     return EXIT_OK
 
 
@@ -277,6 +279,22 @@ COMMANDS = {
 # -- rendering ------------------------------------------------------------------------------
 
 
+# Every C0 and C1 control character but tab (and newline, where a text may span lines).
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+_CONTROL_BUT_NEWLINE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _printable(text: str, *, newlines: bool = False) -> str:
+    r"""Text from the journal, a model or an API error, made safe to print on a terminal.
+
+    It is data, never terminal commands: each control character (ESC, and with it every
+    escape sequence; CR; C1's CSI) is shown escaped, as ``\x1b``. Unless ``newlines``, a
+    newline is escaped too, so a stored text cannot forge a line of the report.
+    """
+    pattern = _CONTROL_BUT_NEWLINE if newlines else _CONTROL
+    return pattern.sub(lambda found: ascii(found.group())[1:-1], text)
+
+
 def _when(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
@@ -336,7 +354,7 @@ def _render(view: RunView) -> str:
         f"fence {meta.get('fence', '0')})"
     )
     if meta.get("last_error"):
-        lines.append(f"error    {meta['last_error']}")
+        lines.append(f"error    {_printable(meta['last_error'])}")
     if view.wait is not None:
         until = _when(view.wait.until) if view.wait.until else "no limit"
         lines.append(

@@ -314,6 +314,40 @@ def test_retry_is_refused_for_a_run_that_is_not_failed_and_creates_nothing(
     assert len(deployment.outbox()) == 1
 
 
+def test_show_and_runs_print_journal_text_with_its_control_characters_escaped(
+    deployment: Deployment,
+) -> None:
+    offline(deployment)
+    assert deployment.cli("run", RUN).returncode == 0
+    journal = deployment.runtime().journal
+    keys = journal.keys("digest", RUN)
+    record = json.loads(journal.client.hget(keys.steps, "summarize:i1"))
+    record["result"]["text"] = "Sure.\x1b]0;owned\x07\x1b[2J\rhidden\x9b31m"
+    journal.client.hset(keys.steps, "summarize:i1", json.dumps(record))
+    journal.client.hset(
+        keys.meta,
+        mapping={
+            "status": "retrying",
+            "last_error": "boom\x1b[8m\nstatus   done",
+            "failures": "2\x1b[5m",
+        },
+    )
+
+    shown = deployment.cli("show", RUN)
+    listed = deployment.cli("runs")
+
+    assert shown.returncode == listed.returncode == 0, shown.stderr + listed.stderr
+    for out in (shown.stdout, listed.stdout):
+        assert not {"\x1b", "\x07", "\r", "\x9b"} & set(out), repr(out)
+    # (the preview folds whitespace, the carriage return included, into single spaces)
+    assert "Sure.\\x1b]0;owned\\x07\\x1b[2J hidden\\x9b31m" in shown.stdout
+    assert "error    boom\\x1b[8m\\nstatus   done\n" in shown.stdout  # one line, not two
+    assert [line for line in shown.stdout.splitlines() if line.startswith("status")] == [
+        "status   retrying"
+    ]
+    assert "transient failures so far: 2\\x1b[5m)" in listed.stdout
+
+
 def imported(stderr: str) -> list[str]:
     """Top-level packages a process imported, from its ``-X importtime`` report, in order."""
     return [
