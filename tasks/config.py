@@ -9,9 +9,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from journal.redact import add_secret, add_url_secrets
+from journal.redact import add_secret, add_url_secrets, redact
 from tasks.errors import BadInput
 
 # Variables whose values are secrets as a whole, and those that are URLs that may carry one.
@@ -61,6 +62,23 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
     if raw in ("1", "true", "yes", "on"):
         return True
     raise BadInput(f"{name}={raw!r}: not a flag; use 1 or 0")
+
+
+def _check_url(name: str, url: str | None, schemes: tuple[str, ...] | None) -> None:
+    """Refuse a URL its client would reject with a traceback; the password shown masked."""
+    if url is None:
+        return
+    parts = urlsplit(url)
+    shown = redact(url)
+    if schemes is not None and parts.scheme not in schemes:
+        raise BadInput(
+            f"{name}={shown!r}: the scheme must be {', '.join(schemes[:-1])} or {schemes[-1]}; "
+            "for example redis://localhost:6379/0 or rediss://cache.example.com:6380/0"
+        )
+    try:
+        parts.port  # noqa: B018 - parsing the port is the check
+    except ValueError:
+        raise BadInput(f"{name}={shown!r}: the port must be a number from 1 to 65535") from None
 
 
 @dataclass(frozen=True)
@@ -192,6 +210,8 @@ class Config:
         Raises:
             BadInput: naming the settings that conflict.
         """
+        _check_url("REDIS_URL", self.redis_url, ("redis", "rediss", "unix"))
+        _check_url("CELERY_BROKER_URL", self.broker_url, None)
         try:
             ZoneInfo(self.timezone)
         except (ZoneInfoNotFoundError, ValueError):

@@ -141,6 +141,35 @@ def test_a_bad_value_is_refused_naming_the_variable(name: str, value: str, probl
     assert str(caught.value) == f"{name}={value!r}: {problem}"
 
 
+@pytest.mark.parametrize(
+    ("name", "url", "problem"),
+    [
+        (
+            "REDIS_URL",
+            "http://:cfg-pw-1@cache:6379/0",
+            "'http://:***@cache:6379/0': the scheme must be redis, rediss or unix; "
+            "for example redis://localhost:6379/0 or rediss://cache.example.com:6380/0",
+        ),
+        (
+            "REDIS_URL",
+            "redis://:cfg-pw-2@cache:99999/0",
+            "'redis://:***@cache:99999/0': the port must be a number from 1 to 65535",
+        ),
+        (
+            "CELERY_BROKER_URL",
+            "amqp://digest:cfg-pw-3@rabbit:port//",
+            "'amqp://digest:***@rabbit:port//': the port must be a number from 1 to 65535",
+        ),
+    ],
+)
+def test_a_bad_store_or_broker_url_is_one_line_with_its_password_masked(
+    name: str, url: str, problem: str
+) -> None:
+    with pytest.raises(BadInput) as caught:
+        Config.from_env({name: url})
+    assert str(caught.value) == f"{name}={problem}"
+
+
 def test_a_first_retry_delay_above_its_cap_is_refused() -> None:
     with pytest.raises(BadInput) as caught:
         Config.from_env({"DIGEST_RUN_RETRY_DELAY": "600", "DIGEST_RUN_RETRY_MAX_DELAY": "60"})
