@@ -185,6 +185,9 @@ class Journal:
         return self._drive(keys, grant.holder, run, heartbeat, body)
 
     def _ended(self, keys: RunKeys, meta: dict[str, str]) -> Outcome:
+        # Found ended: nothing is left to wake, so whatever put it back in the due index (an
+        # older version, a hand-made ZADD) stops the sweep from delivering it again.
+        self.call(self.client.zrem, self.keyspace.due, keys.run)
         if meta.get("status") == "cancelled":
             return Outcome(keys.run, "cancelled")
         return Outcome(keys.run, "already-done", self._decode_meta(keys, meta, "outcome"))
@@ -201,7 +204,7 @@ class Journal:
         raw_steps = self.call(self.client.hgetall, keys.steps)
         recorded = {field.decode(): value for field, value in raw_steps.items()}
         heartbeat = Heartbeat(
-            lease, holder, grant.confirmed_at, on_renew=lambda: self._push_due(keys, xx=True)
+            lease, holder, grant.confirmed_at, on_renew=lambda: self._push_due(keys, holder)
         )
         run = Run(
             client=self.client,
@@ -299,13 +302,41 @@ class Journal:
         if args is not None:
             fields["args"] = codec.dumps(args)
         self._update_meta(keys, holder, fields)
-        pipe = self.client.pipeline(transaction=False)
-        pipe.zadd(self.keyspace.runs, {keys.run: millis(now)})
-        pipe.zadd(self.keyspace.due, {keys.run: self._lease_deadline_ms()})
-        self.call(pipe.execute)
+        deadline = self._lease_deadline_ms()
+        self._index(
+            keys,
+            holder,
+            lambda pipe: pipe.zadd(self.keyspace.runs, {keys.run: millis(now)}).zadd(
+                self.keyspace.due, {keys.run: deadline}
+            ),
+        )
 
-    def _push_due(self, keys: RunKeys, *, xx: bool) -> None:
-        self.client.zadd(self.keyspace.due, {keys.run: self._lease_deadline_ms()}, xx=xx)
+    def _push_due(self, keys: RunKeys, holder: str) -> None:
+        deadline = self._lease_deadline_ms()
+        self._index(keys, holder, lambda pipe: pipe.zadd(self.keyspace.due, {keys.run: deadline}))
+
+    def _index(self, keys: RunKeys, holder: str, writes: Callable[[Any], Any]) -> list[Any] | None:
+        """Write the run's index entries only while ``holder`` still holds its lease.
+
+        The indexes live outside the run's hash tag, so no per-run script may touch them;
+        instead the writes go in a MULTI that WATCHes the lease key. If the lease expired or
+        passed to another holder since this holder's fenced meta write, EXEC does nothing, so
+        a holder paused between the two can never re-arm or re-list a run another finished.
+
+        Returns:
+            The replies of ``writes``, or None when the lease was no longer ours.
+        """
+        with self.client.pipeline(transaction=True) as pipe:
+            try:
+                pipe.watch(keys.lease)  # type: ignore[no-untyped-call]
+                if self.call(pipe.get, keys.lease) != holder.encode():
+                    return None
+                pipe.multi()
+                writes(pipe)
+                replies: list[Any] = self.call(pipe.execute)
+                return replies
+            except redis.WatchError:
+                return None
 
     def _lease_deadline_ms(self) -> int:
         return millis(self.clock.now() + self.settings.lease_ttl + self.settings.recovery_grace)
@@ -327,15 +358,20 @@ class Journal:
         # Waiting now: a renewal from here on would log a lost lease once it is released, and
         # its due push (the lease expiry) could overwrite the wake-up time written below.
         heartbeat.stop()
-        pipe = self.client.pipeline(transaction=False)
-        if wait.until is None:
-            pipe.zrem(self.keyspace.due, keys.run)
-        else:
-            pipe.zadd(self.keyspace.due, {keys.run: millis(wait.until)})
-        pipe.zadd(self.keyspace.runs, {keys.run: millis(self.clock.now())})
-        if wait.signal:
-            pipe.hexists(keys.signals, wait.signal)
-        replies = self.call(pipe.execute)
+        now = millis(self.clock.now())
+
+        def writes(pipe: Any) -> None:
+            if wait.until is None:
+                pipe.zrem(self.keyspace.due, keys.run)
+            else:
+                pipe.zadd(self.keyspace.due, {keys.run: millis(wait.until)})
+            pipe.zadd(self.keyspace.runs, {keys.run: now})
+            if wait.signal:
+                pipe.hexists(keys.signals, wait.signal)
+
+        replies = self._index(keys, holder, writes)
+        if replies is None:
+            raise LeaseLost(keys.run, "the lease was lost before the run's wait could be indexed")
         if wait.signal and replies[-1]:
             # The signal landed after the wait was recorded: its sender may have made the run
             # due before the line above overwrote that, so make it due again.
@@ -448,13 +484,15 @@ class Journal:
     def _settle(
         self, keys: RunKeys, holder: str, now_ms: int, retry_at: float | None = None
     ) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        if retry_at is None:
-            pipe.zrem(self.keyspace.due, keys.run)
-        else:
-            pipe.zadd(self.keyspace.due, {keys.run: millis(retry_at)})
-        pipe.zadd(self.keyspace.runs, {keys.run: now_ms})
-        self.call(pipe.execute)
+
+        def writes(pipe: Any) -> None:
+            if retry_at is None:
+                pipe.zrem(self.keyspace.due, keys.run)
+            else:
+                pipe.zadd(self.keyspace.due, {keys.run: millis(retry_at)})
+            pipe.zadd(self.keyspace.runs, {keys.run: now_ms})
+
+        self._index(keys, holder, writes)  # a new holder owns the indexes if ours was lost
         self._release(keys, holder)
 
     def _release(self, keys: RunKeys, holder: str) -> None:

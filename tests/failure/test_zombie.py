@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 
 import pytest
 
@@ -95,3 +96,26 @@ def test_a_zombie_worker_records_and_sends_nothing(
     ]
     assert "'model_calls': 6" in b.text() and "'ran': 9, 'replayed': 4" in b.text()
     assert "'status': 'done'" not in a.text()
+    # Nothing the zombie did re-armed the finished run: no sweep will ever deliver it again.
+    assert client.zscore(f"{deployment.env['DIGEST_KEY_PREFIX']}:due", f"digest:{RUN}") is None
+
+
+def test_a_finished_run_found_in_the_due_index_is_delivered_once_then_removed(
+    deployment: Deployment,
+) -> None:
+    deployment.env.update(DIGEST_OFFLINE="1")
+    assert deployment.cli("run", RUN).returncode == 0
+    client = deployment.client()
+    due, run = f"{deployment.env['DIGEST_KEY_PREFIX']}:due", f"digest:{RUN}"
+    keys = deployment.runtime().journal.keys("digest", RUN)
+    assert client.zscore(due, run) is None
+    client.zadd(due, {run: 0})  # a late index write from an older holder or version
+    deployment.worker("a", concurrency=1)
+    deployment.beat()  # sweeps every second
+
+    wait_until(lambda: client.zscore(due, run) is None, 20, "the ended run to leave the index")
+    delivered = int(client.hget(keys.meta, "deliveries") or 0)
+    assert delivered == 1  # swept once, found done, removed
+    time.sleep(3)  # three more sweeps
+    assert int(client.hget(keys.meta, "deliveries") or 0) == delivered
+    assert len(deployment.outbox()) == 1

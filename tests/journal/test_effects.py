@@ -203,3 +203,33 @@ def test_a_lease_is_trusted_from_before_its_request_not_after_the_reply(
     finally:
         del store.hgetall
     assert ran == []
+
+
+def test_a_holder_that_lost_its_lease_never_re_arms_a_run_another_finished(
+    make_journal, store
+) -> None:  # type: ignore[no-untyped-def]
+    """Paused between its fenced meta write and its index write, while another finished."""
+    first = make_journal(lease_ttl=30.0)
+    keys = first.keys("wf", "r1")
+    plain = store.pipeline
+    paused: list[bool] = []
+
+    def pause_once(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("transaction") and not paused:
+            paused.append(True)
+            store.delete(keys.lease)  # the lease expired during the pause
+            other = make_journal(lease_ttl=30.0)
+            assert other.execute("wf", "r1", lambda run: run.step("a", lambda: "B")).status == (
+                "done"
+            )
+        return plain(*args, **kwargs)
+
+    store.pipeline = pause_once
+    try:
+        with pytest.raises(LeaseLost):
+            first.execute("wf", "r1", lambda run: run.step("a", lambda: "A"))
+    finally:
+        del store.pipeline
+    assert paused
+    assert store.zscore(first.keyspace.due, keys.run) is None  # not re-armed: never swept again
+    assert first.meta(keys)["status"] == "done"
