@@ -109,7 +109,9 @@ class Durable:
             return self.sweep(limit)
 
         sweep.__doc__ = self.sweep.__doc__
-        app.task(name=SWEEP_TASK, ignore_result=True)(sweep)
+        # Not shared: a shared task is added to every app the process creates later, so a
+        # second app's sweep would run the first app's journal.
+        app.task(name=SWEEP_TASK, ignore_result=True, shared=False)(sweep)
 
     def workflow(self, name: str, *, task_name: str, **options: Any) -> Callable[[Workflow], Task]:
         """Turn ``fn(run, **kwargs)`` into a task delivered as ``task.delay(run_id, **kwargs)``."""
@@ -128,6 +130,7 @@ class Durable:
                 # default" (3 unless set here), and neither a busy run nor a store outage may
                 # run out of retries.
                 max_retries=None,
+                shared=False,
                 **options,
             )(deliver)
             self.tasks[name] = task

@@ -1,14 +1,12 @@
 """The due sweep: claims each due run once across racing sweepers, and finds lost ones again.
 
 Also the rule behind it: no countdown longer than a fraction of the broker's visibility
-timeout, since a Redis broker redelivers an unacked message after that timeout.
+timeout, since a Redis broker redelivers an unacked message after that timeout (the retries'
+countdowns are in ``test_durable.py``, the digest app's cap in ``tests/tasks/test_celery_app.py``).
 """
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -23,7 +21,6 @@ from celery import Celery
 from journal import Journal, ManualClock, Outcome, Run, Wait
 from journal.clock import millis
 from journal.durable import Durable
-from tests.support import Deployment
 
 T0 = 1_800_000_000.0
 MakeJournal = Callable[..., Journal]
@@ -198,22 +195,6 @@ def test_a_run_whose_state_cannot_be_read_is_skipped_and_the_rest_of_the_batch_e
 # -- no long countdowns -----------------------------------------------------------------------
 
 
-def test_the_digest_app_caps_countdowns_at_a_quarter_of_the_visibility_timeout(
-    deployment: Deployment,
-) -> None:
-    # In a process of its own: importing the app starts the deployment's embedded broker.
-    probe = (
-        "from tasks.celery_app import config, durable; "
-        "print(durable.max_countdown, config.max_countdown, config.visibility_timeout)"
-    )
-    env = {k: v for k, v in deployment.env.items() if k != "DIGEST_VISIBILITY_TIMEOUT"}
-    done = subprocess.run(
-        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
-    )
-    cap, configured, visibility = map(float, done.stdout.split())
-    assert cap == configured == visibility * 0.25 == 900.0  # the default one-hour timeout
-
-
 def test_a_wait_gets_a_countdown_only_within_max_countdown() -> None:
     app = Celery(f"t{uuid.uuid4().hex[:6]}", broker="memory://")
     app.conf.task_default_queue = queue = f"q{uuid.uuid4().hex[:8]}"
@@ -240,30 +221,3 @@ def test_a_wait_gets_a_countdown_only_within_max_countdown() -> None:
             message.ack()
     assert len(etas) == 1
     assert etas[0] == pytest.approx(now + 5, abs=1.0)
-
-
-# Each way this code may ask the broker to hold a message, and why it is bounded.
-BOUNDED_COUNTDOWNS = {
-    # a busy run's delivery retries after the holder's remaining lease, capped
-    "countdown = min(jitter(busy.remaining_ms / 1000), self.max_countdown)",
-    "raise task.retry(countdown=countdown, max_retries=None) from None",
-    # the store is down: exponential back-off, capped below max_countdown
-    "countdown = min(jitter(2.0**attempt), cap)",
-    "raise task.retry(exc=down, countdown=countdown, max_retries=None) from None",
-    # a short wait: only when 0 < delay <= max_countdown (the test above)
-    "task.apply_async(args=[run_id], kwargs=kwargs, countdown=delay)",
-}
-
-
-def test_every_countdown_in_the_code_is_one_of_the_bounded_ones() -> None:
-    usage = re.compile(r"\b(countdown|eta)\s*=")
-    found: dict[str, set[str]] = {}
-    for package in ["journal", "tasks"]:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            for line in path.read_text().splitlines():
-                if usage.search(line) and not line.lstrip().startswith("#"):
-                    found.setdefault(str(path.relative_to(ROOT)), set()).add(line.strip())
-    assert found == {"journal/durable.py": BOUNDED_COUNTDOWNS}
-    source = (ROOT / "journal" / "durable.py").read_text()
-    assert "if 0 < delay <= self.max_countdown:" in source
-    assert "cap = min(self.store_backoff_cap, self.max_countdown)" in source

@@ -1,0 +1,66 @@
+"""The digest's Celery app as a worker or beat loads it: its settings, and what beat enqueues.
+
+Read in a process of its own, like ``celery -A tasks``: importing the app reads the
+environment and starts the deployment's embedded broker.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import ROOT, Deployment
+
+pytestmark = pytest.mark.slow
+
+PROBE = """
+import json
+from tasks.celery_app import app, digest, dispatch_weekly, durable
+
+conf = app.conf
+print(json.dumps({
+    "acks_late": conf.task_acks_late,
+    "reject_on_worker_lost": conf.task_reject_on_worker_lost,
+    "prefetch": conf.worker_prefetch_multiplier,
+    "serializers": [conf.task_serializer, conf.result_serializer, conf.accept_content],
+    "visibility_timeout": conf.broker_transport_options["visibility_timeout"],
+    "time_limits": [conf.task_time_limit, conf.task_soft_time_limit],
+    "cancel_on_connection_loss": conf.worker_cancel_long_running_tasks_on_connection_loss,
+    "digest": [digest.acks_late, digest.reject_on_worker_lost, digest.max_retries],
+    "max_countdown": durable.max_countdown,
+    "queue": conf.task_default_queue,
+    "dispatched": [dispatch_weekly(), dispatch_weekly()],
+}))
+"""
+
+
+def test_the_app_runs_with_the_at_least_once_settings_and_beat_enqueues_each_week_once(
+    deployment: Deployment,
+) -> None:
+    env = {k: v for k, v in deployment.env.items() if k != "DIGEST_VISIBILITY_TIMEOUT"}
+    env["DIGEST_TASK_TIME_LIMIT"] = "1800"
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["acks_late"] is True
+    assert seen["reject_on_worker_lost"] is True
+    assert seen["prefetch"] == 1
+    assert seen["serializers"] == ["json", "json", ["json"]]
+    assert seen["visibility_timeout"] == 3600
+    assert seen["time_limits"] == [1800, 1620]
+    assert seen["cancel_on_connection_loss"] is True
+    assert seen["digest"] == [True, True, None]
+    assert seen["max_countdown"] == 900.0  # a quarter of the visibility timeout
+
+    (first, again) = seen["dispatched"]
+    assert len(first) == 1 and again == []  # a first deployment: this week only, once
+    messages = deployment.client().lrange(seen["queue"], 0, -1)
+    headers = [json.loads(raw)["headers"] for raw in messages]
+    assert [(h["task"], h["id"], h["argsrepr"]) for h in headers] == [
+        ("tasks.digest", f"digest-{first[0]}", repr([first[0]]))
+    ]
