@@ -34,6 +34,7 @@ PROTOCOL_TESTS = (
     "tests/journal/test_protocol.py",
     "tests/journal/test_steps.py",
     "tests/journal/test_effects.py",
+    "tests/journal/test_control.py",
     "tests/journal/test_holder.py",
     "tests/journal/test_waits.py",
     "tests/journal/test_sweep.py",
@@ -149,8 +150,8 @@ MUTANTS = (
     lua(
         "renew",
         "the renewal is skipped but reported done",
-        "return redis.call('PEXPIRE', KEYS[1], ARGV[2])",
-        "return 1",
+        "  redis.call('PEXPIRE', KEYS[1], ARGV[2])\n",
+        "",
     ),
     # -- update_meta: only the holder writes the run's status; an arrived signal wins
     lua(
@@ -172,6 +173,43 @@ MUTANTS = (
         "redis.call('HEXISTS', KEYS[3], ARGV[2]) == 2",
     ),
     lua("update_meta", "a field is never deleted", "if ARGV[i + 1] == '\\0' then", "if false then"),
+    # -- cancel: asked of a run, learnt by its holder inside the fenced scripts
+    lua(
+        "cancel",
+        "a run that does not exist is created",
+        "if redis.call('EXISTS', KEYS[2]) == 0 then",
+        "if false then",
+    ),
+    lua(
+        "cancel",
+        "a finished run is cancelled",
+        "if status == 'done' or status == 'cancelled' then",
+        "if status == 'cancelled' then",
+    ),
+    lua(
+        "cancel",
+        "a held run is cancelled under its holder",
+        "if redis.call('EXISTS', KEYS[1]) == 1 then",
+        "if false then",
+    ),
+    lua(
+        "record",
+        "a pending cancel is not reported",
+        "if redis.call('HEXISTS', KEYS[3], 'cancel') == 1 then",
+        "if false then",
+    ),
+    lua(
+        "renew",
+        "a pending cancel is not reported",
+        "if redis.call('HEXISTS', KEYS[2], 'cancel') == 1 then",
+        "if false then",
+    ),
+    lua(
+        "update_meta",
+        "a pending cancel is ignored",
+        "if ARGV[3] == '1' and redis.call('HEXISTS', KEYS[2], 'cancel') == 1 then",
+        "if false then",
+    ),
     # -- claim_due: due runs only, re-armed rather than dropped
     lua("claim_due", "claims runs that are not due", "'-inf', ARGV[1]", "'-inf', '+inf'"),
     lua(
@@ -237,7 +275,10 @@ MUTANTS = (
         'reply = self._acquire(now_ms, me, "")\n        asked = time.monotonic()',
     ),
     python(
-        "lease", "ensure never renews synchronously", "if not stale or self._renew():", "if True:"
+        "lease",
+        "ensure never renews synchronously",
+        "            if stale:\n                self._renew()",
+        "            if stale:\n                pass",
     ),
     python(
         "lease",
@@ -269,6 +310,12 @@ MUTANTS = (
         "a Redis error kills the beat",
         "except Exception:  # a blip must not kill the thread",
         "except ArithmeticError:  #",
+    ),
+    python(
+        "lease",
+        "a cancel learnt at a renewal is dropped",
+        "        if status == 2:\n            self.cancelled.set()",
+        "        if status == 2:\n            pass",
     ),
     # -- the record path
     python(
@@ -488,7 +535,10 @@ def judge(mutant: Mutant, workspace: Path) -> Verdict:
     started = time.monotonic()
     copy = scratch_copy(workspace / re.sub(r"\W+", "-", mutant.name))
     target = copy / mutant.path
-    target.write_text(target.read_text().replace(mutant.find, mutant.replace))
+    source = target.read_text()
+    if source.count(mutant.find) != 1:  # the code changed while the run went on
+        raise SystemExit(f"mutant {mutant.name!r}: its pattern is gone from {mutant.path}")
+    target.write_text(source.replace(mutant.find, mutant.replace))
     code, output = run_tests(copy, mutant.tests)
     if code not in (0, 1):
         raise SystemExit(f"mutant {mutant.name!r}: pytest exited {code}, not a verdict:\n{output}")
@@ -527,12 +577,13 @@ def main(argv: list[str] | None = None) -> int:
         if code != 0:
             print(f"the unmutated tests fail; no mutant can be judged:\n{output}", file=sys.stderr)
             return 2
+        verdicts = []
         with ThreadPoolExecutor(max_workers=options.jobs) as pool:
-            verdicts = list(pool.map(lambda m: judge(m, workspace), chosen))
+            for verdict in pool.map(lambda m: judge(m, workspace), chosen):
+                state = f"killed by {verdict.by}" if verdict.killed else "SURVIVED"
+                print(f"{verdict.seconds:5.1f}s  {verdict.mutant.name}: {state}", flush=True)
+                verdicts.append(verdict)
     survivors = [v for v in verdicts if not v.killed]
-    for verdict in verdicts:
-        state = f"killed by {verdict.by}" if verdict.killed else "SURVIVED"
-        print(f"{verdict.seconds:5.1f}s  {verdict.mutant.name}: {state}")
     print(
         f"mutants: {len(verdicts) - len(survivors)} killed of {len(verdicts)} "
         f"in {time.monotonic() - started:.0f}s"

@@ -20,6 +20,7 @@ from typing import Any
 import fakeredis
 import pytest
 from celery import Celery, Task
+from celery._state import _set_task_join_will_block
 from celery.contrib.testing.worker import TestWorkController, setup_app_for_worker
 from celery.signals import before_task_publish, task_postrun
 from celery.worker import state
@@ -153,6 +154,9 @@ def worker(deployed: Deployed) -> Iterator[None]:
     thread = threading.Thread(target=controller.start, daemon=True)
     thread.start()
     controller.ensure_started()
+    # A starting worker marks the process as one whose tasks must not block on results; this
+    # process is a test, whose other tests may (Celery's own start_worker does the same).
+    _set_task_join_will_block(False)
     try:
         yield
     finally:
