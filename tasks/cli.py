@@ -30,6 +30,7 @@ from journal.inspect import STATES, RunView, inspect_run, list_runs
 from journal.redact import redact, redact_logging
 from tasks import control
 from tasks.config import Config
+from tasks.cost import dollars, is_call, usage_of
 from tasks.errors import BadInput, DigestError
 from tasks.items import load_items
 from tasks.model import OfflineSummarizer
@@ -200,8 +201,12 @@ def cmd_show(config: Config, run_id: str, args: argparse.Namespace) -> int:
 def cmd_runs(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """List recent runs with their state, newest first."""
     runtime = Runtime.build(config, allow_offline=True)
-    for row in list_runs(runtime.journal, state=args.status):
-        line = f"{row.run:32} {row.state:10} updated {_when(row.updated_ms / 1000)}"
+    for row in list_runs(runtime.journal, state=args.status, steps=True):
+        usage = usage_of(record.result for record in row.steps)
+        line = (
+            f"{row.run:32} {row.state:10} updated {_when(row.updated_ms / 1000)}  "
+            f"{usage.calls} calls {dollars(usage.cost_usd)}"
+        )
         fate = _fate(row.meta)
         print(_printable(f"{line}  {fate}" if fate else line))
     return EXIT_OK
@@ -306,6 +311,13 @@ def _preview(value: Any, width: int = 60) -> str:
     return flat if len(flat) <= width else flat[: width - 3] + "..."
 
 
+def _cost(value: Any) -> str:
+    if not is_call(value):
+        return ""
+    cost = value.get("cost_usd")
+    return "unpriced" if cost is None else dollars(float(cost))
+
+
 def _usage(value: Any) -> str:
     if isinstance(value, dict) and "input_tokens" in value:
         return f"{value['input_tokens']}+{value['output_tokens']} tok"
@@ -361,17 +373,18 @@ def _render(view: RunView) -> str:
             f"waiting  {view.wait.kind} {view.wait.signal or view.wait.step} until {until}"
         )
     lines.append("")
-    lines.append(f"{'step':22} {'finished':23} {'try':>3} {'usage':>13}  result")
-    tokens = [0, 0]
+    lines.append(f"{'step':22} {'finished':23} {'try':>3} {'usage':>13} {'cost':>9}  result")
     for record in view.steps:
-        if isinstance(record.result, dict) and "input_tokens" in record.result:
-            tokens[0] += int(record.result["input_tokens"])
-            tokens[1] += int(record.result["output_tokens"])
         lines.append(
             f"{record.key:22} {_when(record.finished_at / 1000):23} {record.attempt:>3} "
-            f"{_usage(record.result):>13}  {_preview(record.result)}"
+            f"{_usage(record.result):>13} {_cost(record.result):>9}  {_preview(record.result)}"
         )
-    lines.append(f"\n{len(view.steps)} steps, {tokens[0]} input + {tokens[1]} output tokens")
+    usage = usage_of(record.result for record in view.steps)
+    unpriced = f" ({usage.unpriced} calls unpriced)" if usage.unpriced else ""
+    lines.append(
+        f"\n{len(view.steps)} steps, {usage.calls} model calls, {usage.input_tokens} input + "
+        f"{usage.output_tokens} output tokens, {dollars(usage.cost_usd)}{unpriced}"
+    )
     draft = view.step("draft")
     if view.wait is not None and view.wait.signal == "approval" and draft is not None:
         email = draft.result

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from journal.redact import add_secret, add_url_secrets, redact
+from tasks.cost import PriceTable
 from tasks.errors import BadInput
 
 # Variables whose values are secrets as a whole, and those that are URLs that may carry one.
@@ -122,6 +123,8 @@ class Config:
         run_retry_max_delay: the cap of that doubling delay, in seconds.
         give_up_after: seconds from a streak's first transient failure to failing the run for
             good; 0 turns automatic retries off.
+        max_cost_usd: a run's model budget in dollars; None for no limit.
+        prices: the per-model price table a call's cost is computed with.
         soft_shutdown_timeout: seconds a worker stopping cold (SIGQUIT, or SIGTERM with
             ``REMAP_SIGTERM=SIGQUIT``) lets running deliveries finish before it stops them and
             hands their messages back to the broker.
@@ -158,6 +161,8 @@ class Config:
     run_retry_max_delay: float = 3600.0
     give_up_after: float = 86400.0
     soft_shutdown_timeout: float = 0.0
+    max_cost_usd: float | None = None
+    prices: PriceTable = field(default_factory=PriceTable)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -200,6 +205,8 @@ class Config:
             run_retry_max_delay=_number(env, "DIGEST_RUN_RETRY_MAX_DELAY", 3600, 0.1, 86400),
             give_up_after=_number(env, "DIGEST_GIVE_UP_AFTER", 86400, 0, 30 * 86400),
             soft_shutdown_timeout=_number(env, "DIGEST_SOFT_SHUTDOWN_TIMEOUT", 0, 0, 3600),
+            max_cost_usd=_number(env, "DIGEST_MAX_COST_USD", 0, 0, 1e6) or None,
+            prices=PriceTable.from_env(env),
         )
         config.check()
         return config
@@ -229,6 +236,14 @@ class Config:
             raise BadInput(
                 f"DIGEST_MODEL_TIMEOUT={self.model_timeout:g} must be shorter than "
                 f"DIGEST_TASK_TIME_LIMIT={self.task_time_limit:g}"
+            )
+        unpriced = [
+            m for m in (self.summary_model, self.intro_model) if m not in self.prices.prices
+        ]
+        if self.max_cost_usd is not None and unpriced:
+            raise BadInput(
+                f"DIGEST_MAX_COST_USD is set but {', '.join(unpriced)} has no price, so its "
+                "calls could not count against it; add it to DIGEST_PRICES or DIGEST_PRICES_FILE"
             )
         if self.run_retry_delay > self.run_retry_max_delay:
             raise BadInput(

@@ -16,12 +16,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from journal import Effect, RetryPolicy, Run
+from journal import Effect, RetryPolicy, Run, codec
+from tasks.cost import BudgetExceeded, is_call
 from tasks.errors import EveryItemRefused, ItemRefused, ModelUnavailable
 from tasks.items import Item, load_items
 from tasks.keys import text
 from tasks.mail import Email, Receipt
-from tasks.model import is_transient, retry_after_seconds
+from tasks.model import Completion, is_transient, retry_after_seconds
 from tasks.runtime import Runtime
 
 CRASH_EXIT_STATUS = 137
@@ -89,7 +90,7 @@ def run_digest(
         summaries = run.map(
             "summarize",
             week,
-            lambda item: summarize(runtime, item, calls),
+            lambda item: summarize(runtime, run, item, calls),
             key=lambda item: item.id,
             concurrency=config.concurrency,
             retry=policy,
@@ -106,7 +107,7 @@ def run_digest(
 
     # 3. The opening paragraph, from the summaries.
     with giving_up("compose", policy):
-        intro = run.step("compose", lambda: compose(runtime, kept, calls), retry=policy)
+        intro = run.step("compose", lambda: compose(runtime, run, kept, calls), retry=policy)
     email = draft_email(run.run_id, to or config.recipient, intro["text"], kept)
     if dry_run:
         return report("dry-run", len(kept), calls, skipped=skipped, email=email)
@@ -143,15 +144,16 @@ def select_unseen(runtime: Runtime, path: Path) -> list[dict[str, str]]:
     return [item.to_json() for item in load_items(path) if item.id not in seen]
 
 
-def summarize(runtime: Runtime, item: Item, calls: CallCounter) -> dict[str, Any]:
+def summarize(runtime: Runtime, run: Run, item: Item, calls: CallCounter) -> dict[str, Any]:
     """One model call; a refusal of this item's prompt skips the item only.
 
     Any other refusal (``ModelRefused``: the account, the key, the model) propagates and fails
     the run: it would refuse every item alike.
     """
+    within_budget(runtime, run, f"summarize:{item.id}")
     calls.add()
     try:
-        return runtime.summarizer.summarize(item).to_json()
+        return priced(runtime, runtime.summarizer.summarize(item))
     except ItemRefused as refused:
         return {"error": f"the model refused this item: {refused}"}
 
@@ -167,10 +169,42 @@ def every_item_refused(skipped: list[dict[str, str]]) -> EveryItemRefused:
     )
 
 
-def compose(runtime: Runtime, kept: list[tuple[Item, str]], calls: CallCounter) -> dict[str, Any]:
+def compose(
+    runtime: Runtime, run: Run, kept: list[tuple[Item, str]], calls: CallCounter
+) -> dict[str, Any]:
     """One model call for the opening paragraph."""
+    within_budget(runtime, run, "compose")
     calls.add()
-    return runtime.summarizer.compose(kept).to_json()
+    return priced(runtime, runtime.summarizer.compose(kept))
+
+
+def priced(runtime: Runtime, completion: Completion) -> dict[str, Any]:
+    """The step result of a call: its text and tokens, and its cost at today's prices."""
+    result = completion.to_json()
+    result["cost_usd"] = runtime.config.prices.cost(
+        completion.model, completion.input_tokens, completion.output_tokens
+    )
+    return result
+
+
+def within_budget(runtime: Runtime, run: Run, step: str) -> None:
+    """Refuse a call that could take the run past ``DIGEST_MAX_COST_USD``.
+
+    The spend is read from the journal (every attempt's recorded calls, replayed or not), and
+    the next call is reckoned as dear as the dearest so far: the run stops while it is still
+    within budget, give or take the calls already in flight beside this one.
+
+    Raises:
+        BudgetExceeded: the spend so far plus that reckoning is over the budget.
+    """
+    budget = runtime.config.max_cost_usd
+    if budget is None:
+        return
+    results = [codec.loads(raw).get("result") for raw in runtime.client.hvals(run.keys.steps)]
+    costs = [float(r["cost_usd"]) for r in results if is_call(r) and r.get("cost_usd") is not None]
+    spent = sum(costs)
+    if spent + max(costs, default=0.0) > budget:
+        raise BudgetExceeded(run.keys.run, spent, budget, step)
 
 
 def draft_email(run_id: str, to: str, intro: str, kept: list[tuple[Item, str]]) -> Email:

@@ -166,17 +166,29 @@ def test_with_the_model_api_a_crash_costs_only_the_calls_in_flight(
     )
     assert {s["key"]: s["attempt"] for s in steps if s["attempt"] != 1} == {"compose": 2}
     tokens = [0, 0]
+    spent = 0.0
     for step in steps:
-        usage = ""
+        usage = cost = ""
         if step["key"].startswith("summarize:") or step["key"] == "compose":
             result = step["result"]
             assert result["input_tokens"] > 0 and result["output_tokens"] > 0
             tokens = [tokens[0] + result["input_tokens"], tokens[1] + result["output_tokens"]]
             usage = f"{result['input_tokens']}+{result['output_tokens']} tok"
+            # The default prices, per million tokens: haiku 1/5 summarizes, sonnet 3/15 composes.
+            rate = (3, 15) if step["key"] == "compose" else (1, 5)
+            price = (result["input_tokens"] * rate[0] + result["output_tokens"] * rate[1]) / 1e6
+            assert result["cost_usd"] == pytest.approx(price)
+            spent += price
+            cost = f"${price:.4f}"
         finished = datetime.fromtimestamp(step["finished_at"] / 1000, UTC)
         when = finished.strftime("%Y-%m-%d %H:%M:%S UTC")
-        assert f"\n{step['key']:22} {when:23} {step['attempt']:>3} {usage:>13}  " in shown.stdout
-    assert shown.stdout.endswith(f"\n13 steps, {tokens[0]} input + {tokens[1]} output tokens\n")
+        assert (
+            f"\n{step['key']:22} {when:23} {step['attempt']:>3} {usage:>13} {cost:>9}  "
+            in shown.stdout
+        )
+    assert shown.stdout.endswith(
+        f"\n13 steps, 9 model calls, {tokens[0]} input + {tokens[1]} output tokens, ${spent:.4f}\n"
+    )
     assert "status   done\nlease    free\n" in shown.stdout
 
     runs = deployment.cli("runs")
