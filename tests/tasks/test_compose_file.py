@@ -82,6 +82,7 @@ def test_the_worker_runs_four_slots_against_the_compose_redis(compose: dict[str,
         "worker",
         "--loglevel=INFO",
         "--concurrency=4",
+        "-E",  # task events, for Flower
     ]
     env = environment(worker)
     assert env["REDIS_URL"] == "redis://redis:6379/0"
