@@ -36,6 +36,9 @@ class RetryPolicy:
         max_delay: the cap of the computed back-off (a server's retry-after may exceed it).
         retryable: which exceptions are transient.
         retry_after: the server's own hint, in seconds, if the exception carries one.
+        max_retry_after: the longest hint honoured; a longer one waits this long. A server
+            (or a proxy) answering ``retry-after: 999999999`` or a date decades ahead would
+            otherwise suspend the run for as long, and the week would be lost in silence.
         suspend_over: back-offs longer than this become a durable sleep instead of a blocked
             worker.
     """
@@ -45,6 +48,7 @@ class RetryPolicy:
     max_delay: float = 30.0
     retryable: Callable[[BaseException], bool] = _never
     retry_after: Callable[[BaseException], float | None] = _no_hint
+    max_retry_after: float = 3600.0
     suspend_over: float = 30.0
 
     def __post_init__(self) -> None:
@@ -54,13 +58,13 @@ class RetryPolicy:
     def delay(self, attempt: int, error: BaseException, rng: random.Random | None = None) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based).
 
-        The server's hint wins when it is longer than our own back-off: waiting less than it
-        asked only earns another 429.
+        The server's hint wins when it is longer than our own back-off (waiting less than it
+        asked only earns another 429), up to ``max_retry_after``.
         """
         ceiling = min(self.max_delay, self.base_delay * 2 ** (attempt - 1))
         backoff = (rng or random).uniform(ceiling / 2, ceiling)
         hint = self.retry_after(error)
-        return max(backoff, hint) if hint is not None else backoff
+        return backoff if hint is None else max(backoff, min(hint, self.max_retry_after))
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,8 @@ class Config:
             limit, so a hung call fails as a retryable error instead of holding the run.
         retry_base_delay: the first back-off of a failed model call, in seconds.
         long_backoff: back-offs longer than this become a durable sleep, in seconds.
+        max_retry_after: the longest ``retry-after`` from the model API that is honoured, in
+            seconds; a longer one (a misbehaving proxy, a date years ahead) waits this long.
         smtp_url: real SMTP delivery; None means the file outbox.
         smtp_timeout: seconds for each SMTP operation; also how long after claiming the send a
             worker may still start DATA, and so how long a later holder waits for a claimant
@@ -142,6 +144,7 @@ class Config:
     model_timeout: float = 20.0
     retry_base_delay: float = 1.0
     long_backoff: float = 30.0
+    max_retry_after: float = 3600.0
     smtp_url: str | None = None
     smtp_timeout: float = 30.0
     smtp_require_tls: bool = False
@@ -186,6 +189,7 @@ class Config:
             model_timeout=_number(env, "DIGEST_MODEL_TIMEOUT", 20, 1, 600),
             retry_base_delay=_number(env, "DIGEST_RETRY_BASE_DELAY", 1.0, 0, 60),
             long_backoff=_number(env, "DIGEST_LONG_BACKOFF", 30, 0, 3600),
+            max_retry_after=_number(env, "DIGEST_MAX_RETRY_AFTER", 3600, 1, 86400),
             smtp_url=env.get("DIGEST_SMTP_URL") or None,
             smtp_timeout=_number(env, "DIGEST_SMTP_TIMEOUT", 30, 1, 600),
             smtp_require_tls=_flag(env, "DIGEST_SMTP_REQUIRE_TLS"),

@@ -60,6 +60,7 @@ def model_retry_policy(runtime: Runtime) -> RetryPolicy:
         max_delay=30.0,
         retryable=is_transient,
         retry_after=retry_after_seconds,
+        max_retry_after=runtime.config.max_retry_after,
         suspend_over=runtime.config.long_backoff,
     )
 

@@ -119,6 +119,32 @@ def test_a_long_retry_after_suspends_the_run_and_the_sweep_retries_it_later(
     assert journal.client.zscore(journal.keyspace.due, keys.run) is None
 
 
+@pytest.mark.parametrize(
+    "retry_after", ["999999999", "1e300", "Fri, 31 Dec 2100 23:59:59 GMT"], ids=str.split
+)
+def test_an_enormous_retry_after_is_capped_at_max_retry_after(
+    runtime: Runtime, fake_anthropic: FakeAnthropic, retry_after: str
+) -> None:
+    journal = runtime.journal
+    clock = journal.clock
+    assert isinstance(clock, ManualClock)
+    assert runtime.config.max_retry_after == 3600  # DIGEST_MAX_RETRY_AFTER's default
+    fake_anthropic.fail_next(
+        429, headers={"retry-after": retry_after}, contains='<update title="Faster search">'
+    )
+
+    first = journal.execute("digest", RUN, lambda run: run_digest(run, runtime, **run.args))
+
+    assert first.status == "waiting"
+    assert first.wait is not None
+    assert (first.wait.kind, first.wait.step) == ("retry", "summarize:i2")
+    # An hour from the 429, not decades: the run is retried today. (The clock stands still
+    # but for the back-offs slept, should an earlier attempt of the call have failed.)
+    assert first.wait.until == clock.now() + 3600
+    keys = journal.keys("digest", RUN)
+    assert journal.client.zscore(journal.keyspace.due, keys.run) == millis(clock.now() + 3600)
+
+
 def test_a_delivery_before_the_back_off_ends_waits_again_without_calling_the_model(
     runtime: Runtime, fake_anthropic: FakeAnthropic
 ) -> None:
