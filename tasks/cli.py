@@ -75,6 +75,9 @@ def _parser() -> argparse.ArgumentParser:
     cancel.add_argument("--reason", default="", help="kept in the run's meta")
     retry = sub.add_parser("retry", help="hand a failed (or parked) run to the workers now")
     retry.add_argument("run_id")
+    console = sub.add_parser("console", help="the web console: runs, steps, actions")
+    console.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine)")
+    console.add_argument("--port", type=int, default=8765)
     fork = sub.add_parser("fork", help="a new run with this one's steps before STEP; runs the rest")
     fork.add_argument("run_id")
     fork.add_argument("--from", dest="step", required=True, metavar="STEP")
@@ -245,30 +248,22 @@ def cmd_reject(config: Config, run_id: str, args: argparse.Namespace) -> int:
 
 def _decide(config: Config, run_id: str, decision: dict[str, Any]) -> int:
     runtime = Runtime.build(config, allow_offline=True)
-    gate = inspect_run(runtime.journal, WORKFLOW, run_id).step("signal:approval")
-    if gate is not None and not gate.result["received"]:
-        # The journal holds the run's answer, and a late decision would never be read.
-        print(
-            f"digest: {WORKFLOW}:{run_id} expired waiting for a decision; that outcome stands",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-    stored = runtime.journal.send_signal(WORKFLOW, run_id, "approval", decision)
-    if not stored:
-        print(
-            f"digest: {WORKFLOW}:{run_id} already has a decision; the first one stands",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-    verb = "approved" if decision["approved"] else "rejected"
-    print(
-        f"{verb} {WORKFLOW}:{run_id}; a worker resumes it at the next sweep, "
-        f"or run `digest run {run_id}`"
-    )
+    print(control.decide(runtime, run_id, decision).line)
+    return EXIT_OK
+
+
+def cmd_console(config: Config, run_id: str, args: argparse.Namespace) -> int:
+    """Serve the web console until interrupted; the web stack is imported only here."""
+    from tasks import console
+
+    token = console.check_binding(args.host)
+    runtime = Runtime.build(config, allow_offline=True)
+    console.serve(runtime, args.host, args.port, token)
     return EXIT_OK
 
 
 COMMANDS = {
+    "console": cmd_console,
     "run": cmd_run,
     "enqueue": cmd_enqueue,
     "show": cmd_show,

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from journal import control
+from journal.inspect import inspect_run
+from tasks.errors import BadInput
 from tasks.runtime import Runtime
 
 WORKFLOW = "digest"
@@ -59,4 +61,24 @@ def fork(runtime: Runtime, run_id: str, step: str, new_run_id: str | None = None
         keys.run_id,
         f"forked {WORKFLOW}:{run_id} at {step} as {keys.run} (task {task}); it keeps the steps "
         f"before {step} and runs the rest, its email keyed digest-{keys.run_id}",
+    )
+
+
+def decide(runtime: Runtime, run_id: str, decision: dict[str, Any]) -> Answer:
+    """Approve or reject a digest at its approval gate; the first decision stands.
+
+    Raises:
+        BadInput: the gate expired already, or a decision was made before.
+    """
+    gate = inspect_run(runtime.journal, WORKFLOW, run_id).step("signal:approval")
+    if gate is not None and not gate.result["received"]:
+        # The journal holds the run's answer, and a late decision would never be read.
+        raise BadInput(f"{WORKFLOW}:{run_id} expired waiting for a decision; that outcome stands")
+    if not runtime.journal.send_signal(WORKFLOW, run_id, "approval", decision):
+        raise BadInput(f"{WORKFLOW}:{run_id} already has a decision; the first one stands")
+    verb = "approved" if decision["approved"] else "rejected"
+    return Answer(
+        run_id,
+        f"{verb} {WORKFLOW}:{run_id}; a worker resumes it at the next sweep, "
+        f"or run `digest run {run_id}`",
     )

@@ -1,0 +1,116 @@
+"""The console's pages and guards, in-process with Flask's test client on a real journal.
+
+Untrusted text (model output, item titles) reaches the page escaped; secrets masked; every
+action needs the page's CSRF token; a console bound beyond loopback needs its token.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import redis
+
+from journal import Journal, Keyspace, Run
+from journal.redact import add_secret
+from tasks.config import Config
+from tasks.console import check_binding, create_app
+from tasks.errors import BadInput
+from tasks.keys import DigestKeys
+from tasks.mail import FileOutbox
+from tasks.model import OfflineSummarizer
+from tasks.runtime import Runtime
+
+HOSTILE = '<img src=x onerror="alert(1)"><script>alert(2)</script>'
+
+
+@pytest.fixture
+def runtime(real_redis: redis.Redis, prefix: str, tmp_path: Path) -> Runtime:
+    journal = Journal(real_redis, keyspace=Keyspace(prefix))
+    return Runtime(
+        config=Config(key_prefix=prefix, state_dir=tmp_path),
+        client=real_redis,
+        journal=journal,
+        keys=DigestKeys(prefix),
+        summarizer=OfflineSummarizer(),
+        mailer=FileOutbox(tmp_path / "outbox"),
+    )
+
+
+def hostile_run(run: Run) -> None:
+    run.step(
+        "summarize:x",
+        lambda: {
+            "text": HOSTILE,
+            "input_tokens": 3,
+            "output_tokens": 2,
+            "model": "claude-haiku-5-5",
+            "cost_usd": 0.25,
+        },
+    )
+    run.step("draft", lambda: {"to": "t@example.com", "subject": HOSTILE, "body": "sk-secret-123"})
+    run.wait_for_signal("approval", timeout=600)
+
+
+def test_model_output_is_escaped_and_secrets_masked(runtime: Runtime) -> None:
+    add_secret("sk-secret-123")
+    runtime.journal.execute("digest", "w1", hostile_run)
+    client = create_app(runtime).test_client()
+
+    page = client.get("/runs/w1").get_data(as_text=True)
+    listing = client.get("/").get_data(as_text=True)
+
+    assert "<script>" not in page and "<img" not in page
+    assert "&lt;script&gt;alert(2)&lt;/script&gt;" in page
+    assert "sk-secret-123" not in page and "***" in page
+    assert 'id="approve"' in page and 'id="reject"' in page
+    assert "$0.2500" in page and "$0.2500" in listing
+    assert re.search(r'href="/runs/w1">w1</a>', listing)
+    assert "default-src 'none'" in client.get("/").headers["Content-Security-Policy"]
+
+
+def test_an_action_without_the_pages_token_or_from_another_site_is_refused(
+    runtime: Runtime,
+) -> None:
+    runtime.journal.execute("digest", "w1", hostile_run)
+    client = create_app(runtime).test_client()
+    token = re.search(r'name="csrf" value="([^"]+)"', client.get("/runs/w1").get_data(as_text=True))
+    assert token is not None
+
+    assert client.post("/runs/w1/cancel").status_code == 403
+    assert client.post("/runs/w1/cancel", data={"csrf": "guess"}).status_code == 403
+    cross = client.post(
+        "/runs/w1/cancel", data={"csrf": token.group(1)}, headers={"Sec-Fetch-Site": "cross-site"}
+    )
+    assert cross.status_code == 403
+    assert runtime.journal.meta(runtime.journal.keys("digest", "w1"))["status"] == "waiting"
+
+    done = client.post("/runs/w1/cancel", data={"csrf": token.group(1)})
+    assert (done.status_code, done.headers["Location"]) == (303, "/runs/w1")
+    assert runtime.journal.meta(runtime.journal.keys("digest", "w1"))["status"] == "cancelled"
+    assert "cancelled digest:w1; nothing more will run or be sent" in client.get(
+        "/runs/w1"
+    ).get_data(as_text=True)
+
+
+def test_a_console_beyond_loopback_needs_its_token(runtime: Runtime) -> None:
+    with pytest.raises(BadInput, match="needs DIGEST_CONSOLE_TOKEN"):
+        check_binding("0.0.0.0", {})
+    assert check_binding("127.0.0.1", {}) is None
+    secret = "a-long-console-token"
+    assert check_binding("0.0.0.0", {"DIGEST_CONSOLE_TOKEN": secret}) == secret
+    client = create_app(runtime, token=secret).test_client()
+
+    assert client.get("/").status_code == 401
+    assert client.get("/?token=wrong").status_code == 401
+    entered = client.get("/?token=" + secret)
+    assert entered.status_code == 302
+    assert client.get("/").status_code == 200  # the cookie it set
+    assert (
+        create_app(runtime, token=secret)
+        .test_client()
+        .get("/", headers={"Authorization": f"Bearer {secret}"})
+        .status_code
+        == 200
+    )
