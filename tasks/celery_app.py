@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import ssl
+import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
@@ -24,12 +26,21 @@ from journal.embedded import embedded_broker_url
 from journal.redact import redact_logging
 from tasks.config import Config
 from tasks.dispatch import dispatch_due
+from tasks.errors import BadInput
 from tasks.runtime import broker_url, worker_runtime
 from tasks.workflow import crash_point, run_digest
 
 log = logging.getLogger("tasks.digest")
 
-config = Config.from_env()
+try:
+    config = Config.from_env()
+except BadInput as bad:
+    if Path(sys.argv[0]).name != "celery" and not sys.argv[0].endswith("celery/__main__.py"):
+        raise  # imported by other code (`from tasks import digest`): its exception to handle
+    # `celery -A tasks worker` or beat refusing a setting: one line and exit status 2, like
+    # the CLI, instead of a traceback from inside Celery's app loading.
+    print(f"digest: {bad}", file=sys.stderr)
+    raise SystemExit(2) from None
 
 
 def result_backend(config: Config) -> str:

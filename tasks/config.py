@@ -65,6 +65,9 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
     raise BadInput(f"{name}={raw!r}: not a flag; use 1 or 0")
 
 
+AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+
+
 def _check_url(name: str, url: str | None, schemes: tuple[str, ...] | None) -> None:
     """Refuse a URL its client would reject with a traceback; the password shown masked."""
     if url is None:
@@ -127,6 +130,10 @@ class Config:
             good; 0 turns automatic retries off.
         max_cost_usd: a run's model budget in dollars; None for no limit.
         prices: the per-model price table a call's cost is computed with.
+        consumer_timeout: RabbitMQ's delivery acknowledgement timeout (its ``consumer_timeout``,
+            30 minutes unless the broker's configuration or a queue policy says otherwise),
+            in seconds. A delivery still running then has its channel closed and its message
+            redelivered, so with an AMQP broker the task time limit must stay below it.
         soft_shutdown_timeout: seconds a worker stopping cold (SIGQUIT, or SIGTERM with
             ``REMAP_SIGTERM=SIGQUIT``) lets running deliveries finish before it stops them and
             hands their messages back to the broker.
@@ -163,6 +170,7 @@ class Config:
     run_retry_delay: float = 60.0
     run_retry_max_delay: float = 3600.0
     give_up_after: float = 86400.0
+    consumer_timeout: float = 1800.0
     soft_shutdown_timeout: float = 0.0
     max_cost_usd: float | None = None
     prices: PriceTable = field(default_factory=PriceTable)
@@ -208,6 +216,7 @@ class Config:
             run_retry_delay=_number(env, "DIGEST_RUN_RETRY_DELAY", 60, 0.1, 86400),
             run_retry_max_delay=_number(env, "DIGEST_RUN_RETRY_MAX_DELAY", 3600, 0.1, 86400),
             give_up_after=_number(env, "DIGEST_GIVE_UP_AFTER", 86400, 0, 30 * 86400),
+            consumer_timeout=_number(env, "DIGEST_CONSUMER_TIMEOUT", 1800, 60, 7 * 86400),
             soft_shutdown_timeout=_number(env, "DIGEST_SOFT_SHUTDOWN_TIMEOUT", 0, 0, 3600),
             max_cost_usd=_number(env, "DIGEST_MAX_COST_USD", 0, 0, 1e6) or None,
             prices=PriceTable.from_env(env),
@@ -235,6 +244,18 @@ class Config:
                 f"DIGEST_TASK_TIME_LIMIT={self.task_time_limit:g} must stay below 90% of "
                 f"DIGEST_VISIBILITY_TIMEOUT={self.visibility_timeout:g}, or the broker "
                 "redelivers tasks that are still running"
+            )
+        # Checked, not set: an x-consumer-timeout argument is ignored before RabbitMQ 3.12 (its
+        # 30 minutes still apply), and as a queue argument it makes every later declaration of
+        # an existing queue fail (PRECONDITION_FAILED). The broker's operator owns the timeout.
+        amqp = self.broker_url is not None and urlsplit(self.broker_url).scheme in AMQP_SCHEMES
+        if amqp and self.task_time_limit >= self.consumer_timeout * 0.9:
+            raise BadInput(
+                f"DIGEST_TASK_TIME_LIMIT={self.task_time_limit:g} must stay below 90% of "
+                f"RabbitMQ's consumer timeout (DIGEST_CONSUMER_TIMEOUT={self.consumer_timeout:g}"
+                "), or RabbitMQ closes the channel of a delivery still running and redelivers "
+                f"it; lower DIGEST_TASK_TIME_LIMIT to {int(self.consumer_timeout * 0.9) - 1} or "
+                "less, or raise consumer_timeout on the broker and DIGEST_CONSUMER_TIMEOUT to match"
             )
         if self.model_timeout >= self.task_time_limit:
             raise BadInput(

@@ -45,7 +45,8 @@ def on_rabbitmq(request: pytest.FixtureRequest, live: Deployment) -> Iterator[De
             f"RabbitMQ at {AMQP_URL} is not reachable ({exc}); start it or set TEST_AMQP_URL"
         )
     queue = f"digest-test-{uuid.uuid4().hex[:12]}"
-    live.env.update(CELERY_BROKER_URL=AMQP_URL, DIGEST_QUEUE=queue)
+    # Below 90% of RabbitMQ's default 30 min consumer timeout, or the worker refuses to start.
+    live.env.update(CELERY_BROKER_URL=AMQP_URL, DIGEST_QUEUE=queue, DIGEST_TASK_TIME_LIMIT="1500")
     if request.param == "shared-redis-journal":
         live.env["REDIS_URL"] = request.getfixturevalue("shared_redis_url")
     yield live

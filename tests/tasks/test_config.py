@@ -58,6 +58,7 @@ def test_every_variable_is_read() -> None:
             "DIGEST_MODEL_TIMEOUT": "20",
             "DIGEST_RETRY_BASE_DELAY": "0.5",
             "DIGEST_LONG_BACKOFF": "10",
+            "DIGEST_MAX_RETRY_AFTER": "600",
             "DIGEST_SMTP_URL": "smtp://mail:25",
             "DIGEST_SMTP_REQUIRE_TLS": "1",
             "DIGEST_FROM": "news@acme.test",
@@ -74,6 +75,7 @@ def test_every_variable_is_read() -> None:
             "DIGEST_RUN_RETRY_DELAY": "30",
             "DIGEST_RUN_RETRY_MAX_DELAY": "900",
             "DIGEST_GIVE_UP_AFTER": "0",
+            "DIGEST_CONSUMER_TIMEOUT": "3000",
         }
     )
     assert config == Config(
@@ -89,6 +91,7 @@ def test_every_variable_is_read() -> None:
         model_timeout=20.0,
         retry_base_delay=0.5,
         long_backoff=10.0,
+        max_retry_after=600.0,
         smtp_url="smtp://mail:25",
         smtp_require_tls=True,
         sender="news@acme.test",
@@ -105,6 +108,7 @@ def test_every_variable_is_read() -> None:
         run_retry_delay=30.0,
         run_retry_max_delay=900.0,
         give_up_after=0.0,
+        consumer_timeout=3000.0,
     )
 
 
@@ -202,6 +206,35 @@ def test_the_task_time_limit_must_stay_below_90_percent_of_the_visibility_timeou
     message = str(caught.value)
     assert message.startswith(f"DIGEST_TASK_TIME_LIMIT={limit} must stay below 90% of ")
     assert "DIGEST_VISIBILITY_TIMEOUT=3600" in message
+
+
+@pytest.mark.parametrize(
+    ("broker", "env", "refused"),
+    [
+        ("amqp://mq//", {}, True),  # RabbitMQ's 30 min default equals the 30 min limit
+        ("pyamqp://mq//", {"DIGEST_TASK_TIME_LIMIT": "1620"}, True),
+        ("amqps://mq//", {"DIGEST_TASK_TIME_LIMIT": "1619"}, False),
+        ("amqp://mq//", {"DIGEST_CONSUMER_TIMEOUT": "3600"}, False),  # raised on the broker too
+        ("redis://mq:6379/0", {}, False),  # Redis has no consumer timeout, only visibility
+        (None, {}, False),
+    ],
+)
+def test_with_rabbitmq_the_time_limit_must_stay_below_its_consumer_timeout(
+    broker: str | None, env: dict[str, str], refused: bool
+) -> None:
+    env = {**env, **({"CELERY_BROKER_URL": broker} if broker else {})}
+    if not refused:
+        Config.from_env(env)
+        return
+    with pytest.raises(BadInput) as caught:
+        Config.from_env(env)
+    limit = env.get("DIGEST_TASK_TIME_LIMIT", "1800")
+    assert str(caught.value) == (
+        f"DIGEST_TASK_TIME_LIMIT={limit} must stay below 90% of RabbitMQ's consumer timeout "
+        "(DIGEST_CONSUMER_TIMEOUT=1800), or RabbitMQ closes the channel of a delivery still "
+        "running and redelivers it; lower DIGEST_TASK_TIME_LIMIT to 1619 or less, or raise "
+        "consumer_timeout on the broker and DIGEST_CONSUMER_TIMEOUT to match"
+    )
 
 
 def test_the_model_timeout_must_be_shorter_than_the_task_time_limit() -> None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 from typing import Any
 
 import pytest
 
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.support import Deployment, Worker, wait_until
+from tests.support import BIN, ROOT, Deployment, Worker, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -96,3 +97,26 @@ def test_the_pool_children_share_the_sdk_the_main_process_imported(
     sdk = re.findall(r"^import time:.*\| anthropic$", log, re.MULTILINE)
     assert len(sdk) == 1
     assert log.index(sdk[0]) < log.index(" ready.")
+
+
+@pytest.mark.parametrize("program", ["worker", "beat"])
+def test_with_rabbitmq_a_time_limit_at_its_consumer_timeout_is_refused_at_start(
+    deployment: Deployment, program: str
+) -> None:
+    # Nothing listens on port 9: the refusal comes before any connection is tried.
+    env = {**deployment.env, "CELERY_BROKER_URL": "amqp://guest:s3cret@127.0.0.1:9//"}
+    started = subprocess.run(
+        [str(BIN / "celery"), "-A", "tasks", program],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (started.returncode, started.stdout) == (2, ""), started.stderr
+    assert started.stderr.splitlines() == [
+        "digest: DIGEST_TASK_TIME_LIMIT=1800 must stay below 90% of RabbitMQ's consumer timeout "
+        "(DIGEST_CONSUMER_TIMEOUT=1800), or RabbitMQ closes the channel of a delivery still "
+        "running and redelivers it; lower DIGEST_TASK_TIME_LIMIT to 1619 or less, or raise "
+        "consumer_timeout on the broker and DIGEST_CONSUMER_TIMEOUT to match"
+    ]
