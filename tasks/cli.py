@@ -342,7 +342,8 @@ def _when_ms(meta: dict[str, str], name: str) -> str:
 
 def _render(view: RunView) -> str:
     meta = view.meta
-    lines = [f"run      {view.run}", f"status   {view.status}"]
+    fate = _fate(meta)  # the next retry, or that it gave up
+    lines = [f"run      {view.run}", f"status   {view.status} {fate}".rstrip()]
     if meta.get("cancel"):
         lines.append(
             f"cancel   {meta['cancel']} (asked {_when(int(meta['cancel_requested_at']) / 1000)})"
