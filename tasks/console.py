@@ -184,7 +184,7 @@ def create_app(runtime: Runtime, *, token: str | None = None) -> Flask:
             "frame-ancestors 'none'; base-uri 'none'"
         )
         answer.headers["X-Content-Type-Options"] = "nosniff"
-        answer.headers["Referrer-Policy"] = "no-referrer"
+        answer.headers["Referrer-Policy"] = "same-origin"  # no-referrer would send Origin: null
         answer.headers["Cache-Control"] = "no-store"
         return answer
 

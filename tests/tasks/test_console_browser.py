@@ -1,0 +1,161 @@
+"""The console driven in a real headless browser against real processes.
+
+Debian's ``chromium`` driven by Playwright's Python API (the system browser: nothing is
+downloaded), a real ``digest console``, a real worker and beat on an isolated deployment, the
+offline summarizer in the CLI and the fake Anthropic API on the worker. The operator lists
+runs, opens one, approves a waiting run and sees its email go out, rejects another, cancels a
+running one and forks a finished one from a step. Each page is saved to ``docs/``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tasks.keys import DigestKeys
+from tests.fakes.anthropic_server import FakeAnthropic
+from tests.support import BIN, ROOT, Deployment, wait_until
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = Path("/usr/bin/chromium")
+DOCS = ROOT / "docs"
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        pytest.skip("no browser: install Debian's chromium (apt-get install -y chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    with sync_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def console(deployment: Deployment, port: int) -> subprocess.Popen[bytes]:
+    log = (deployment.state_dir / "console.log").open("ab")
+    process = subprocess.Popen(
+        [str(BIN / "digest"), "console", "--port", str(port)],
+        cwd=ROOT,
+        env=deployment.env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    deployment.processes.append(process)
+
+    def answers() -> bool:
+        assert process.poll() is None, (deployment.state_dir / "console.log").read_text()
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    wait_until(answers, 20, "the console to listen")
+    return process
+
+
+def state_of(page: Any, url: str, wanted: str) -> bool:
+    page.goto(url)
+    return str(page.locator("#state").inner_text()) == wanted
+
+
+def test_an_operator_steers_runs_from_the_console(
+    deployment: Deployment, fake_anthropic: FakeAnthropic, browser: Any
+) -> None:
+    for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"):
+        deployment.env.pop(name, None)
+    cli = deployment.cli
+    assert cli("run", "2026-w40", "--approval").returncode == 0  # waits: approved below
+    assert cli("run", "2026-w41", "--approval").returncode == 0  # waits: rejected below
+    assert cli("run", "2026-w42").returncode == 0  # sent: forked below
+    worker_env = {**fake_anthropic.env(), "DIGEST_CONCURRENCY": "1"}
+    deployment.worker("w1", concurrency=2, env=worker_env)
+    deployment.beat()
+    port = free_port()
+    console(deployment, port)
+    base = f"http://127.0.0.1:{port}"
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    DOCS.mkdir(exist_ok=True)
+
+    # The runs page, newest first, each run a link.
+    page.goto(base + "/")
+    weeks = page.locator("#runs tbody tr td:first-child a").all_inner_texts()
+    assert weeks == ["2026-w42", "2026-w41", "2026-w40"]
+    assert "approval at signal:approval until" in page.locator("#runs").inner_text()
+    page.screenshot(path=str(DOCS / "console-runs.png"), full_page=True)
+
+    # Open a waiting run, read its draft, approve it: its email goes out.
+    page.click("text=2026-w40")
+    assert "Your weekly digest (2026-w40)" in page.locator("#approval pre").inner_text()
+    page.screenshot(path=str(DOCS / "console-run-approval.png"), full_page=True)
+    page.click("#approve")
+    assert "approved digest:2026-w40" in page.locator(".flash.ok").inner_text()
+    outbox = deployment.state_dir / "outbox"
+    wait_until(lambda: (outbox / "digest-2026-w40.json").exists(), 30, "the approved email")
+    wait_until(lambda: state_of(page, base + "/runs/2026-w40", "done"), 30, "w40 done")
+    steps = page.locator("#steps tbody tr").all_inner_texts()
+    assert steps[0].startswith("select\treplayed") and steps[-1].startswith("done\tran")
+    page.screenshot(path=str(DOCS / "console-run.png"), full_page=True)
+
+    # Reject another: it ends without sending.
+    page.goto(base + "/runs/2026-w41")
+    page.fill("#reason", "the intro is wrong")
+    page.click("#reject")
+    wait_until(lambda: state_of(page, base + "/runs/2026-w41", "done"), 30, "w41 done")
+    assert deployment.view("2026-w41").step("send") is None
+    assert not (outbox / "digest-2026-w41.json").exists()
+
+    # Cancel a running one: held in its first model call, it stops before its next step.
+    deployment.client().delete(DigestKeys(deployment.env["DIGEST_KEY_PREFIX"]).seen)
+    fake_anthropic.hold()
+    assert cli("enqueue", "2026-w43").returncode == 0
+    fake_anthropic.wait_for_calls(1, timeout=30)
+    page.goto(base + "/runs/2026-w43")
+    page.click("#cancel")
+    assert "cancelling digest:2026-w43" in page.locator(".flash.ok").inner_text()
+    fake_anthropic.release()
+    wait_until(lambda: state_of(page, base + "/runs/2026-w43", "cancelled"), 30, "w43 cancelled")
+    assert [r.key for r in deployment.view("2026-w43").steps] == ["select", "summarize:i1"]
+    assert fake_anthropic.calls == 1
+
+    # Fork a finished one from its compose step: a new run, its own email.
+    page.goto(base + "/runs/2026-w42")
+    page.locator("#steps tbody tr", has_text="compose").locator("button.fork").click()
+    assert (
+        "forked digest:2026-w42 at compose as digest:2026-w42-fork1"
+        in page.locator(".flash.ok").inner_text()
+    )
+    assert page.url.endswith("/runs/2026-w42-fork1")
+    wait_until(lambda: state_of(page, base + "/runs/2026-w42-fork1", "done"), 30, "the fork done")
+    assert (outbox / "digest-2026-w42-fork1.json").exists()
+    assert "from digest:2026-w42 at compose" in page.inner_text("dl")
+
+    # Readable on a phone: the runs page at a phone's width keeps week, status and cost.
+    phone = browser.new_page(viewport={"width": 390, "height": 844})
+    phone.goto(base + "/")
+    assert phone.locator("#runs th.wide").first.is_hidden()
+    phone.screenshot(path=str(DOCS / "console-runs-phone.png"), full_page=True)
+    assert shutil.which("chromium") or CHROMIUM.exists()
