@@ -22,10 +22,12 @@ from typing import Any
 import redis
 from celery import Celery, Task
 
+from journal.arguments import check_arguments
 from journal.clock import SystemClock
 from journal.errors import (
     CorruptJournal,
     GaveUp,
+    InvalidArguments,
     InvalidRunId,
     JournalError,
     LeaseBusy,
@@ -113,12 +115,26 @@ class Durable:
         # second app's sweep would run the first app's journal.
         app.task(name=SWEEP_TASK, ignore_result=True, shared=False)(sweep)
 
-    def workflow(self, name: str, *, task_name: str, **options: Any) -> Callable[[Workflow], Task]:
-        """Turn ``fn(run, **kwargs)`` into a task delivered as ``task.delay(run_id, **kwargs)``."""
+    def workflow(
+        self,
+        name: str,
+        *,
+        task_name: str,
+        defaults: Callable[[], dict[str, Any]] | None = None,
+        **options: Any,
+    ) -> Callable[[Workflow], Task]:
+        """Turn ``fn(run, **kwargs)`` into a task delivered as ``task.delay(run_id, **kwargs)``.
+
+        The keyword options are checked against ``fn``'s signature before anything is written
+        (``journal.arguments``). ``defaults()`` fills the options a delivery left out (a
+        setting read from the environment, say), so they are frozen with the others at the
+        run's first start and a later change of the environment cannot change a started run.
+        """
 
         def decorate(fn: Workflow) -> Task:
             def deliver(task: Task, run_id: str, **kwargs: Any) -> dict[str, Any]:
-                return self._deliver(task, name, fn, run_id, kwargs)
+                args = kwargs if defaults is None else {**defaults(), **kwargs}
+                return self._deliver(task, name, fn, run_id, args)
 
             deliver.__doc__ = fn.__doc__
             task: Task = self.app.task(
@@ -144,6 +160,7 @@ class Durable:
         try:
             journal = self._journal()
             keys = journal.keys(name, run_id)
+            check_arguments(keys.run, fn, kwargs)
             try:
                 journal.call(journal.client.hincrby, keys.meta, "deliveries", 1)
             except redis.ResponseError as exc:
@@ -151,8 +168,8 @@ class Durable:
             outcome = journal.execute(
                 name, run_id, lambda run: fn(run, **run.args), args=kwargs, on_step=self._on_step
             )
-        except InvalidRunId as invalid:
-            log.error("%s", invalid)
+        except (InvalidRunId, InvalidArguments) as invalid:
+            log.error("%s", invalid)  # one line; redelivering cannot fix it
             return {"run": f"{name}:{run_id!r}", "status": "invalid", "error": str(invalid)}
         except CorruptJournal as corrupt:
             # Redelivering would only meet the same field: a person has to look at it.

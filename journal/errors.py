@@ -2,6 +2,7 @@
 
     JournalError
     ├── InvalidRunId          a run id that would build an unsafe or ambiguous key
+    ├── InvalidArguments      options the workflow's signature does not take, or of a wrong type
     ├── LeaseBusy             another live holder has the run; carries the time it has left
     ├── LeaseLost             our lease expired or was taken over; nothing more may be written
     │   └── Fenced            a write was refused because a newer holder owns the run
@@ -50,6 +51,22 @@ class InvalidRunId(JournalError):
         return (
             f"invalid run id {self.run_id!r}: {self.problem}; "
             "use 1-128 characters of letters, digits, '.', '_' or '-' (for example 2026-w42)"
+        )
+
+
+class InvalidArguments(JournalError):
+    """A delivery's options are refused before anything is journaled or frozen."""
+
+    def __init__(self, run: str, problem: str, takes: str) -> None:
+        super().__init__(run, problem, takes)
+        self.run = run
+        self.problem = problem
+        self.takes = takes
+
+    def __str__(self) -> str:
+        return (
+            f"run {self.run}: invalid arguments: {self.problem}; nothing was started; "
+            f"the workflow takes {self.takes or 'no options'}"
         )
 
 

@@ -129,10 +129,21 @@ durable = Durable(
 )
 
 
-@durable.workflow("digest", task_name="tasks.digest")
-def digest(run: Any, **options: Any) -> dict[str, Any]:
-    """The weekly digest for one run id: ``digest.delay("2026-w42")``."""
-    return run_digest(run, worker_runtime(), **options)
+def frozen_settings() -> dict[str, Any]:
+    """The recipient and the approval gate, read at a run's first start and frozen with it."""
+    return {"to": config.recipient, "approval": config.approval}
+
+
+@durable.workflow("digest", task_name="tasks.digest", defaults=frozen_settings)
+def digest(
+    run: Any, *, to: str | None = None, items: str | None = None, approval: bool | None = None
+) -> dict[str, Any]:
+    """The weekly digest for one run id: ``digest.delay("2026-w42")``.
+
+    A dry run is a command-line preview (``digest run --dry-run``) in a scratch journal; a
+    worker never runs one, so ``dry_run`` is refused here like any unknown option.
+    """
+    return run_digest(run, worker_runtime(), to=to, items=items, approval=approval)
 
 
 @app.task(name="tasks.dispatch_weekly", ignore_result=True)

@@ -36,7 +36,7 @@ from tasks.items import load_items
 from tasks.model import OfflineSummarizer
 from tasks.runtime import Runtime
 from tasks.schedule import iso_week_run_id
-from tasks.workflow import crash_point, receipt_line, run_digest
+from tasks.workflow import crash_point, draft_digest, receipt_line, run_digest
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BUSY = 0, 1, 2, 3
 WORKFLOW = "digest"
@@ -132,9 +132,15 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
     view = inspect_run(journal, workflow, run_id)
     if view.step("select") is None and view.status not in ("done", "cancelled"):
         load_items(args.items or config.items_path)  # bad input: refused before any write
-    options: dict[str, Any] = {"to": args.to, "items": args.items, "dry_run": args.dry_run}
-    if args.approval:
-        options["approval"] = True
+    # What a worker would freeze (tasks.celery_app.digest): the recipient and the gate are
+    # read now, at the first start, and a later change of the environment changes nothing.
+    options: dict[str, Any] = {
+        "to": args.to or config.recipient,
+        "items": args.items,
+        "approval": True if args.approval else config.approval,
+    }
+    if args.dry_run:  # the scratch journal only: a worker never runs a preview
+        options["dry_run"] = True
     try:
         outcome = journal.execute(
             workflow,
@@ -384,7 +390,10 @@ def _render(view: RunView) -> str:
     draft = view.step("draft")
     if view.wait is not None and view.wait.signal == "approval" and draft is not None:
         email = draft.result
-        lines.append(f"\nawaiting approval:\nTo: {email['to']}\nSubject: {email['subject']}\n")
+        lines.append(
+            f"\nawaiting approval (draft {draft_digest(email)}):\n"
+            f"To: {email['to']}\nSubject: {email['subject']}\n"
+        )
         lines.append(email["body"])
     return "\n".join(lines)
 

@@ -14,6 +14,7 @@ from journal import control
 from journal.inspect import inspect_run
 from tasks.errors import BadInput
 from tasks.runtime import Runtime
+from tasks.workflow import draft_digest
 
 WORKFLOW = "digest"
 
@@ -67,18 +68,33 @@ def fork(runtime: Runtime, run_id: str, step: str, new_run_id: str | None = None
 def decide(runtime: Runtime, run_id: str, decision: dict[str, Any]) -> Answer:
     """Approve or reject a digest at its approval gate; the first decision stands.
 
+    The decision is stored only for a run waiting at its gate with a recorded draft, and names
+    that draft by its digest: nothing is approved before anyone could see it.
+
     Raises:
-        BadInput: the gate expired already, or a decision was made before.
+        BadInput: the run does not wait for a decision, its gate expired already, or a
+            decision was made before.
     """
-    gate = inspect_run(runtime.journal, WORKFLOW, run_id).step("signal:approval")
+    view = inspect_run(runtime.journal, WORKFLOW, run_id)
+    gate = view.step("signal:approval")
     if gate is not None and not gate.result["received"]:
         # The journal holds the run's answer, and a late decision would never be read.
         raise BadInput(f"{WORKFLOW}:{run_id} expired waiting for a decision; that outcome stands")
-    if not runtime.journal.send_signal(WORKFLOW, run_id, "approval", decision):
+    draft = view.step("draft")
+    waiting = view.status == "waiting" and view.wait is not None and view.wait.signal == "approval"
+    if not waiting or draft is None:
+        # Deciding early would approve a draft nobody has seen, or one that does not exist yet.
+        state = "it does not exist" if view.status == "new" else f"it is {view.status}"
+        raise BadInput(
+            f"{WORKFLOW}:{run_id} is not waiting for approval ({state}); nothing was decided: "
+            "decide on a run `digest show` lists as awaiting approval"
+        )
+    digest = draft_digest(draft.result)
+    if not runtime.journal.send_signal(WORKFLOW, run_id, "approval", {**decision, "draft": digest}):
         raise BadInput(f"{WORKFLOW}:{run_id} already has a decision; the first one stands")
     verb = "approved" if decision["approved"] else "rejected"
     return Answer(
         run_id,
-        f"{verb} {WORKFLOW}:{run_id}; a worker resumes it at the next sweep, "
+        f"{verb} {WORKFLOW}:{run_id} (draft {digest}); a worker resumes it at the next sweep, "
         f"or run `digest run {run_id}`",
     )

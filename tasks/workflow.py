@@ -8,6 +8,8 @@ a key derived from the run or are a set union, so repeating them is harmless.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sys
 import threading
@@ -16,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from journal import Effect, RetryPolicy, Run, codec
+from journal import Effect, RetryPolicy, Run, SignalResult, codec
 from tasks.cost import BudgetExceeded, is_call
 from tasks.errors import EveryItemRefused, ItemRefused, ModelUnavailable
 from tasks.items import Item, load_items
@@ -115,12 +117,15 @@ def run_digest(
 
     # An optional human gate: the run suspends (no worker slot held) until approved.
     if config.approval if approval is None else approval:
-        run.step("draft", lambda: email_json(email))
+        # The reviewer approves this recorded draft, by its digest, and exactly it is sent.
+        drafted = run.step("draft", lambda: email_json(email))
+        email = Email(**drafted)
         decision = run.wait_for_signal("approval", timeout=config.approval_timeout)
-        if decision.timed_out or not decision.payload.get("approved"):
+        reason = _refusal(decision, draft_digest(drafted))
+        if reason is not None:
             status = "expired" if decision.timed_out else "rejected"
             run.step("done", lambda: True)
-            return report(status, 0, calls, skipped=skipped, reason=_reason(decision.payload))
+            return report(status, 0, calls, skipped=skipped, reason=reason or None)
 
     # 4. The side effect, fenced: claimed, the lease confirmed right before delivery, the
     #    receipt saved right after; a repeat carries an idempotency key derived from the run.
@@ -219,6 +224,12 @@ def email_json(email: Email) -> dict[str, str]:
     return {"to": email.to, "subject": email.subject, "body": email.body}
 
 
+def draft_digest(draft: dict[str, str]) -> str:
+    """What an approval names: the recorded draft's SHA-256, short, over its canonical JSON."""
+    canonical = json.dumps(draft, sort_keys=True, ensure_ascii=False).encode()
+    return hashlib.sha256(canonical).hexdigest()[:16]
+
+
 def send(runtime: Runtime, key: str, email: Email, effect: Effect) -> dict[str, Any]:
     """Deliver as a fenced effect; the dangerous moment is after delivery, before the record."""
     receipt = runtime.mailer.send(key, email, effect)
@@ -267,10 +278,17 @@ def receipt_line(result: dict[str, Any]) -> str:
     return f", email {state} ({receipt.id})"
 
 
-def _reason(payload: Any) -> str | None:
-    return (
-        str(payload.get("reason")) if isinstance(payload, dict) and payload.get("reason") else None
-    )
+def _refusal(decision: SignalResult, digest: str) -> str | None:
+    """None to send; else why not ("" for a decision that gave no reason)."""
+    payload = decision.payload if isinstance(decision.payload, dict) else {}
+    if decision.timed_out or not payload.get("approved"):
+        return str(payload.get("reason") or "")
+    if payload.get("draft") != digest:
+        return (
+            f"the approval names draft {payload.get('draft')!r}, the recorded draft is "
+            f"{digest!r}: nothing was sent"
+        )
+    return None
 
 
 @contextmanager

@@ -15,6 +15,7 @@ import pytest
 
 from journal.clock import millis
 from tasks.keys import DigestKeys
+from tasks.workflow import draft_digest
 from tests.support import Deployment, wait_until
 
 pytestmark = pytest.mark.slow
@@ -81,8 +82,11 @@ def test_an_approved_digest_is_sent_once_and_a_second_decision_is_refused(
     assert "status   waiting\n" in shown
     assert "lease    free\n" in shown
     assert f"waiting  signal approval until {when(until)}\n" in shown
+    draft = deployment.view(RUN).step("draft")
+    assert draft is not None
+    digest_of_draft = draft_digest(draft.result)
     assert (
-        "awaiting approval:\nTo: team@example.com\n"
+        f"awaiting approval (draft {digest_of_draft}):\nTo: team@example.com\n"
         f"Subject: Your weekly digest ({RUN})\n\nThis week brings 8 updates: Dark mode, "
     ) in shown
     assert "* Keyboard shortcuts: Press ? anywhere to see every keyboard shortcut." in shown
@@ -92,12 +96,12 @@ def test_an_approved_digest_is_sent_once_and_a_second_decision_is_refused(
     assert deployment.client().zscore(due, f"digest:{RUN}") == millis(until)
 
     approved = digest(deployment, "approve", RUN)
-    assert approved.stdout == (
-        f"approved digest:{RUN}; a worker resumes it at the next sweep, or run `digest run {RUN}`\n"
-    )
+    assert approved.stdout.startswith(f"approved digest:{RUN} (draft {digest_of_draft}); ")
     again = digest(deployment, "approve", RUN, code=2)
     assert again.stderr == f"digest: digest:{RUN} already has a decision; the first one stands\n"
-    assert deployment.view(RUN).signals == {"approval": {"approved": True}}
+    assert deployment.view(RUN).signals == {
+        "approval": {"approved": True, "draft": digest_of_draft}
+    }
 
     resumed = digest(deployment, "run", RUN)
     assert "  ran      signal:approval\n  ran      send\n" in resumed.stdout
@@ -114,7 +118,7 @@ def test_a_rejected_digest_ends_without_sending_or_marking_anything(
     wait_for_approval(deployment)
 
     rejected = digest(deployment, "reject", RUN, "--reason", "typo in the intro")
-    assert rejected.stdout.startswith(f"rejected digest:{RUN}; ")
+    assert rejected.stdout.startswith(f"rejected digest:{RUN} (draft ")
     ended = digest(deployment, "run", RUN)
 
     assert last_line(ended) == "rejected: 0 items, 0 model calls in this attempt"
@@ -154,3 +158,43 @@ def test_an_undecided_digest_expires_without_sending_or_marking_anything(
         f"digest: digest:{RUN} expired waiting for a decision; that outcome stands\n"
     )
     assert deployment.view(RUN).signals == {}
+
+
+def test_a_decision_is_refused_unless_the_run_waits_for_one_with_a_draft(
+    deployment: Deployment,
+) -> None:
+    for verb in (["approve", RUN], ["reject", RUN, "--reason", "no"]):
+        refused = digest(deployment, *verb, code=2)
+        assert refused.stderr == (
+            f"digest: digest:{RUN} is not waiting for approval (it does not exist); nothing was "
+            "decided: decide on a run `digest show` lists as awaiting approval\n"
+        )
+    assert deployment.view(RUN).signals == {}  # nothing pre-approved: the run does not exist
+
+    digest(deployment, "run", RUN)  # no gate: sent at once
+    refused = digest(deployment, "approve", RUN, code=2)
+    assert "is not waiting for approval (it is done)" in refused.stderr
+    assert deployment.view(RUN).signals == {}
+
+
+def test_the_recipient_and_the_gate_are_frozen_and_exactly_the_draft_is_sent(
+    deployment: Deployment,
+) -> None:
+    deployment.env.update(DIGEST_APPROVAL="1", DIGEST_TO="reviewed@example.com")
+    waiting = digest(deployment, "run", RUN)
+    assert "waiting: signal approval" in waiting.stdout
+    draft = deployment.view(RUN).step("draft")
+    assert draft is not None and draft.result["to"] == "reviewed@example.com"
+
+    # Changed after review: neither may change what the reviewer approved.
+    deployment.env.update(DIGEST_APPROVAL="0", DIGEST_TO="someone-else@example.com")
+    digest(deployment, "approve", RUN)
+    resumed = digest(deployment, "run", RUN)
+
+    assert last_line(resumed).startswith("sent: 8 items")
+    [sent] = deployment.outbox()
+    delivered = json.loads(sent.read_text())
+    assert {k: delivered[k] for k in ("to", "subject", "body")} == draft.result
+    assert deployment.view(RUN).meta["args"] == json.dumps(
+        {"to": "reviewed@example.com", "items": None, "approval": True}, separators=(",", ":")
+    )
