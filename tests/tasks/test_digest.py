@@ -479,6 +479,42 @@ def test_a_dry_run_sends_nothing_marks_nothing_and_leaves_no_journal(
     assert digest.seen() == {"a", "b", "c"}
 
 
+def test_the_command_names_the_retry_and_then_the_give_up(
+    digest: LocalDigest,
+    fake_anthropic: FakeAnthropic,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    shared_redis_url: str,
+) -> None:
+    monkeypatch.setenv("REDIS_URL", shared_redis_url)
+    monkeypatch.setenv("DIGEST_KEY_PREFIX", digest.prefix)
+    monkeypatch.setenv("DIGEST_STATE_DIR", str(digest.outbox_dir.parent))
+    monkeypatch.setenv("DIGEST_ITEMS", str(digest.items))
+    monkeypatch.setenv("DIGEST_RETRY_BASE_DELAY", "0.01")
+    monkeypatch.setenv("DIGEST_GIVE_UP_AFTER", "0.5")
+    fake_anthropic.fail_next(529, times=5, contains="<updates>")  # compose: the model is down
+
+    assert main(["run", "w1"]) == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("failed: run digest:w1 failed (ModelUnavailable: compose: the model ")
+    assert "; the due sweep retries it at " in line
+    assert main(["show", "w1"]) == 0
+    assert "\nstatus   retrying (next retry " in capsys.readouterr().out
+    assert main(["runs"]) == 0
+    assert "transient failures so far: 1)" in capsys.readouterr().out
+
+    time.sleep(0.5)  # past DIGEST_GIVE_UP_AFTER: the next failure is the last
+    fake_anthropic.fail_next(529, times=5, contains="<updates>")
+    assert main(["run", "w1"]) == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("failed: run digest:w1 failed for good after 2 transient failures")
+    assert main(["show", "w1"]) == 0
+    assert "\nstatus   failed for good (gave up " in capsys.readouterr().out
+    assert main(["runs"]) == 0
+    assert "transient failures: 2; not retried again)" in capsys.readouterr().out
+    assert digest.outbox() == []
+
+
 def test_titles_reach_the_model_escaped_and_the_email_verbatim(
     digest: LocalDigest, fake_anthropic: FakeAnthropic, tmp_path: Path
 ) -> None:
