@@ -158,7 +158,7 @@ def _rows(
                 pipe.hgetall(run_keys.steps)
         replies = iter(journal.call(pipe.execute))
         for run_keys, (_, score) in zip(keys, members, strict=True):
-            meta = {k.decode(): v.decode() for k, v in next(replies).items()}
+            meta = decode_meta(run_keys.run, next(replies))
             records = (
                 ordered(decode_journal(run_keys.run, next(replies)).values()) if with_steps else []
             )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from journal import CorruptJournal, Journal, Run
-from journal.inspect import inspect_run
+from journal.inspect import inspect_run, list_runs
 
 
 def waits_for_approval(run: Run) -> object:
@@ -124,3 +124,13 @@ def test_a_parked_run_with_a_corrupt_count_is_named_not_a_value_error(make_journ
     with pytest.raises(CorruptJournal) as caught:
         journal.execute("wf", "r1", lambda run: None)
     assert caught.value.field == "meta.starts_without_progress"
+
+
+def test_a_listing_names_a_run_whose_meta_is_not_text(make_journal) -> None:
+    journal = make_journal()
+    journal.execute("wf", "r1", lambda run: None)
+    journal.client.hset(journal.keys("wf", "r1").meta, "last_error", b"\xc3\x28")
+    with pytest.raises(CorruptJournal) as caught:
+        list_runs(journal)
+    assert (caught.value.run, caught.value.field) == ("wf:r1", "meta.last_error")
+    assert "not UTF-8" in str(caught.value)
