@@ -36,6 +36,7 @@ from journal.errors import (
     RunParked,
     StoreUnavailable,
 )
+from journal.keys import RunKeys
 from journal.redact import redact_exception
 from journal.steps import StepEvent
 from journal.store import Journal, Outcome, jitter
@@ -228,6 +229,36 @@ class Durable:
         delay = outcome.wait.until - SystemClock().now()
         if 0 < delay <= self.max_countdown:
             task.apply_async(args=[run_id], kwargs=kwargs, countdown=delay)
+
+    def send_signal(
+        self,
+        workflow: str,
+        run_id: str,
+        name: str,
+        payload: Any,
+        journal: Journal | None = None,
+    ) -> bool:
+        """Deliver a signal and, when the run waits for it, enqueue the run at once.
+
+        No sweep is needed to resume it (a worker and no beat is enough); the due index still
+        holds it as the safety net should this message be lost. ``journal`` defaults to the
+        workers' own, for callers outside a worker (a command line) that have one already.
+
+        Returns:
+            True if this payload was stored; False if a signal of that name was already there.
+        """
+        journal = journal or self._journal()
+        task = self.tasks[workflow]
+
+        def enqueue(keys: RunKeys) -> None:
+            try:
+                task.apply_async(args=[keys.run_id], kwargs=journal.run_args(keys))
+            except Exception as down:  # the broker: the signal is stored, the sweep wakes it
+                log.warning(
+                    "%s woken but not enqueued (%s); the due sweep resumes it", keys.run, down
+                )
+
+        return journal.send_signal(workflow, run_id, name, payload, on_wake=enqueue)
 
     def sweep(self, limit: int = 100) -> int:
         """Enqueue the runs whose wake-up or lease-expiry time has come.

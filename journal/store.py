@@ -543,11 +543,21 @@ class Journal:
         pipe.zrem(self.keyspace.due, keys.run)
         return int(self.call(pipe.execute)[0])
 
-    def send_signal(self, workflow: str, run_id: str, name: str, payload: Any) -> bool:
+    def send_signal(
+        self,
+        workflow: str,
+        run_id: str,
+        name: str,
+        payload: Any,
+        *,
+        on_wake: Callable[[RunKeys], Any] | None = None,
+    ) -> bool:
         """Deliver a signal: stored first-wins, then the run is woken if it waits for it.
 
         Stored before the wait is checked, and the run checks for it in the same script that
-        records its wait, so a signal racing a run about to suspend is never lost.
+        records its wait, so a signal racing a run about to suspend is never lost. Woken means
+        due now in the index (the sweep's safety net) and ``on_wake(keys)`` called, for a
+        queue that can start the run at once.
 
         Returns:
             True if this payload was stored; False if a signal of that name was already there.
@@ -560,6 +570,8 @@ class Journal:
             waiting_for = Wait.from_meta(keys.run, wait)
             if waiting_for.signal == name:
                 self.call(self.client.zadd, self.keyspace.due, {keys.run: millis(self.clock.now())})
+                if on_wake is not None:
+                    on_wake(keys)
         return stored
 
     def claim_due(self, limit: int = 100) -> list[RunKeys]:

@@ -89,12 +89,16 @@ def decide(runtime: Runtime, run_id: str, decision: dict[str, Any]) -> Answer:
             f"{WORKFLOW}:{run_id} is not waiting for approval ({state}); nothing was decided: "
             "decide on a run `digest show` lists as awaiting approval"
         )
+    from tasks.celery_app import durable
+
     digest = draft_digest(draft.result)
-    if not runtime.journal.send_signal(WORKFLOW, run_id, "approval", {**decision, "draft": digest}):
+    decided = {**decision, "draft": digest}
+    # Stored, and the run enqueued at once: a worker resumes it without waiting for a sweep.
+    if not durable.send_signal(WORKFLOW, run_id, "approval", decided, runtime.journal):
         raise BadInput(f"{WORKFLOW}:{run_id} already has a decision; the first one stands")
     verb = "approved" if decision["approved"] else "rejected"
     return Answer(
         run_id,
-        f"{verb} {WORKFLOW}:{run_id} (draft {digest}); a worker resumes it at the next sweep, "
+        f"{verb} {WORKFLOW}:{run_id} (draft {digest}); a worker resumes it now, "
         f"or run `digest run {run_id}`",
     )
