@@ -5,6 +5,14 @@ often and is idempotent: every scheduled occurrence since the last one dispatche
 ``catch_up_weeks`` back) is enqueued once, guarded by a ``SET NX`` marker per run id, with the
 Celery task id ``digest-<run>``. On a first deployment only the latest occurrence is sent,
 so installing the app never mails a month of old digests.
+
+The marker is taken in two steps so a crash between it and the publish cannot lose a week: a
+short *claim* naming the dispatcher's process (``CLAIM_TTL_S``), the publish, then the
+long-lived marker. A dispatcher that died holding a claim is proved gone on its host
+(``journal.holder``) and its claim taken over at once; anywhere else the claim expires within
+a minute and the hourly catch-up dispatches the week. A publish that happens twice (a claim
+taken over from a dispatcher that had published but not yet marked) is two deliveries of one
+run: the run's journal and lease make that one email.
 """
 
 from __future__ import annotations
@@ -15,10 +23,14 @@ from zoneinfo import ZoneInfo
 
 import redis
 
+from journal.holder import ProcessIdentity
 from tasks.keys import DigestKeys, text
 from tasks.schedule import run_ids_due
+from tasks.workflow import crash_point
 
 MARKER_TTL_S = 400 * 24 * 3600  # longer than any look-back, short enough to expire
+CLAIM_TTL_S = 60  # a publish takes milliseconds; well inside the hourly catch-up
+CLAIM = "claimed by "
 
 
 def dispatch_due(
@@ -37,17 +49,34 @@ def dispatch_due(
     candidates = due[-1:] if watermark is None else [r for r in due if r > watermark]
     enqueued: list[str] = []
     for run_id in candidates:
-        if client.set(keys.dispatched(run_id), now.isoformat(), nx=True, ex=MARKER_TTL_S):
+        marker = keys.dispatched(run_id)
+        if _claim(client, marker):
+            crash_point("dispatch:before-publish")
             try:
                 enqueue(run_id)
             except BaseException:
-                # The broker did not take it: drop the marker so the next dispatch tries again,
+                # The broker did not take it: drop the claim so the next dispatch tries again,
                 # or this week's digest would never be sent.
-                client.delete(keys.dispatched(run_id))
+                client.delete(marker)
                 raise
+            client.set(marker, now.isoformat(), ex=MARKER_TTL_S)
             enqueued.append(run_id)
     if candidates:
         # Markers already make every enqueue unique; the watermark only bounds the catch-up,
         # so a race between two dispatchers setting the same value is harmless.
         client.set(keys.dispatch_watermark, candidates[-1])
     return enqueued
+
+
+def _claim(client: redis.Redis, marker: str) -> bool:
+    """Claim the right to publish one run id: free, or held by a provably dead dispatcher."""
+    claim = CLAIM + ProcessIdentity.current().encode()
+    if client.set(marker, claim, nx=True, ex=CLAIM_TTL_S):
+        return True
+    held = client.get(marker)
+    if held is None or not text(held).startswith(CLAIM):
+        return False  # published already
+    claimant = ProcessIdentity.decode(text(held).removeprefix(CLAIM))
+    if claimant is None or not claimant.provably_gone():
+        return False  # a live dispatcher is publishing it now, or its claim will expire
+    return bool(client.set(marker, claim, xx=True, ex=CLAIM_TTL_S))
