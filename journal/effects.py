@@ -38,6 +38,7 @@ import redis
 
 from journal import codec
 from journal.errors import Fenced, LeaseLost
+from journal.events import emit
 from journal.holder import ProcessIdentity
 from journal.keys import RunKeys
 from journal.lease import Heartbeat
@@ -174,6 +175,7 @@ class Effect:
     def _lost(self, status: int, what: str) -> LeaseLost:
         if status == -1:
             return LeaseLost(self._keys.run, f"the lease expired before effect {self.key!r} {what}")
+        emit("fenced")
         return Fenced(self._keys.run, f"effect {self.key!r} refused: the run has a newer holder")
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from journal.cancel import Cancelled
 from journal.errors import CorruptJournal, LeaseBusy, LeaseLost
+from journal.events import emit
 from journal.holder import ProcessIdentity
 from journal.keys import RunKeys
 from journal.scripts import Scripts, status_of
@@ -67,6 +68,7 @@ class Lease:
                 asked = time.monotonic()
                 reply = self._acquire(now_ms, me, holder)
                 if status_of("acquire", reply, (0, 1)) == 1:
+                    emit("takeover")
                     log.info(
                         "run %s: lease holder %s (pid %d on %s) is gone; taken over at once",
                         self.keys.run,
@@ -196,6 +198,7 @@ class Heartbeat:
         status = self._lease.renew(self._holder)
         if status == 0:
             self.lost.set()
+            emit("renewal_failed")
             return False
         if status == 2:
             self.cancelled.set()

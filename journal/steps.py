@@ -29,6 +29,7 @@ from journal.errors import (
     ReplayMismatch,
     UnserializableResult,
 )
+from journal.events import emit
 from journal.keys import RunKeys
 from journal.lease import Heartbeat
 from journal.retry import RetryPolicy
@@ -533,6 +534,7 @@ class Run:
             except Exception as error:
                 if retry is None or not retry.retryable(error) or attempt >= retry.max_attempts:
                     raise
+                emit("retry", type(error).__name__)
                 delay = retry.delay(attempt, error)
                 if delay > retry.suspend_over:
                     until = self.clock.now() + delay
@@ -567,6 +569,7 @@ class Run:
         if status == -1:
             raise LeaseLost(self.keys.run, f"the lease expired before {key!r} could be recorded")
         if status == -2:
+            emit("fenced")
             holder = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
             raise Fenced(self.keys.run, f"{key!r} refused: the run is now held by {holder}")
         # The result as replay will see it (JSON types), so every attempt computes alike.

@@ -18,16 +18,22 @@ from typing import Any
 
 from celery import Celery
 from celery.schedules import crontab
-from celery.signals import after_setup_logger, after_setup_task_logger, worker_init
+from celery.signals import (
+    after_setup_logger,
+    after_setup_task_logger,
+    worker_init,
+    worker_process_shutdown,
+)
 
 from journal import StepEvent
 from journal.durable import SWEEP_TASK, Durable, at_least_once_settings
 from journal.embedded import embedded_broker_url
+from journal.events import emit
 from journal.redact import redact_logging
 from tasks.config import Config
 from tasks.dispatch import dispatch_due
 from tasks.errors import BadInput
-from tasks.runtime import broker_url, worker_runtime
+from tasks.runtime import broker_url, connect, prepare_metrics, store_url, worker_runtime
 from tasks.workflow import crash_point, run_digest
 
 log = logging.getLogger("tasks.digest")
@@ -117,9 +123,39 @@ def mask_secrets_in_logs(logger: logging.Logger, **_: Any) -> None:
     redact_logging(logger)
 
 
+@worker_init.connect
+def serve_metrics(**_: Any) -> None:
+    """With ``DIGEST_METRICS_PORT``, the main process serves every pool child's counters, summed.
+
+    Set up before the pool forks, so each child counts into its own files in the shared
+    multiprocess directory and a scrape here adds them up, dead children's included.
+    """
+    if config.metrics_port is None:
+        return
+    prepare_metrics(config.state_dir / f"metrics-{os.getpid()}")
+    from prometheus_client import start_http_server
+
+    from journal import Journal, Keyspace
+    from tasks import metrics
+
+    journal = Journal(connect(store_url(config)), keyspace=Keyspace(config.key_prefix))
+    start_http_server(config.metrics_port, registry=metrics.registry(journal))
+    log.info("metrics on :%d/metrics", config.metrics_port)
+
+
+@worker_process_shutdown.connect
+def forget_child(pid: int | None = None, **_: Any) -> None:
+    """A pool child's live gauges go with it; its counters stay in the sum."""
+    if config.metrics_port is not None:
+        from tasks import metrics
+
+        metrics.child_exited(pid or os.getpid())
+
+
 def on_step(event: StepEvent) -> None:
-    """Log each step, and honour ``CRASH=after:<step>`` on the worker too."""
+    """Log and count each step, and honour ``CRASH=after:<step>`` on the worker too."""
     log.info("%s %s", "replayed" if event.replayed else "ran", event.key)
+    emit("step", "replayed" if event.replayed else "ran")
     if not event.replayed:
         crash_point(f"after:{event.key}")
 

@@ -128,6 +128,7 @@ class Config:
         run_retry_max_delay: the cap of that doubling delay, in seconds.
         give_up_after: seconds from a streak's first transient failure to failing the run for
             good; 0 turns automatic retries off.
+        metrics_port: the port a worker serves Prometheus metrics on; None for none.
         max_cost_usd: a run's model budget in dollars; None for no limit.
         prices: the per-model price table a call's cost is computed with.
         consumer_timeout: RabbitMQ's delivery acknowledgement timeout (its ``consumer_timeout``,
@@ -173,6 +174,7 @@ class Config:
     consumer_timeout: float = 1800.0
     soft_shutdown_timeout: float = 0.0
     max_cost_usd: float | None = None
+    metrics_port: int | None = None
     prices: PriceTable = field(default_factory=PriceTable)
 
     @classmethod
@@ -219,6 +221,7 @@ class Config:
             consumer_timeout=_number(env, "DIGEST_CONSUMER_TIMEOUT", 1800, 60, 7 * 86400),
             soft_shutdown_timeout=_number(env, "DIGEST_SOFT_SHUTDOWN_TIMEOUT", 0, 0, 3600),
             max_cost_usd=_number(env, "DIGEST_MAX_COST_USD", 0, 0, 1e6) or None,
+            metrics_port=_count(env, "DIGEST_METRICS_PORT", 0, 0, 65535) or None,
             prices=PriceTable.from_env(env),
         )
         config.check()

@@ -35,7 +35,7 @@ from journal.steps import Record
 from tasks import control
 from tasks.cost import dollars, is_call, usage_of
 from tasks.errors import BadInput, DigestError
-from tasks.runtime import Runtime
+from tasks.runtime import Runtime, prepare_metrics
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 TOKEN_COOKIE = "digest_console"
@@ -201,6 +201,16 @@ def create_app(runtime: Runtime, *, token: str | None = None) -> Flask:
         live = any(row["state"] in LIVE for row in rows)
         page = render_template("runs.html", rows=rows, wanted=wanted)
         return _refreshing(page, live)
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        # Imported here: the pages need neither prometheus_client nor its directory.
+        prepare_metrics(runtime.config.state_dir / "metrics-console")
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        from tasks import metrics as exported
+
+        return Response(generate_latest(exported.registry(journal)), mimetype=CONTENT_TYPE_LATEST)
 
     @app.get("/runs/<run_id>")
     def run(run_id: str) -> Any:

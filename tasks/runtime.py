@@ -10,6 +10,7 @@ import functools
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import redis
 
@@ -24,6 +25,20 @@ from tasks.mail import FileOutbox, Mailer, SmtpMailer
 from tasks.model import AnthropicSummarizer, Completion, OfflineSummarizer, Summarizer
 
 log = logging.getLogger(__name__)
+
+
+def prepare_metrics(directory: Path) -> None:
+    """Give ``prometheus_client``'s multiprocess mode a fresh directory, before it is imported.
+
+    Its value class is chosen at import from ``PROMETHEUS_MULTIPROC_DIR``; set later, pool
+    children would count in memory and their counts would never reach a scrape. A directory
+    already named in the environment is kept (several processes may share one).
+    """
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        directory.mkdir(parents=True, exist_ok=True)
+        for stale in directory.glob("*.db"):  # an earlier process's counts are not ours
+            stale.unlink()
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
 
 
 def store_url(config: Config) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from journal import Effect, RetryPolicy, Run, SignalResult, codec
+from journal.events import emit
 from tasks.cost import BudgetExceeded, is_call
 from tasks.errors import EveryItemRefused, ItemRefused, ModelUnavailable
 from tasks.items import Item, load_items
@@ -187,9 +188,15 @@ def compose(
 def priced(runtime: Runtime, completion: Completion) -> dict[str, Any]:
     """The step result of a call: its text and tokens, and its cost at today's prices."""
     result = completion.to_json()
-    result["cost_usd"] = runtime.config.prices.cost(
+    cost = runtime.config.prices.cost(
         completion.model, completion.input_tokens, completion.output_tokens
     )
+    result["cost_usd"] = cost
+    emit("model_call", completion.model)
+    emit("input_tokens", completion.model, completion.input_tokens)
+    emit("output_tokens", completion.model, completion.output_tokens)
+    if cost is not None:
+        emit("cost_usd", completion.model, cost)
     return result
 
 

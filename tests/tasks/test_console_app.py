@@ -114,3 +114,16 @@ def test_a_console_beyond_loopback_needs_its_token(runtime: Runtime) -> None:
         .status_code
         == 200
     )
+
+
+def test_the_console_serves_the_journals_gauges_at_metrics(
+    runtime: Runtime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    runtime.journal.execute("digest", "w1", hostile_run)
+
+    page = create_app(runtime).test_client().get("/metrics").get_data(as_text=True)
+
+    assert 'digest_runs{state="waiting"} 1.0' in page
+    assert 'digest_runs{state="done"} 0.0' in page
+    assert "digest_due_lag_seconds 0.0" in page

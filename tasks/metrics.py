@@ -1,0 +1,101 @@
+"""Prometheus metrics of the digest, correct under Celery's prefork pool.
+
+Counters live in ``prometheus_client``'s multiprocess mode: each pool child writes its own
+files under ``PROMETHEUS_MULTIPROC_DIR`` and a scrape sums them, so a child's counts are
+neither lost at fork nor when it exits. The worker sets that directory up before anything
+imports ``prometheus_client`` (``tasks.runtime.prepare_metrics``); the command line never
+imports this module, only the worker with ``DIGEST_METRICS_PORT`` and the console do.
+
+Counted where they happen, through ``journal.events`` (the journal knows nothing of
+Prometheus): steps ran and replayed, model calls, tokens and dollars by model, step retries by
+cause, lease takeovers, fenced writes refused, renewals failed. Read from Redis at scrape
+time: the due index's lag (age of its oldest overdue entry) and runs by state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, multiprocess
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from journal import Journal
+from journal.events import listen
+from journal.inspect import STATES, list_runs
+
+STEPS = Counter("digest_steps_total", "Steps passed, by outcome: ran or replayed.", ["outcome"])
+CALLS = Counter("digest_model_calls_total", "Model calls made, by model.", ["model"])
+TOKENS = Counter("digest_model_tokens_total", "Model tokens, by model and kind.", ["model", "kind"])
+COST = Counter("digest_model_cost_usd_total", "Dollars spent on model calls, by model.", ["model"])
+RETRIES = Counter("digest_step_retries_total", "Step attempts retried, by cause.", ["cause"])
+TAKEOVERS = Counter("digest_lease_takeovers_total", "Leases of provably dead holders taken over.")
+FENCED = Counter("digest_fenced_writes_refused_total", "Writes refused by the fence.")
+RENEWALS_FAILED = Counter(
+    "digest_lease_renewals_failed_total", "Lease renewals that found it lost."
+)
+
+
+def count(event: str, label: str, amount: float) -> None:
+    """The ``journal.events`` listener: one event, one counter."""
+    if event == "step":
+        STEPS.labels(label).inc(amount)
+    elif event == "model_call":
+        CALLS.labels(label).inc(amount)
+    elif event in ("input_tokens", "output_tokens"):
+        TOKENS.labels(label, event.removesuffix("_tokens")).inc(amount)
+    elif event == "cost_usd":
+        COST.labels(label).inc(amount)
+    elif event == "retry":
+        RETRIES.labels(label).inc(amount)
+    elif event == "takeover":
+        TAKEOVERS.inc(amount)
+    elif event == "fenced":
+        FENCED.inc(amount)
+    elif event == "renewal_failed":
+        RENEWALS_FAILED.inc(amount)
+
+
+listen(count)
+
+
+class JournalCollector(Collector):
+    """What only Redis knows, read at scrape time: due-index lag and runs by state."""
+
+    def __init__(self, journal: Journal, limit: int = 1000) -> None:
+        self.journal = journal
+        self.limit = limit
+
+    def collect(self) -> Iterator[Any]:
+        """Yield the two gauges."""
+        lag = GaugeMetricFamily(
+            "digest_due_lag_seconds", "Age of the oldest overdue entry of the due index (0: none)."
+        )
+        oldest = self.journal.client.zrange(self.journal.keyspace.due, 0, 0, withscores=True)
+        overdue = time.time() - float(oldest[0][1]) / 1000 if oldest else 0.0
+        lag.add_metric([], max(overdue, 0.0))
+        yield lag
+        states = GaugeMetricFamily(
+            "digest_runs", "Runs in the runs index by state (the newest 1000).", labels=["state"]
+        )
+        counts = dict.fromkeys(STATES, 0)
+        for row in list_runs(self.journal, limit=self.limit):
+            counts[row.state] = counts.get(row.state, 0) + 1
+        for state, n in counts.items():
+            states.add_metric([state], n)
+        yield states
+
+
+def registry(journal: Journal) -> CollectorRegistry:
+    """A registry summing every process's counters, plus the journal's gauges."""
+    collected = CollectorRegistry()
+    multiprocess.MultiProcessCollector(collected)  # type: ignore[no-untyped-call]
+    collected.register(JournalCollector(journal))
+    return collected
+
+
+def child_exited(pid: int) -> None:
+    """Forget a dead child's live gauges; its counters stay counted."""
+    multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]

@@ -1,0 +1,73 @@
+"""Prometheus metrics scraped from a real prefork worker, checked against the journal.
+
+A pool child is killed mid run (``CRASH``, like a kill -9); its counts must survive it, summed
+with the next child's through ``prometheus_client``'s multiprocess mode.
+"""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tasks.cost import is_call
+from tests.fakes.anthropic_server import FakeAnthropic
+from tests.support import CALLS, JOURNAL, Deployment, wait_until
+
+pytestmark = pytest.mark.slow
+
+RUN = "2026-w42"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_a_prefork_workers_metrics_add_up_its_children_and_match_the_journal(
+    deployment: Deployment, fake_anthropic: FakeAnthropic
+) -> None:
+    port = free_port()
+    env = {**fake_anthropic.env(), "DIGEST_CONCURRENCY": "1", "DIGEST_METRICS_PORT": str(port)}
+    worker = deployment.worker(
+        "w1", concurrency=2, env={**env, "CRASH": "after:summarize:i3"}, extra=("--pool=prefork",)
+    )
+    children = worker.children()
+    assert deployment.cli("enqueue", RUN).returncode == 0
+
+    wait_until(lambda: deployment.view(RUN).status == "done", 60, "the run to finish")
+    assert worker.children() != children or "exited with exitcode 137" in worker.text()
+    view = deployment.view(RUN)
+    assert [r.key for r in view.steps] == JOURNAL
+    calls = [r.result for r in view.steps if is_call(r.result)]
+    metrics = scrape(port)
+
+    assert metrics[("digest_steps_total", (("outcome", "ran"),))] == len(JOURNAL)
+    assert metrics[("digest_steps_total", (("outcome", "replayed"),))] == 4  # select, i1..i3
+    by_model: dict[str, list[dict[str, object]]] = {}
+    for call in calls:
+        by_model.setdefault(str(call["model"]), []).append(call)
+    assert sum(len(v) for v in by_model.values()) == CALLS == fake_anthropic.calls
+    for model, made in by_model.items():
+        label = (("model", model),)
+        assert metrics[("digest_model_calls_total", label)] == len(made)
+        for kind in ("input", "output"):
+            expected = sum(int(c[f"{kind}_tokens"]) for c in made)  # type: ignore[call-overload]
+            assert metrics[("digest_model_tokens_total", (("kind", kind), *label))] == expected
+        spent = sum(float(c["cost_usd"]) for c in made)  # type: ignore[arg-type]
+        assert metrics[("digest_model_cost_usd_total", label)] == pytest.approx(spent)
+    assert metrics[("digest_runs", (("state", "done"),))] == 1
+    assert metrics[("digest_due_lag_seconds", ())] == 0
