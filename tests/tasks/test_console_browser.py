@@ -4,11 +4,13 @@ Debian's ``chromium`` driven by Playwright's Python API (the system browser: not
 downloaded), a real ``digest console``, a real worker and beat on an isolated deployment, the
 offline summarizer in the CLI and the fake Anthropic API on the worker. The operator lists
 runs, opens one, approves a waiting run and sees its email go out, rejects another, cancels a
-running one and forks a finished one from a step. Each page is saved to ``docs/``.
+running one and forks a finished one from a step. Each page is saved as a screenshot, to
+``DIGEST_SCREENSHOTS`` when set (``DIGEST_SCREENSHOTS=docs`` refreshes the README's).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -25,7 +27,6 @@ from tests.support import BIN, ROOT, Deployment, wait_until
 pytestmark = pytest.mark.slow
 
 CHROMIUM = Path("/usr/bin/chromium")
-DOCS = ROOT / "docs"
 FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -83,8 +84,11 @@ def state_of(page: Any, url: str, wanted: str) -> bool:
 
 
 def test_an_operator_steers_runs_from_the_console(
-    deployment: Deployment, fake_anthropic: FakeAnthropic, browser: Any
+    deployment: Deployment, fake_anthropic: FakeAnthropic, browser: Any, tmp_path: Path
 ) -> None:
+    shots = (
+        ROOT / os.environ["DIGEST_SCREENSHOTS"] if "DIGEST_SCREENSHOTS" in os.environ else tmp_path
+    )
     for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"):
         deployment.env.pop(name, None)
     cli = deployment.cli
@@ -98,19 +102,19 @@ def test_an_operator_steers_runs_from_the_console(
     console(deployment, port)
     base = f"http://127.0.0.1:{port}"
     page = browser.new_page(viewport={"width": 1280, "height": 900})
-    DOCS.mkdir(exist_ok=True)
+    shots.mkdir(exist_ok=True)
 
     # The runs page, newest first, each run a link.
     page.goto(base + "/")
     weeks = page.locator("#runs tbody tr td:first-child a").all_inner_texts()
     assert weeks == ["2026-w42", "2026-w41", "2026-w40"]
     assert "approval at signal:approval until" in page.locator("#runs").inner_text()
-    page.screenshot(path=str(DOCS / "console-runs.png"), full_page=True)
+    page.screenshot(path=str(shots / "console-runs.png"), full_page=True)
 
     # Open a waiting run, read its draft, approve it: its email goes out.
     page.click("text=2026-w40")
     assert "Your weekly digest (2026-w40)" in page.locator("#approval pre").inner_text()
-    page.screenshot(path=str(DOCS / "console-run-approval.png"), full_page=True)
+    page.screenshot(path=str(shots / "console-run-approval.png"), full_page=True)
     page.click("#approve")
     assert "approved digest:2026-w40" in page.locator(".flash.ok").inner_text()
     outbox = deployment.state_dir / "outbox"
@@ -118,7 +122,7 @@ def test_an_operator_steers_runs_from_the_console(
     wait_until(lambda: state_of(page, base + "/runs/2026-w40", "done"), 30, "w40 done")
     steps = page.locator("#steps tbody tr").all_inner_texts()
     assert steps[0].startswith("select\treplayed") and steps[-1].startswith("done\tran")
-    page.screenshot(path=str(DOCS / "console-run.png"), full_page=True)
+    page.screenshot(path=str(shots / "console-run.png"), full_page=True)
 
     # Reject another: it ends without sending.
     page.goto(base + "/runs/2026-w41")
@@ -157,5 +161,5 @@ def test_an_operator_steers_runs_from_the_console(
     phone = browser.new_page(viewport={"width": 390, "height": 844})
     phone.goto(base + "/")
     assert phone.locator("#runs th.wide").first.is_hidden()
-    phone.screenshot(path=str(DOCS / "console-runs-phone.png"), full_page=True)
+    phone.screenshot(path=str(shots / "console-runs-phone.png"), full_page=True)
     assert shutil.which("chromium") or CHROMIUM.exists()
