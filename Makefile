@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-fast mutants lint install bench stop clean
+.PHONY: run test test-fast mutants coverage lint install bench stop clean
 
 $(BIN)/digest: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -32,6 +32,12 @@ test: lint
 test-fast: install
 	$(BIN)/pytest -q -m "not slow"
 
+# Lines of journal and tasks run by the whole suite, in every process it starts.
+coverage: install
+	rm -rf .coverage-data && mkdir .coverage-data
+	$(BIN)/coverage run -m pytest -q; status=$$?; \
+	$(BIN)/coverage combine -q && $(BIN)/coverage report; exit $$status
+
 # Each mutant breaks one guard of the protocol; the fast tests must fail for every one.
 mutants: install
 	$(BIN)/python -m tests.mutants
@@ -44,4 +50,4 @@ stop: install
 	$(BIN)/python -c 'from journal.embedded import stop_embedded; stop_embedded(".digest")'
 
 clean: stop
-	rm -rf $(VENV) .digest .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .digest .mypy_cache .ruff_cache .pytest_cache .coverage-data

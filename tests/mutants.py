@@ -289,8 +289,8 @@ MUTANTS = (
     python(
         "lease",
         "ensure ignores a loss the beat found",
-        "        if not self.lost.is_set():\n            stale",
-        "        if True:\n            stale",
+        "        if self.lost.is_set():\n            raise LeaseLost",
+        "        if False:\n            raise LeaseLost",
     ),
     python(
         "lease",

@@ -162,7 +162,18 @@ class Deployment:
         return process
 
     def close(self) -> None:
-        """Kill every process started here and stop the embedded server."""
+        """Kill every process started here and stop the embedded server.
+
+        Under ``make coverage`` each process is first asked to stop (SIGTERM: a worker's warm
+        shutdown ends its pool children too), so that every one saves what it measured.
+        """
+        if "COVERAGE_PROCESS_CONFIG" in os.environ:
+            for process in self.processes:
+                if process.poll() is None:
+                    process.send_signal(signal.SIGTERM)
+            for process in self.processes:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=10)
         for process in self.processes:
             if process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -251,6 +262,24 @@ class ThrowawayValkeys:
         for process in self.processes:
             process.kill()
             process.wait()
+
+
+class HeldPort:
+    """A loopback TCP port held by a bound socket that does not listen: connecting is refused.
+
+    Unlike binding a probe and closing it, which lets any other process take the port before
+    the test uses it, the port stays this test's own: ``socket`` is handed to the server that
+    is to answer on it (``start_server(..., sock=held.socket)``).
+    """
+
+    def __init__(self) -> None:
+        self.socket = socket.socket()
+        self.socket.bind(("127.0.0.1", 0))
+        self.port: int = self.socket.getsockname()[1]
+
+    def close(self) -> None:
+        """Let the port go."""
+        self.socket.close()
 
 
 class Relay:

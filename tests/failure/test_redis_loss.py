@@ -11,7 +11,6 @@ run resumes and completes: one email, nine model calls plus the one that was in 
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -29,22 +28,23 @@ pytestmark = pytest.mark.slow
 
 
 class Valkey:
-    """A Valkey server on its own port and directory, killable and restartable on its data."""
+    """A Valkey server on its own unix socket and directory, killable and restartable on its data.
+
+    A unix socket, not a TCP port: a restart finds its address free, never taken meanwhile.
+    """
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.socket = directory / "valkey.sock"
+        self.url = f"unix://{self.socket}"
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Valkey:
-        """Start (or restart) the server on this port and directory; wait for its PING."""
+        """Start (or restart) the server on this socket and directory; wait for its PING."""
         options = {
-            "port": str(self.port),
-            "bind": "127.0.0.1",
+            "port": "0",
+            "unixsocket": str(self.socket),
             "dir": str(self.directory),
             "appendonly": "yes",
             "appendfsync": "always",
@@ -60,7 +60,7 @@ class Valkey:
             stderr=subprocess.STDOUT,
         )
         client = redis.Redis.from_url(self.url)
-        wait_until(lambda: self._answers(client), 10, f"valkey on port {self.port}")
+        wait_until(lambda: self._answers(client), 10, f"valkey on {self.socket}")
         return self
 
     def kill(self) -> None:

@@ -8,7 +8,6 @@ failed for good, logged at ERROR with its id, and shown as such; nothing retries
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ from tests.failure.conftest import (
 )
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.smtp import Inbox, LoopbackController
-from tests.support import Deployment, wait_until
+from tests.support import Deployment, HeldPort, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -109,9 +108,8 @@ def test_the_model_api_down_fails_the_command_and_the_sweep_retries_it(
 def test_the_smtp_relay_down_at_send_time_is_retried_until_it_is_back(
     retrying: Deployment, fake_anthropic: FakeAnthropic
 ) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    held = HeldPort()  # refused until the relay comes back on this very socket
+    port = held.port
     retrying.env["DIGEST_SMTP_URL"] = f"smtp://127.0.0.1:{port}"  # nothing listens there yet
     keys = DigestKeys(retrying.env["DIGEST_KEY_PREFIX"])
     worker = retrying.worker("w1", concurrency=1)
@@ -134,7 +132,7 @@ def test_the_smtp_relay_down_at_send_time_is_retried_until_it_is_back(
 
     # The relay comes back; the run is retried without anyone enqueueing it again.
     inbox = Inbox()
-    relay = LoopbackController(inbox, hostname="127.0.0.1", port=port)
+    relay = LoopbackController(inbox, hostname="127.0.0.1", port=port, sock=held.socket)
     relay.start()
     try:
         back = time.time()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import email
 import email.policy
+import socket
 import threading
 from email.message import EmailMessage
 from typing import Any
@@ -99,7 +100,19 @@ class Inbox:
 
 
 class LoopbackController(Controller):
-    """aiosmtpd on a port the kernel picks: it probes `self.port`, so learn it first."""
+    """aiosmtpd on a port the kernel picks, or on a socket the test holds (``sock=``).
+
+    It probes ``self.port`` once started, so the port is learnt from the server first.
+    """
+
+    def __init__(self, *args: Any, sock: socket.socket | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._sock = sock
+
+    def _create_server(self) -> Any:
+        if self._sock is None:
+            return super()._create_server()
+        return self.loop.create_server(self._factory_invoker, sock=self._sock, ssl=self.ssl_context)
 
     def _trigger_server(self) -> None:
         assert isinstance(self.server, asyncio.Server)

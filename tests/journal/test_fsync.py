@@ -16,6 +16,9 @@ import redis
 from journal import Journal, JournalError, Keyspace, Run, Settings
 from tests.support import ThrowawayValkeys
 
+# Each test starts a Valkey configured its own way (appendfsync, WAITAOF support).
+pytestmark = pytest.mark.slow
+
 Packets = list[list[list[bytes]]]
 StartValkey = Callable[..., tuple[redis.Redis, Packets]]
 

@@ -22,10 +22,13 @@ import pytest
 MODEL = Path(__file__).resolve().parents[2] / "journal" / "model" / "protocol.pml"
 CC = shutil.which("gcc") or shutil.which("cc")
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("spin") is None or CC is None,
-    reason="the protocol model needs spin and a C compiler (apt-get install spin gcc)",
-)
+pytestmark = [
+    pytest.mark.slow,  # each test compiles and runs the model checker: processes of its own
+    pytest.mark.skipif(
+        shutil.which("spin") is None or CC is None,
+        reason="the protocol model needs spin and a C compiler (apt-get install spin gcc)",
+    ),
+]
 
 
 @dataclass(frozen=True)

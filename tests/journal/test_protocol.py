@@ -25,6 +25,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from journal import (
+    Cancelled,
     Effect,
     Fenced,
     Journal,
@@ -305,6 +306,21 @@ def test_renewal_extends_only_the_callers_own_lease(journal: Journal, keys: RunK
     assert journal.client.get(keys.lease) is None
 
 
+def test_a_cancel_is_learnt_at_a_renewal_and_stops_the_next_step(
+    make_journal: MakeJournal, keys: RunKeys
+) -> None:
+    journal = make_journal(lease_ttl=0.3)
+    held = lease(journal, 300)
+    grant = held.acquire(0)
+    assert held.renew(grant.holder) == 1
+    journal.client.hset(keys.meta, "cancel", "wrong week")
+    assert held.renew(grant.holder) == 2  # extended, and told
+    heartbeat = Heartbeat(held, grant.holder, time.monotonic() - 0.16)  # due a renewal
+    with pytest.raises(Cancelled):
+        heartbeat.ensure()
+    assert heartbeat.cancelled.is_set() and not heartbeat.lost.is_set()
+
+
 # -- update_meta -----------------------------------------------------------------------------
 
 
@@ -324,6 +340,21 @@ def test_the_meta_script_answers_each_of_its_four_codes(journal: Journal, keys: 
     journal.client.delete(keys.lease)
     assert update(grant.holder, "", "status", "expired") == -1
     assert journal.meta(keys)["status"] == "running"
+
+
+def test_a_wait_is_not_saved_over_a_pending_cancel(journal: Journal, keys: RunKeys) -> None:
+    grant = lease(journal).acquire(millis(T0))
+    script_keys = [keys.lease, keys.meta, keys.signals]
+
+    def update(unless_cancelled: str, *fields: str) -> Any:
+        args = [grant.holder, "", unless_cancelled, *fields]
+        return journal.scripts.update_meta(keys=script_keys, args=args)
+
+    journal.client.hset(keys.meta, "cancel", "wrong week")
+    assert update("1", "status", "waiting") == 4  # the run is cancelled instead of waiting
+    assert "status" not in journal.meta(keys)
+    assert update("0", "status", "done") == 1  # a write that does not ask is made
+    assert journal.meta(keys)["status"] == "done"
 
 
 def test_a_run_that_lost_its_lease_before_saving_its_status_saves_nothing(

@@ -23,6 +23,9 @@ from tasks.workflow import run_digest
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.support import RUN, TITLES, Deployment
 
+# The deployment's embedded server is a process of its own.
+pytestmark = pytest.mark.slow
+
 RETRY_AFTER = 120
 
 

@@ -1,5 +1,4 @@
 import json
-import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +10,7 @@ from journal import Effect, Journal, LeaseLost, Run
 from tasks.errors import BadInput, MailFailed, MailUnavailable, is_transient_failure
 from tasks.mail import Email, FileOutbox, Receipt, SmtpMailer
 from tests.fakes.smtp import Inbox, start_server
+from tests.support import HeldPort
 
 DIGEST = Email(to="team@example.com", subject="Your weekly digest (2026-w42)", body="Hello.\n")
 
@@ -274,11 +274,13 @@ def test_a_refused_recipient_is_one_line_and_a_failure_is_not_a_receipt(
 
 
 def test_an_unreachable_server_is_one_line() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    with pytest.raises(MailFailed) as caught:
-        smtp_mailer(f"smtp://127.0.0.1:{port}").send("k", DIGEST)
+    held = HeldPort()  # nothing listens on it, and nothing else can take it meanwhile
+    try:
+        port = held.port
+        with pytest.raises(MailFailed) as caught:
+            smtp_mailer(f"smtp://127.0.0.1:{port}").send("k", DIGEST)
+    finally:
+        held.close()
     assert str(caught.value) == (
         f"cannot reach SMTP server 127.0.0.1:{port} (Connection refused); "
         "check DIGEST_SMTP_URL and that the server is running"
