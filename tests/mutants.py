@@ -426,7 +426,7 @@ MUTANTS = (
     python(
         "durable",
         "an invalid run id fails the task",
-        "except InvalidRunId as invalid:",
+        "except (InvalidRunId, InvalidArguments) as invalid:",
         "except ArithmeticError as invalid:",
         tests=CELERY_TESTS,
     ),
