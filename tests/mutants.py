@@ -301,8 +301,8 @@ MUTANTS = (
     python(
         "lease",
         "a failed renewal is not marked lost",
-        "            self.lost.set()\n            return False",
-        "            return False",
+        "        if status == 0:\n            self.lost.set()\n",
+        "        if status == 0:\n",
     ),
     python("lease", "the beat skips its renewal", "if not self._renew():", "if False:"),
     python(
