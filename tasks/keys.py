@@ -25,6 +25,11 @@ class DigestKeys:
         """Set: ids of items covered by earlier digests (updated as a set union)."""
         return f"{self.prefix}:digest:seen"
 
+    @property
+    def claims(self) -> str:
+        """Hash: item id -> the run (``digest:<run_id>``) that selected it and has not ended."""
+        return f"{self.prefix}:digest:claims"
+
     def dispatched(self, run_id: str) -> str:
         """String: set once when beat enqueues a weekly run, so restarts never enqueue twice."""
         return f"{self.prefix}:digest:dispatched:{run_id}"

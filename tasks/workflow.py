@@ -83,7 +83,11 @@ def run_digest(
     policy = model_retry_policy(runtime)
 
     # 1. Freeze this week's unseen items, so a resumed run works on exactly the same list.
-    selected = run.step("select", lambda: select_unseen(runtime, Path(items or config.items_path)))
+    # Claimed for this run, atomically per item: an overlapping run of another week (after an
+    # outage) gets the rest, never the same items. A run that ends without sending lets go.
+    owner = f"{run.workflow}:{run.run_id}"
+    path = Path(items or config.items_path)
+    selected = run.step("select", lambda: select_unseen(runtime, path, owner, claim=not dry_run))
     week = [Item.from_json(entry) for entry in selected]
     if not week:
         run.step("done", lambda: True)
@@ -125,7 +129,7 @@ def run_digest(
         reason = _refusal(decision, draft_digest(drafted))
         if reason is not None:
             status = "expired" if decision.timed_out else "rejected"
-            run.step("done", lambda: True)
+            run.step("done", lambda: release(runtime, owner, [item.id for item in week]))
             return report(status, 0, calls, skipped=skipped, reason=reason or None)
 
     # 4. The side effect, fenced: claimed, the lease confirmed right before delivery, the
@@ -138,17 +142,50 @@ def run_digest(
 
     # 5. Remember what this digest covered. A set union: safe to repeat.
     run.step("mark-seen", lambda: mark_seen(runtime, [item.id for item, _ in kept]))
-    run.step("done", lambda: True)
+    run.step("done", lambda: release(runtime, owner, [entry["id"] for entry in skipped]))
     return report("sent", len(kept), calls, skipped=skipped, receipt=receipt)
 
 
 # -- the steps' bodies ------------------------------------------------------------------------
 
 
-def select_unseen(runtime: Runtime, path: Path) -> list[dict[str, str]]:
-    """This week's items that no earlier digest covered, validated."""
+def select_unseen(
+    runtime: Runtime, path: Path, owner: str, *, claim: bool = True
+) -> list[dict[str, str]]:
+    """This week's items no earlier digest covered and no other run holds, claimed for ``owner``.
+
+    Each claim is an ``HSETNX``: of two runs selecting at once, each item goes to one. A
+    preview (``claim=False``) takes the items nobody else holds without claiming them.
+    """
     seen = {text(member) for member in runtime.client.smembers(runtime.keys.seen)}
-    return [item.to_json() for item in load_items(path) if item.id not in seen]
+    fresh = [item for item in load_items(path) if item.id not in seen]
+    if not fresh:
+        return []
+    claims = runtime.keys.claims
+    pipe = runtime.client.pipeline(transaction=False)
+    if claim:
+        for item in fresh:
+            pipe.hsetnx(claims, item.id, owner)
+    pipe.hmget(claims, [item.id for item in fresh])
+    holders = pipe.execute()[-1]
+    return [
+        item.to_json()
+        for item, holder in zip(fresh, holders, strict=True)
+        if holder is None or text(holder) == owner
+    ]
+
+
+def release(runtime: Runtime, owner: str, ids: list[str]) -> bool:
+    """Let go of ``owner``'s claims on ``ids`` (items it ends without sending): next week's."""
+    if ids:
+        claims = runtime.keys.claims
+        holders = runtime.client.hmget(claims, ids)
+        mine = [
+            i for i, holder in zip(ids, holders, strict=True) if holder and text(holder) == owner
+        ]
+        if mine:  # only the owner deletes its claims, and nobody claims a held item meanwhile
+            runtime.client.hdel(claims, *mine)
+    return True
 
 
 def summarize(runtime: Runtime, run: Run, item: Item, calls: CallCounter) -> dict[str, Any]:
@@ -248,8 +285,9 @@ def mark_seen(runtime: Runtime, ids: list[str]) -> int:
     """Add this digest's items to the seen set; returns how many items it now holds."""
     pipe = runtime.client.pipeline(transaction=True)
     pipe.sadd(runtime.keys.seen, *ids)
+    pipe.hdel(runtime.keys.claims, *ids)  # seen now: the claim has done its work
     pipe.scard(runtime.keys.seen)
-    return int(pipe.execute()[1])
+    return int(pipe.execute()[-1])
 
 
 def report(
