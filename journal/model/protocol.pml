@@ -18,8 +18,19 @@
  *   same host, pid gone), or may be on another host and wait for expiry: both are possible.
  * - The due index holds one entry for the run: ABSENT, ARMED (scored in the future) or DUE
  *   (its time has come); time passing turns ARMED into DUE.
- * - The workflow: one step ("work"), a durable sleep ("sleep:nap"), then finish. `woke` is
- *   the sleep's wake-up time having passed.
+ * - The workflow: one step ("work"), a durable sleep ("sleep:nap"), the fenced effect
+ *   ("send", run.effect), then finish. `woke` is the sleep's wake-up time having passed.
+ *   Two checks (tests/journal/test_model.py): the journal one (-DSLEEP=1, the default: sleep
+ *   and sweep, no effect) and the effect one (-DSLEEP=0 -DEFFECT=1 -DSWEEPERS=0): the effect
+ *   reads nothing of the due index or the sleep, and together they are 36M states.
+ * - Time for the effect is discrete ticks: `sage` counts them since the claim on the server's
+ *   clock (the claim's deadline is TIMEOUT ticks later), `lage[w]` since the worker's own
+ *   claimed_at (time.monotonic(), taken before the claim request, so it is never younger).
+ * - The effect's one assumption (journal/effects.py, tasks/mail.py): the irreversible moment
+ *   (the server accepting DATA) happens within the effect's timeout of claimed_at or not at
+ *   all; the timeout is the SMTP timeout, so a sender frozen past it finds its session gone.
+ * - A delivery that ends on LeaseLost while its lease is still live (the effect's timeout
+ *   passed) leaves the lease to run out, as one of the EXPIRIES: its process is not gone.
  * - Not modelled: cancel (cancel.lua), parking, signals and retry waits: each is one more
  *   fenced field of the same scripts, and adds states without adding an interleaving kind.
  *
@@ -42,6 +53,14 @@
  *                                    release.lua
  *   claim .......................... journal/lua/claim_due.lua via Journal.claim_due and
  *                                    Durable.sweep (durable.py)
+ *   effect_claim ................... journal/lua/effect_claim.lua via Effect.claim (effects.py),
+ *                                    with its wait for a live earlier claim and the proof that
+ *                                    the claimant's process is gone (ARGV[6])
+ *   la = lage[id]; renew ........... Effect.confirm -> Heartbeat.confirm: renew.lua, `asked`
+ *                                    read before the request; the timeout check
+ *   the act ........................ SmtpMailer._deliver: DATA answered (envelope.transmit)
+ *   settle(SETTLED) ................ effect.accepted: journal/lua/effect_settle.lua "done"
+ *   settle(RELEASED) ............... run_effect -> Effect.release: effect_settle.lua "released"
  *
  * Safety (assertions; pan -DNOCLAIM):
  *   R1  a step is recorded only by the holder whose acquisition is the latest (fence == my)
@@ -49,13 +68,22 @@
  *   M1  a meta transition is written only by the latest holder
  *   M2  a done run stays done
  *   S1  a sweeper claims only the due entry it read: two sweepers never claim one entry
- * Liveness (ltl `done`, pan -a -f: weak fairness): while deliveries keep arriving, the run
- *   ends done.
- * A known gap, checked to fail (tests/journal/test_model.py keeps it honest):
+ *   E1  the irreversible moment is passed only under the current claim: after a newer
+ *       holder claims the effect, no older one acts
+ *   E2  no act after a receipt; at most one act, plus one per window (a claim superseded
+ *       after its act, its receipt never saved); every window costs a crash or an expiry;
+ *       a repeat is a resumed claim (it carries the same Message-ID)
+ * Liveness (ltl `done`, pan -a -f: weak fairness), in the journal check: while deliveries
+ *   keep arriving, the run ends done. (The effect check's liveness search is ten times its
+ *   4.1M safety states: over the test's time budget.)
+ * Known limits, checked to fail (tests/journal/test_model.py keeps them honest):
  *   -DINDEX_FENCE  "no index write by a holder after another's acquisition": the due index
  *                  writes are plain commands after the fenced meta write (the indexes are kept
  *                  out of per-run scripts for Redis Cluster), so a paused holder's ZADD/ZREM
  *                  can land after a newer holder's acquisition.
+ *   -DEFFECT_LEASE "no effect start by a holder after another's acquisition": a holder that
+ *                  confirmed, then paused before DATA, acts after a newer holder acquired;
+ *                  the lease cannot serialize an act outside Redis, the claim does (E1).
  * Mutants (each must be refuted with a trail):
  *   -DNO_RECORD_FENCE   record.lua without the lease comparison            -> R1
  *   -DOVERWRITE         record.lua with HSET for HSETNX and no comparison  -> R2
@@ -63,6 +91,10 @@
  *   -DSPLIT_CLAIM       claim_due as ZRANGEBYSCORE then ZADD, not a script -> S1
  *   -DNO_RECHECK        Journal.execute trusts the meta it read before acquiring: a delivery
  *                       that read `running` before another finished re-opens the done run -> M2
+ *   -DCLAIM_SKIPPED     effect_claim.lua ignores a live claim of an older fence -> E1
+ *   -DSTAMP_AFTER_REPLY claimed_at taken after the claim's reply: confirm trusts a claim
+ *                       older than it thinks, and acts past its deadline    -> E1
+ *   -DRECEIPT_IGNORED   the mailer sends although effect.earlier holds a receipt -> E2
  *   -DNO_RELEASE        a suspending run keeps its lease: once expiries run out, no later
  *                       delivery can take the run                      -> ltl done
  */
@@ -79,13 +111,30 @@
 #ifndef SWEEPERS
 #define SWEEPERS 2
 #endif
+/* Which parts interleave: the sleep and the sweep in one check, the effect in another (the
+   effect's safety does not read the due index, and together they are 36M states). */
+#ifndef SLEEP
+#define SLEEP 1
+#endif
+#ifndef EFFECT
+#define EFFECT 0
+#endif
 #ifndef EARLY
 #define EARLY 1
 #endif
 
-#define STEPS 2
+#define STEPS 3
 #define WORK 0
 #define NAP 1
+#define SEND 2
+
+/* the effect: its claim's state in the effects hash, and its timeout in ticks */
+#define CLAIMED 1
+#define SETTLED 2
+#define RELEASED 3
+#ifndef TIMEOUT
+#define TIMEOUT 2
+#endif
 
 /* meta status */
 #define NEW 0
@@ -100,7 +149,7 @@
 
 /* Each assertion names its property: `assert(holds || R1)` fails, naming R1, when it does not
    hold (these are always 0, and hidden: they are labels, not state). */
-hidden byte R1, R2, M1, M2, S1, INDEX_WRITES_FENCED;
+hidden byte R1, R2, M1, M2, S1, E1, E2, INDEX_WRITES_FENCED, EFFECT_UNDER_LEASE;
 
 /* Redis */
 byte lease;          /* journal:{RUN}:lease, as its fence; 0: no key */
@@ -109,6 +158,18 @@ bool rec[STEPS];     /* journal:{RUN}:steps: whether each step is recorded */
 byte status;         /* journal:{RUN}:meta status */
 byte due;            /* the run's entry in journal:due */
 bool fresh[2];       /* ghost: sweeper k read the entry and no sweeper claimed it since */
+
+byte cf;             /* journal:{RUN}:effects "send": the claimant's fence; 0: no claim */
+byte cstate;         /* ... and its state: CLAIMED, SETTLED (done) or RELEASED */
+bool receipt;        /* "send:receipt" */
+byte sage;           /* ticks since the claim, by the server's clock (saturates at TIMEOUT) */
+bool cdead;          /* the claimant's process crashed: provably gone on its host */
+
+/* ghosts of the outside world */
+byte lage[WORKERS];  /* ticks since each worker's claimed_at (time.monotonic()), saturating */
+byte acts;           /* emails the SMTP server accepted */
+byte windows;        /* claims superseded after their act, with no receipt: the window */
+bool acted;          /* the current claim's holder passed its irreversible moment */
 
 /* the adversary */
 bool woke;           /* the durable sleep's wake-up time has passed */
@@ -127,7 +188,7 @@ inline update_meta(new) {
        assert(status != DONE || new == DONE || M2);
        assert(fence == my || M1);
        if
-       :: new == DONE -> assert(rec[WORK] && rec[NAP] || R2)   /* nothing lost */
+       :: new == DONE -> assert(rec[WORK] && (rec[NAP] || !SLEEP) && (rec[SEND] || !EFFECT) || R2)
        :: else -> skip
        fi;
        status = new;
@@ -165,12 +226,16 @@ inline record(s) {
 
 /* A plain command on journal:due, after the fenced script that justified it. */
 inline index(v) {
+#if SWEEPERS
   d_step {
 #ifdef INDEX_FENCE
     assert(fence == my || INDEX_WRITES_FENCED);
 #endif
     due = v
   }
+#else
+  skip
+#endif
 }
 
 inline release() {
@@ -182,11 +247,29 @@ inline release() {
   }
 }
 
+inline settle(state) {                               /* effect_settle.lua */
+  d_step {
+    if
+    :: lease == my && cf == my ->
+       cstate = state; ok = 1;
+       if :: state == SETTLED -> receipt = 1 :: else -> skip fi
+    :: else -> ok = 0                                  /* -1 / -2 / -3 */
+    fi
+  }
+}
+
+/* The delivery ends with an exception while its lease may still be live: the heartbeat stops
+   and the lease runs out, one of the EXPIRIES (no process is gone: no takeover before that). */
+inline leave() {
+  goto start
+}
+
 inline heartbeat() {
   if
   :: skip                                             /* no renewal due before this step */
   :: d_step { if :: lease == my -> ok = 1 :: else -> ok = 0 fi };   /* renew.lua */
      if
+#if SWEEPERS
      :: ok ->                                         /* on_renew: ZADD XX due */
         d_step {
 #ifdef INDEX_FENCE
@@ -197,6 +280,9 @@ inline heartbeat() {
           :: else -> skip
           fi
         }
+#else
+     :: ok -> skip
+#endif
      :: else -> goto start                            /* lost: ensure() raises LeaseLost */
      fi
   fi
@@ -204,10 +290,12 @@ inline heartbeat() {
 
 proctype Worker(byte id) {
   byte my;
-  bool ok;
+  byte ok;
   bool seen[STEPS];
+  bool proved, resumed, earlier;
+  byte la;
 start:
-  atomic { my = 0; ok = 0; seen[WORK] = 0; seen[NAP] = 0 };
+  atomic { my = 0; ok = 0; seen[WORK] = 0; seen[NAP] = 0; seen[SEND] = 0; lage[id] = TIMEOUT };
   {
     /* Journal.execute: the meta read; a terminal run is already-done */
     if
@@ -236,7 +324,7 @@ start:
     update_meta(RUNNING);                             /* _announce */
     if :: !ok -> goto start :: else -> skip fi;
     index(ARMED);                                     /* ZADD due <lease deadline> */
-    d_step { seen[WORK] = (rec[WORK] != 0); seen[NAP] = (rec[NAP] != 0) };   /* _open */
+    d_step { seen[WORK] = rec[WORK]; seen[NAP] = rec[NAP]; seen[SEND] = rec[SEND] };   /* _open */
 
     /* run.step("work", ...) */
     if
@@ -247,6 +335,7 @@ start:
        if :: !ok -> goto start :: else -> skip fi
     fi;
 
+#if SLEEP
     /* run.sleep("nap", ...): the wake-up time is recorded once */
     if
     :: seen[NAP] -> skip
@@ -271,6 +360,86 @@ start:
        goto start
     :: else -> skip
     fi;
+#endif
+
+#if EFFECT
+    /* run.effect("send", mailer.send): journal/effects.py, tasks/mail.py SmtpMailer */
+    if
+    :: seen[SEND] -> skip
+    :: else ->
+       heartbeat();                                   /* check_lease */
+claim:
+       if                                             /* the claimant proved gone (holder.py)? */
+       :: proved = cdead
+       :: proved = 0                                  /* another host: nothing proved */
+       fi;
+#ifndef STAMP_AFTER_REPLY
+       lage[id] = 0;                                  /* Effect.claim: claimed_at, before */
+#endif
+       d_step {                                       /* effect_claim.lua */
+         if
+         :: lease != my -> ok = 0                     /* {-1} / {-2}: LeaseLost */
+#ifndef CLAIM_SKIPPED
+         :: lease == my && cstate == CLAIMED && cf != my && sage < TIMEOUT && !proved ->
+            ok = 2                                    /* {3, remaining}: it may still act */
+#endif
+         :: else ->
+            if
+            :: acted && !receipt -> windows++         /* superseded after its act, no receipt */
+            :: else -> skip
+            fi;
+            assert(windows <= crashes + expiries || E2);   /* each window costs a loss */
+            resumed = (cstate != 0); earlier = receipt;
+            cf = my; cstate = CLAIMED; sage = 0; cdead = 0; acted = 0;
+            ok = 1
+         fi
+       };
+#ifdef STAMP_AFTER_REPLY
+       lage[id] = 0;                                  /* claimed_at, after the reply */
+#endif
+       if
+       :: ok == 0 -> goto start
+       :: ok == 2 -> heartbeat(); goto claim          /* sleep(remaining); ensure(); again */
+       :: else -> skip
+       fi;
+       if
+#ifndef RECEIPT_IGNORED
+       :: earlier -> skip                             /* effect.earlier: sent, not again */
+#endif
+       :: else ->
+          /* SmtpMailer._deliver: connect, MAIL, RCPT; then effect.confirm() */
+          la = lage[id];                              /* asked: before the renew request */
+          d_step { if :: lease == my -> ok = 1 :: else -> ok = 0 fi };   /* renew.lua */
+          if
+          :: !ok || la >= TIMEOUT ->                  /* LeaseLost: no DATA; run_effect */
+             settle(RELEASED);                        /* releases the claim if it still can */
+             leave()
+          :: else -> skip
+          fi;
+          /* DATA. The timeout bounds every SMTP operation: a sender frozen past it after
+             confirm finds its session gone (the assumption the effect's timeout stands on). */
+          if
+          :: d_step {
+               lage[id] < TIMEOUT ->                  /* the server accepts DATA */
+               assert(cf == my || E1);                /* only under the current claim */
+               assert(!receipt || E2);                /* never after a receipt */
+               assert(acts <= windows || E2);         /* once, plus one per window */
+               assert(acts == 0 || resumed || E2);    /* a repeat keeps the Message-ID */
+#ifdef EFFECT_LEASE
+               assert(fence == my || EFFECT_UNDER_LEASE);
+#endif
+               acts++; acted = 1
+             }
+          :: lage[id] >= TIMEOUT ->                   /* MailUnavailable: timed out */
+             settle(RELEASED); leave()
+          fi;
+          settle(SETTLED);                            /* effect.accepted(receipt) */
+          if :: !ok -> goto start :: else -> skip fi
+       fi;
+       record(SEND);
+       if :: !ok -> goto start :: else -> skip fi
+    fi;
+#endif
 
     /* Journal._finish, _settle */
     heartbeat();
@@ -286,7 +455,12 @@ start:
       if
       :: my != 0 && lease == my -> dead = my
       :: else -> skip
-      fi
+      fi;
+      if
+      :: my != 0 && cf == my && cstate == CLAIMED -> cdead = 1
+      :: else -> skip
+      fi;
+      proved = 0; resumed = 0; earlier = 0; la = 0
     };
     goto start
   };
@@ -335,6 +509,18 @@ end:
   do
   :: d_step { expiries < EXPIRIES && lease != 0 -> lease = 0; dead = 0; expiries++ }
   :: d_step { lease != 0 && lease == dead -> lease = 0; dead = 0 }   /* a dead holder's */
+  od
+}
+
+active proctype Ticks() {                            /* time, for the effect's timeout */
+end:
+  do
+  :: d_step {
+       cstate == CLAIMED && sage < TIMEOUT || lage[0] < TIMEOUT || lage[WORKERS - 1] < TIMEOUT ->
+       if :: cstate == CLAIMED && sage < TIMEOUT -> sage++ :: else -> skip fi;
+       if :: lage[0] < TIMEOUT -> lage[0]++ :: else -> skip fi;
+       if :: lage[WORKERS - 1] < TIMEOUT -> lage[WORKERS - 1]++ :: else -> skip fi
+     }
   od
 }
 
