@@ -7,6 +7,7 @@ from journal.cancel import Cancelled
 from journal.clock import Clock, ManualClock, SystemClock
 from journal.effects import Effect
 from journal.errors import (
+    ClockSkewed,
     ControlRefused,
     CorruptJournal,
     EmbeddedServerError,
@@ -34,6 +35,7 @@ from journal.waits import SignalResult, Suspend, Wait
 __all__ = [
     "Cancelled",
     "Clock",
+    "ClockSkewed",
     "ControlRefused",
     "CorruptJournal",
     "Effect",

@@ -15,6 +15,7 @@
     ├── ControlRefused        an operator's cancel, retry or fork does not apply to that run
     ├── StoreUnavailable      Redis could not be reached
     ├── StoreUnsupported      the server lacks what a setting needs (WAITAOF for fsync_records)
+    ├── ClockSkewed           this process's clock is too far from the Redis server's
     ├── NotDurable            a record was written but its fsync was not confirmed in time
     ├── EmbeddedServerError   the embedded Valkey server could not be started or reached
     └── UnknownScriptStatus   a Lua script returned a code this version does not know (a bug)
@@ -257,6 +258,24 @@ class StoreUnsupported(_StoreError):
 
     def __str__(self) -> str:
         return f"the journal store at {self.url} cannot be used as configured: {self.detail}"
+
+
+class ClockSkewed(JournalError):
+    """This process's wall clock disagrees with the store's by more than the bound."""
+
+    def __init__(self, url: str, skew: float, bound: float) -> None:
+        super().__init__(url, skew, bound)
+        self.url = url
+        self.skew = skew
+        self.bound = bound
+
+    def __str__(self) -> str:
+        side = "ahead of" if self.skew > 0 else "behind"
+        return (
+            f"this machine's clock is {abs(self.skew):.1f}s {side} the journal store at "
+            f"{self.url} (at most {self.bound:g}s is allowed: due times, wake-ups and lease "
+            "deadlines would be wrong); synchronise it (NTP) and start again"
+        )
 
 
 class NotDurable(_StepError):

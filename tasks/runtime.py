@@ -15,6 +15,7 @@ from pathlib import Path
 import redis
 
 from journal import Journal, Keyspace, RunRetry, Settings, StoreUnavailable
+from journal.clock import SystemClock, check_skew
 from journal.durability import check_persistence
 from journal.embedded import embedded_broker_url, embedded_url
 from tasks.config import Config
@@ -82,6 +83,7 @@ class Runtime:
         client = connect(url)
         try:
             check_persistence(client, logger=log)
+            check_skew(client, SystemClock(), url)  # one clock for every process's deadlines
         except (redis.ConnectionError, redis.TimeoutError) as down:
             raise StoreUnavailable(url, str(down) or type(down).__name__) from None
         journal = Journal(
