@@ -7,17 +7,23 @@ BIN := $(VENV)/bin
 
 .PHONY: run test test-fast mutants coverage lint install bench stop clean
 
+# Installing prints nothing when it works (pip and setuptools are chatty even when quiet);
+# when it fails, everything it printed, then one line saying so.
 $(BIN)/digest: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@log=$$(mktemp) && \
+	if { $(PYTHON) -m venv $(VENV) && \
+	     $(BIN)/python -m pip install --upgrade pip && \
+	     $(BIN)/python -m pip install -e '.[dev]'; } >"$$log" 2>&1; \
+	then rm -f "$$log"; \
+	else cat "$$log" >&2; rm -f "$$log"; \
+	     echo "make: installing into $(VENV) failed (the output above says why)" >&2; exit 1; fi
 	@touch $@
 
 install: $(BIN)/digest
 
 run: install
-	$(BIN)/digest run $(RUN)
+	@$(BIN)/digest run $(RUN)
 
 lint: install
 	$(BIN)/ruff check .
@@ -47,7 +53,7 @@ bench: install
 
 # The embedded Valkey outlives the commands that use it (that is the point); this stops it.
 stop: install
-	$(BIN)/python -c 'from journal.embedded import stop_embedded; stop_embedded(".digest")'
+	@$(BIN)/python -c 'from journal.embedded import stop_embedded; stop_embedded(".digest")'
 
 clean: stop
 	rm -rf $(VENV) .digest .mypy_cache .ruff_cache .pytest_cache .coverage-data
