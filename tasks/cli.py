@@ -12,7 +12,7 @@ import json
 import re
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
@@ -113,18 +113,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
 
 
-def _print_step(event: StepEvent) -> None:
-    print(f"{'  replayed' if event.replayed else '  ran     '} {event.key}", flush=True)
-    if not event.replayed:
-        crash_point(f"after:{event.key}")
+def _step_printer(offline: OfflineSummarizer | None) -> Callable[[StepEvent], None]:
+    """Print each step as the tutorial does, and fire its crash point.
+
+    Offline, the note says so once, before the first step that made a summary: steps are
+    reported in order, so it lands on the same line at any concurrency.
+    """
+    noted = offline is None
+
+    def print_step(event: StepEvent) -> None:
+        nonlocal noted
+        if not noted and not event.replayed and offline is not None and offline.used:
+            print("  (no ANTHROPIC_API_KEY: using the offline summarizer)", file=sys.stderr)
+            noted = True
+        print(f"{'  replayed' if event.replayed else '  ran     '} {event.key}", flush=True)
+        if not event.replayed:
+            crash_point(f"after:{event.key}")
+
+    return print_step
 
 
 def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Run (or resume) one digest here, printing each step as it runs or replays."""
     runtime = Runtime.build(config, allow_offline=True)
     journal = runtime.journal
-    if isinstance(runtime.summarizer, OfflineSummarizer):
-        print("  (no ANTHROPIC_API_KEY: using the offline summarizer)", file=sys.stderr)
+    offline = runtime.summarizer if isinstance(runtime.summarizer, OfflineSummarizer) else None
     if args.retry:  # only a failed run: any other is refused, and nothing is written
         retry_run(journal, WORKFLOW, run_id)
         print(f"  reset {WORKFLOW}:{run_id}: its next start is a deliberate retry", file=sys.stderr)
@@ -147,7 +160,7 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
             run_id,
             lambda run: run_digest(run, runtime, **run.args),
             args=options,
-            on_step=_print_step,
+            on_step=_step_printer(offline),
         )
     except RunParked as parked:
         print(f"failed: {parked}", file=sys.stderr)

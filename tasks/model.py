@@ -225,17 +225,26 @@ class OfflineSummarizer:
 
     The summary is the body's first sentence and the opening lists the titles, so a run is
     deterministic and free, and its email still reads sensibly.
+
+    Attributes:
+        used: Whether it made a summary or an opening (a run that only replays makes none), so
+            the CLI says the summaries are offline only when there are some.
     """
 
     name = "offline"
 
+    def __init__(self) -> None:
+        self.used = False
+
     def summarize(self, item: Item) -> Completion:
         """The body's first sentence, with its line breaks folded into spaces."""
+        self.used = True
         first = _SENTENCE_END.split(" ".join(item.body.split()), maxsplit=1)[0]
         return Completion(text=first, input_tokens=0, output_tokens=0, model=self.name)
 
     def compose(self, pairs: list[tuple[Item, str]]) -> Completion:
         """A fixed sentence naming every title, in order."""
+        self.used = True
         titles = [item.title for item, _ in pairs]
         listed = titles[0] if len(titles) == 1 else f"{', '.join(titles[:-1])} and {titles[-1]}"
         count = "one update" if len(titles) == 1 else f"{len(titles)} updates"
