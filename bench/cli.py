@@ -1,0 +1,127 @@
+"""How long the ``digest`` command takes next to the floor, ``python -c "import redis"``.
+
+    python bench/cli.py            # 15 rounds
+    python bench/cli.py --rounds 5
+
+Every command runs as a whole process, in its own throwaway state directory (its embedded
+Valkey started once, before timing, and stopped at the end), offline, with the same
+interpreter. Rounds interleave the commands so each sees the same machine at the same moment;
+each row is the median wall time and its ratio to the floor's median. The targets:
+
+- ``digest --help``, ``digest show``, ``digest runs``: at most 1.5x the floor;
+- ``digest run`` of a run that is already done: at most 2x the floor;
+- a ``digest run`` that runs every step exits within 0.1 s of printing its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+
+_ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench"]
+sys.path.insert(0, str(_ROOT))
+
+from journal.embedded import stop_embedded  # noqa: E402
+
+BIN = Path(sys.executable).parent
+RUN = "2026-w42"
+FLOOR = [sys.executable, "-c", "import redis"]
+COMMANDS: dict[str, tuple[list[str], float | None]] = {
+    "python -c 'import redis' (floor)": (FLOOR, None),
+    "digest --help": ([str(BIN / "digest"), "--help"], 1.5),
+    f"digest show {RUN}": ([str(BIN / "digest"), "show", RUN], 1.5),
+    "digest runs": ([str(BIN / "digest"), "runs"], 1.5),
+    f"digest run {RUN} (already done)": ([str(BIN / "digest"), "run", RUN], 2.0),
+}
+EXIT_TARGET_S = 0.1
+
+
+def timed(command: list[str], env: dict[str, str], cwd: Path) -> float:
+    """Wall seconds of one whole process."""
+    started = time.perf_counter()
+    subprocess.run(command, env=env, cwd=cwd, capture_output=True, check=True)
+    return time.perf_counter() - started
+
+
+def exit_lag(command: list[str], env: dict[str, str], cwd: Path) -> float:
+    """Seconds from the last line the process printed to its exit."""
+    process = subprocess.Popen(
+        command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    assert process.stdout is not None
+    last = time.perf_counter()
+    for _ in process.stdout:
+        last = time.perf_counter()
+    process.wait()
+    return time.perf_counter() - last
+
+
+def items_file(directory: Path, tag: str) -> Path:
+    """Eight updates no earlier round has covered, so each full run summarizes all of them."""
+    shipped = json.loads((_ROOT / "data" / "items.json").read_text(encoding="utf-8"))
+    path = directory / f"items-{tag}.json"
+    path.write_text(json.dumps([{**item, "id": f"{tag}-{item['id']}"} for item in shipped]))
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    rounds = parser.parse_args().rounds
+
+    with tempfile.TemporaryDirectory(prefix="digest-bench-") as scratch:
+        here = Path(scratch)
+        state = here / ".digest"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DIGEST_", "CRASH"))}
+        for name in ("ANTHROPIC_API_KEY", "REDIS_URL", "CELERY_BROKER_URL"):
+            env.pop(name, None)
+        env |= {"DIGEST_STATE_DIR": str(state), "DIGEST_ITEMS": str(items_file(here, "w42"))}
+        try:
+            subprocess.run(
+                [str(BIN / "digest"), "run", RUN],
+                env=env,
+                cwd=here,
+                check=True,
+                capture_output=True,
+            )  # the done run, and the server, before timing
+            times: dict[str, list[float]] = {name: [] for name in COMMANDS}
+            lags: list[float] = []
+            for round_ in range(rounds):
+                for name, (command, _) in COMMANDS.items():
+                    times[name].append(timed(command, env, here))
+                fresh = env | {"DIGEST_ITEMS": str(items_file(here, f"r{round_}"))}
+                lags.append(
+                    exit_lag([str(BIN / "digest"), "run", f"2027-w{round_ + 1:02d}"], fresh, here)
+                )
+        finally:
+            stop_embedded(state)
+
+    floor = median(times[next(iter(COMMANDS))])
+    print(f"{rounds} rounds, Python {sys.version.split()[0]}, medians of whole processes\n")
+    print(f"{'command':38} {'wall s':>8} {'x floor':>8} {'target':>8}")
+    for name, (_, target) in COMMANDS.items():
+        wall = median(times[name])
+        verdict = (
+            ""
+            if target is None
+            else f"{target:.1f}x " + ("met" if wall / floor <= target else "MISSED")
+        )
+        print(f"{name:38} {wall:8.3f} {wall / floor:8.2f} {verdict:>8}")
+    lag = median(lags)
+    verdict = "met" if lag <= EXIT_TARGET_S else "MISSED"
+    print(
+        f"\nexit after the last line of a full run: {lag:.3f} s median "
+        f"(min {min(lags):.3f}, max {max(lags):.3f}); target {EXIT_TARGET_S} s: {verdict}"
+    )
+
+
+if __name__ == "__main__":
+    main()
