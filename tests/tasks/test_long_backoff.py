@@ -83,7 +83,8 @@ def test_a_long_retry_after_suspends_the_run_and_the_sweep_retries_it_later(
 
     started = time.monotonic()
     first = journal.execute("digest", RUN, lambda run: run_digest(run, runtime, **run.args))
-    assert time.monotonic() - started < 10  # returned at once: no worker blocked for 120 s
+    # Returned without sleeping out the retry-after (the first call also imports the SDK).
+    assert time.monotonic() - started < RETRY_AFTER / 4
 
     assert first.status == "waiting"
     assert first.wait is not None
