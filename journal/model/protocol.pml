@@ -40,10 +40,11 @@
  *   acquire ........................ journal/lua/acquire.lua via Lease.acquire (lease.py),
  *                                    including the dead-holder takeover (ARGV[5], holder.py)
  *   update_meta(RUNNING) ........... journal/lua/update_meta.lua via Journal._announce
- *   index(ARMED) after announce .... the pipeline ZADD runs / ZADD due in Journal._announce
+ *   index(v) ....................... Journal._index: ZADD/ZREM due in a MULTI that WATCHes the
+ *                                    lease (_announce, _push_due, _suspend, _settle)
  *   snapshot ....................... Journal._open: HGETALL steps
  *   heartbeat ...................... Heartbeat._renew: journal/lua/renew.lua, then the
- *                                    on_renew hook Journal._push_due (ZADD XX due)
+ *                                    on_renew hook Journal._push_due
  *   record(s) ...................... Run._record -> Run._write: journal/lua/record.lua
  *   update_meta(WAITING), index, release
  *                                    Journal._suspend: update_meta.lua, pipeline ZADD due
@@ -67,6 +68,7 @@
  *   R2  a recorded step is never overwritten; a run is done only with every step recorded
  *   M1  a meta transition is written only by the latest holder
  *   M2  a done run stays done
+ *   I1  an index write lands only for the latest holder
  *   S1  a sweeper claims only the due entry it read: two sweepers never claim one entry
  *   E1  the irreversible moment is passed only under the current claim: after a newer
  *       holder claims the effect, no older one acts
@@ -76,11 +78,7 @@
  * Liveness (ltl `done`, pan -a -f: weak fairness), in the journal check: while deliveries
  *   keep arriving, the run ends done. (The effect check's liveness search is ten times its
  *   4.1M safety states: over the test's time budget.)
- * Known limits, checked to fail (tests/journal/test_model.py keeps them honest):
- *   -DINDEX_FENCE  "no index write by a holder after another's acquisition": the due index
- *                  writes are plain commands after the fenced meta write (the indexes are kept
- *                  out of per-run scripts for Redis Cluster), so a paused holder's ZADD/ZREM
- *                  can land after a newer holder's acquisition.
+ * A known limit, checked to fail (tests/journal/test_model.py keeps it honest):
  *   -DEFFECT_LEASE "no effect start by a holder after another's acquisition": a holder that
  *                  confirmed, then paused before DATA, acts after a newer holder acquired;
  *                  the lease cannot serialize an act outside Redis, the claim does (E1).
@@ -88,6 +86,9 @@
  *   -DNO_RECORD_FENCE   record.lua without the lease comparison            -> R1
  *   -DOVERWRITE         record.lua with HSET for HSETNX and no comparison  -> R2
  *   -DNO_META_FENCE     update_meta.lua without the lease comparison       -> M1
+ *   -DUNFENCED_INDEX    index writes as plain commands after the fenced script (as they
+ *                       were before Journal._index): a paused holder's ZADD/ZREM lands after
+ *                       a newer holder's acquisition                        -> I1
  *   -DSPLIT_CLAIM       claim_due as ZRANGEBYSCORE then ZADD, not a script -> S1
  *   -DNO_RECHECK        Journal.execute trusts the meta it read before acquiring: a delivery
  *                       that read `running` before another finished re-opens the done run -> M2
@@ -149,7 +150,7 @@
 
 /* Each assertion names its property: `assert(holds || R1)` fails, naming R1, when it does not
    hold (these are always 0, and hidden: they are labels, not state). */
-hidden byte R1, R2, M1, M2, S1, E1, E2, INDEX_WRITES_FENCED, EFFECT_UNDER_LEASE;
+hidden byte R1, R2, M1, M2, I1, S1, E1, E2, EFFECT_UNDER_LEASE;
 
 /* Redis */
 byte lease;          /* journal:{RUN}:lease, as its fence; 0: no key */
@@ -224,14 +225,21 @@ inline record(s) {
   }
 }
 
-/* A plain command on journal:due, after the fenced script that justified it. */
+/* Journal._index: the writes go in a MULTI that WATCHes the lease, after GET lease == holder:
+   EXEC does nothing once the lease expired or passed to another holder. */
 inline index(v) {
 #if SWEEPERS
   d_step {
-#ifdef INDEX_FENCE
-    assert(fence == my || INDEX_WRITES_FENCED);
+#ifndef UNFENCED_INDEX
+    if
+    :: lease == my ->
 #endif
-    due = v
+       assert(fence == my || I1);
+       due = v
+#ifndef UNFENCED_INDEX
+    :: else -> skip
+    fi
+#endif
   }
 #else
   skip
@@ -270,16 +278,8 @@ inline heartbeat() {
   :: d_step { if :: lease == my -> ok = 1 :: else -> ok = 0 fi };   /* renew.lua */
      if
 #if SWEEPERS
-     :: ok ->                                         /* on_renew: ZADD XX due */
-        d_step {
-#ifdef INDEX_FENCE
-          assert(fence == my || INDEX_WRITES_FENCED);
-#endif
-          if
-          :: due != ABSENT -> due = ARMED
-          :: else -> skip
-          fi
-        }
+     :: ok ->                                         /* on_renew: ZADD due, fenced */
+        index(ARMED)                                  /* Journal._push_due */
 #else
      :: ok -> skip
 #endif
