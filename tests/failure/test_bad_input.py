@@ -32,7 +32,9 @@ class Case:
         self.cli = cli
         self.fake = fake
         self.client = deployment.client()
-        self.journal = deployment.runtime().journal
+        runtime = deployment.runtime()
+        self.journal = runtime.journal
+        self.claims = runtime.keys.claims
 
     def run(self, *args: str) -> tuple[int, str, str]:
         done = self.cli.run(self.deployment.env, "run", *args)
@@ -42,7 +44,8 @@ class Case:
         """Every key of the store with its serialized value, but ``skip_run``'s own keys.
 
         The two global indexes are left out when a run is skipped (that run may update its
-        own entries there); the other run's entries in them are kept as their scores.
+        own entries there); the other run's entries in them are kept as their scores. The item
+        claims are kept but for the skipped run's own (a failed run keeps what it selected).
         """
         skipped = set(self.journal.keys("digest", skip_run).all()) if skip_run else set()
         indexes = {self.journal.keyspace.runs, self.journal.keyspace.due}
@@ -55,7 +58,14 @@ class Case:
                 score = self.client.zscore(key, f"digest:{OTHER}")
                 state[key + b" " + OTHER.encode()] = None if score is None else repr(score).encode()
                 continue
+            if skip_run and name == self.claims:
+                continue
             state[key] = self.client.dump(key)
+        if skip_run:
+            held = self.client.hgetall(self.claims)
+            mine = f"digest:{skip_run}".encode()
+            others = sorted((item, run) for item, run in held.items() if run != mine)
+            state[self.claims.encode()] = repr(others).encode()
         return state
 
 
@@ -81,6 +91,13 @@ def case(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Case]:
         finally:
             cli.close()
             deployment.close()
+
+
+@pytest.fixture(autouse=True)
+def unclaimed_week(case: Case) -> None:
+    """Each case's run selects the shipped week: the setup's run (and earlier cases') claimed
+    every item, and an item belongs to one digest, so those claims go before the case starts."""
+    case.client.delete(case.claims)
 
 
 def write(path: Path, content: bytes) -> str:
