@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import redis
 from celery import Celery
 from celery.schedules import crontab
 from celery.signals import (
@@ -25,7 +26,8 @@ from celery.signals import (
     worker_process_shutdown,
 )
 
-from journal import StepEvent
+from journal import ClockSkewed, StepEvent
+from journal.clock import SystemClock, check_skew
 from journal.durable import SWEEP_TASK, Durable, at_least_once_settings
 from journal.embedded import embedded_broker_url
 from journal.events import emit
@@ -111,6 +113,24 @@ def import_model_sdk(**_: Any) -> None:
     """
     if os.environ.get("ANTHROPIC_API_KEY"):
         import anthropic  # noqa: F401
+
+
+@worker_init.connect
+def refuse_a_skewed_clock(**_: Any) -> None:
+    """A worker whose clock is off the store's exits at start, in one line, status 2.
+
+    Refusing each delivery instead would fail and ack the week's message on this worker, when a
+    worker with a good clock could have run it. A store that is down is not refused here: the
+    deliveries wait for it, as they do for any outage.
+    """
+    url = store_url(config)
+    try:
+        check_skew(connect(url), SystemClock(), url)
+    except (redis.ConnectionError, redis.TimeoutError):
+        return
+    except ClockSkewed as skewed:
+        print(f"digest: {skewed}", file=sys.stderr, flush=True)
+        os._exit(2)  # Celery logs and swallows exceptions raised by signal handlers
 
 
 @after_setup_logger.connect
