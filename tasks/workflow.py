@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from journal import Effect, RetryPolicy, Run, SignalResult, codec
 from journal.events import emit
 from tasks.cost import BudgetExceeded, is_call
@@ -168,11 +170,53 @@ def select_unseen(
             pipe.hsetnx(claims, item.id, owner)
     pipe.hmget(claims, [item.id for item in fresh])
     holders = pipe.execute()[-1]
+    if claim:
+        holders = take_over_from_cancelled(runtime, owner, [item.id for item in fresh], holders)
     return [
         item.to_json()
         for item, holder in zip(fresh, holders, strict=True)
         if holder is None or text(holder) == owner
     ]
+
+
+def take_over_from_cancelled(
+    runtime: Runtime, owner: str, ids: list[str], holders: list[bytes | str | None]
+) -> list[bytes | str | None]:
+    """Claim for ``owner`` the items held by cancelled runs; the holders after it.
+
+    A cancelled run ends without sending and never runs again, but it is stopped from outside,
+    between two of its steps, so it cannot let go of its claims itself. The claims are moved
+    under ``WATCH``: of two runs taking one item over at once, one wins.
+    """
+    others = {text(holder) for holder in holders if holder is not None and text(holder) != owner}
+    cancelled = {other for other in others if run_status(runtime, other) == "cancelled"}
+    if not cancelled:
+        return holders
+    claims = runtime.keys.claims
+    with runtime.client.pipeline() as pipe:
+        while True:
+            try:
+                pipe.watch(claims)  # type: ignore[no-untyped-call]
+                holders = pipe.hmget(claims, ids)
+                taken = [
+                    item_id
+                    for item_id, holder in zip(ids, holders, strict=True)
+                    if holder is not None and text(holder) in cancelled
+                ]
+                if not taken:
+                    return holders
+                pipe.multi()
+                pipe.hset(claims, mapping=dict.fromkeys(taken, owner))
+                pipe.hmget(claims, ids)
+                return list(pipe.execute()[-1])
+            except redis.WatchError:
+                continue
+
+
+def run_status(runtime: Runtime, owner: str) -> str | None:
+    """The status of the run named ``workflow:run`` (a claim's holder)."""
+    workflow, _, run_id = owner.partition(":")
+    return runtime.journal.meta(runtime.journal.keys(workflow, run_id)).get("status")
 
 
 def release(runtime: Runtime, owner: str, ids: list[str]) -> bool:

@@ -77,9 +77,12 @@ def test_a_running_digest_cancelled_mid_call_records_that_call_and_runs_nothing_
 def test_a_waiting_digest_is_cancelled_at_once_and_stays_cancelled(deployment: Deployment) -> None:
     offline(deployment)
     digest(deployment, "run", RUN, "--approval")
-    digest(deployment, "run", "2026-w43")  # another run, sent and done
+    held = digest(deployment, "run", "2026-w43")  # the waiting run holds the week's items
+    assert held.stdout.endswith("nothing-new: 0 items, 0 model calls in this attempt\n")
 
     done = digest(deployment, "cancel", RUN)
+    # A cancelled run never sends: the next run takes its items over and sends them.
+    digest(deployment, "run", "2026-w44")
 
     assert done.stdout == f"cancelled digest:{RUN}; nothing more will run or be sent\n"
     listed = digest(deployment, "runs", "--status", "cancelled").stdout.splitlines()
@@ -95,7 +98,7 @@ def test_a_waiting_digest_is_cancelled_at_once_and_stays_cancelled(deployment: D
     assert refused.stderr == (
         f"digest: run digest:{RUN}: it is cancelled already; there is nothing to cancel\n"
     )
-    assert [p.name for p in deployment.outbox()] == ["digest-2026-w43.json"]
+    assert [p.name for p in deployment.outbox()] == ["digest-2026-w44.json"]
     assert deployment.view(RUN).step("send") is None
 
 
