@@ -165,10 +165,13 @@ def test_no_secret_leaves_any_failure_path(
     assert {login for login, _ in inbox.logins} == {b"digest"}
     assert inbox.messages == []
 
-    # 2. The API refuses the key and echoes it: through the worker, then the CLI.
+    # 2. The API refuses the key and echoes it: through the worker, then the CLI. Each run
+    # before is cancelled, so the next one takes its claimed items and reaches the model.
     fake_anthropic.fail_always(401, message=f"invalid x-api-key: {API_KEY}")
+    assert cli("cancel", "2026-w42").returncode == 0
     assert cli("enqueue", "2026-w43").returncode == 0
     wait_until(lambda: "HTTP 401" in last_error("2026-w43"), 60, "the worker's 401 failure")
+    assert cli("cancel", "2026-w43").returncode == 0
     by_cli = cli("run", "2026-w44")
     assert by_cli.returncode == 1
     assert "HTTP 401" in by_cli.stderr and "invalid x-api-key: ***" in by_cli.stderr

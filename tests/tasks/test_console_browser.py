@@ -10,6 +10,7 @@ running one and forks a finished one from a step. Each page is saved as a screen
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -22,7 +23,7 @@ import pytest
 
 from tasks.keys import DigestKeys
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.support import BIN, ROOT, Deployment, wait_until
+from tests.support import BIN, ROOT, WEEK, Deployment, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -92,9 +93,16 @@ def test_an_operator_steers_runs_from_the_console(
     for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"):
         deployment.env.pop(name, None)
     cli = deployment.cli
+    # An item belongs to one digest: the runs that wait or are sent side by side each get
+    # a week of updates of their own.
+    weeks = {}
+    for tag in ("a", "b"):
+        weeks[tag] = tmp_path / f"week-{tag}.json"
+        weeks[tag].write_text(json.dumps([{**i, "id": tag + i["id"]} for i in WEEK]))
     assert cli("run", "2026-w40", "--approval").returncode == 0  # waits: approved below
-    assert cli("run", "2026-w41", "--approval").returncode == 0  # waits: rejected below
-    assert cli("run", "2026-w42").returncode == 0  # sent: forked below
+    waits = cli("run", "2026-w41", "--approval", env={"DIGEST_ITEMS": str(weeks["a"])})
+    assert waits.returncode == 0  # waits: rejected below
+    assert cli("run", "2026-w42", env={"DIGEST_ITEMS": str(weeks["b"])}).returncode == 0
     worker_env = {**fake_anthropic.env(), "DIGEST_CONCURRENCY": "1"}
     deployment.worker("w1", concurrency=2, env=worker_env)
     deployment.beat()
@@ -133,7 +141,8 @@ def test_an_operator_steers_runs_from_the_console(
     assert not (outbox / "digest-2026-w41.json").exists()
 
     # Cancel a running one: held in its first model call, it stops before its next step.
-    deployment.client().delete(DigestKeys(deployment.env["DIGEST_KEY_PREFIX"]).seen)
+    keys = DigestKeys(deployment.env["DIGEST_KEY_PREFIX"])
+    deployment.client().delete(keys.seen, keys.claims)  # the shipped week, as if never sent
     fake_anthropic.hold()
     assert cli("enqueue", "2026-w43").returncode == 0
     fake_anthropic.wait_for_calls(1, timeout=30)
