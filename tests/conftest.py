@@ -77,21 +77,9 @@ def prefix() -> str:
 
 
 @pytest.fixture(scope="session")
-def shared_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The URL of the session's real Redis: ``TEST_REDIS_URL``, or a throwaway Valkey."""
-    url = os.environ.get("TEST_REDIS_URL")
-    if url:
-        yield url
-        return
-    from tests.support import ThrowawayValkeys
-
-    servers = ThrowawayValkeys(tmp_path_factory.mktemp("shared-valkey"))
-    try:
-        with _session_process():
-            socket = servers.start("--appendonly", "no")
-        yield f"unix://{socket}"
-    finally:
-        servers.close()
+def shared_redis_url(request: pytest.FixtureRequest) -> str:
+    """The URL of the session's real Redis: ``TEST_REDIS_URL``, or the session's own Valkey."""
+    return os.environ.get("TEST_REDIS_URL") or str(request.getfixturevalue("own_redis_url"))
 
 
 @pytest.fixture(scope="session")
