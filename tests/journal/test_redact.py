@@ -4,6 +4,7 @@ import pickle
 
 import pytest
 
+import journal.redact
 from journal.errors import StoreUnavailable
 from journal.redact import (
     RedactingFilter,
@@ -12,6 +13,13 @@ from journal.redact import (
     redact,
     redact_exception,
 )
+
+
+@pytest.fixture(autouse=True)
+def no_registered_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each case starts with no secret registered: the registry is the process's, and other
+    tests register theirs (the broker's password ``guest`` with TEST_AMQP_URL, say)."""
+    monkeypatch.setattr(journal.redact, "_secrets", ())
 
 
 @pytest.mark.parametrize(
