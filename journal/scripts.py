@@ -1,16 +1,20 @@
 """The journal's Lua scripts, loaded from ``journal/lua`` and registered once per client.
 
-``register_script`` sends EVALSHA and reloads the script by itself after a ``SCRIPT FLUSH``
-or a server restart, so a flushed script cache costs one extra round trip, never an error.
+A script is sent as EVALSHA; when the server does not know it (a ``SCRIPT FLUSH``, a restart,
+a failover to a replica), as EVAL with its source, which also caches it. redis-py's own
+``Script`` answers NOSCRIPT with SCRIPT LOAD and EVALSHA instead: two round trips, and a server
+restarted between the two fails the call, where EVAL cannot miss.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 import redis
-from redis.commands.core import Script
 
 from journal.errors import UnknownScriptStatus
 
@@ -31,6 +35,31 @@ def _source(name: str) -> str:
     return resources.files("journal").joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
 
 
+KeyOrArg = bytes | str | int | float
+
+
+class Script:
+    """One Lua script bound to a client: EVALSHA, and EVAL with the source on NOSCRIPT."""
+
+    def __init__(self, client: redis.Redis, source: str) -> None:
+        self.client = client
+        self.script = source
+        self.sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
+
+    def __call__(
+        self,
+        keys: Sequence[KeyOrArg] = (),
+        args: Sequence[KeyOrArg] = (),
+        client: redis.Redis | None = None,
+    ) -> Any:
+        """The script's reply; ``client`` sends it on another connection than the bound one."""
+        target = self.client if client is None else client
+        try:
+            return target.evalsha(self.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            return target.eval(self.script, len(keys), *keys, *args)
+
+
 @dataclass(frozen=True)
 class Scripts:
     """Every script of the journal, bound to one client."""
@@ -48,7 +77,7 @@ class Scripts:
     @classmethod
     def register(cls, client: redis.Redis) -> Scripts:
         """Register every script on ``client``; call once per client, not per call."""
-        return cls(**{name: client.register_script(_source(name)) for name in SCRIPT_NAMES})
+        return cls(**{name: Script(client, _source(name)) for name in SCRIPT_NAMES})
 
 
 def status_of(script: str, reply: object, known: tuple[int, ...]) -> int:

@@ -602,29 +602,29 @@ class Run:
             return self._write_synced(args)
         try:  # EVALSHA straight away: the hot path of every new step
             return self._client.evalsha(self._scripts.record.sha, 3, *self._record_keys, *args)
-        except redis.exceptions.NoScriptError:  # flushed or restarted: load it, once
+        except redis.exceptions.NoScriptError:  # flushed or restarted: EVAL sends the source
             return self._scripts.record(keys=self._record_keys, args=args)
 
     def _write_synced(self, args: list[bytes | str | int]) -> Any:
         """The record script and WAITAOF in one round trip, with a checked fsync.
 
         EVALSHA goes on the pipeline by hand: a Script on a pipeline makes redis-py send
-        SCRIPT EXISTS first, a second round trip per record.
+        SCRIPT EXISTS first, a second round trip per record. On NOSCRIPT, EVAL with the source.
         """
-        for _ in range(2):
+        record = self._scripts.record
+        for command, script in (("EVALSHA", record.sha), ("EVAL", record.script)):
             pipe = self._client.pipeline(transaction=False)
-            pipe.execute_command("EVALSHA", self._scripts.record.sha, 3, *self._record_keys, *args)  # type: ignore[no-untyped-call]
+            pipe.execute_command(command, script, 3, *self._record_keys, *args)  # type: ignore[no-untyped-call]
             pipe.execute_command("WAITAOF", 1, 0, 1000)  # type: ignore[no-untyped-call]
             reply, synced = pipe.execute(raise_on_error=False)
             if isinstance(reply, redis.exceptions.NoScriptError):
-                self._client.script_load(self._scripts.record.script)
                 continue
             if isinstance(reply, Exception):
                 raise reply
             if isinstance(synced, Exception) or int(synced[0]) < 1:
                 raise NotDurable(self.keys.run, str(args[1]), repr(synced))
             return reply
-        raise NotDurable(self.keys.run, str(args[1]), "the record script could not be loaded")
+        raise NotDurable(self.keys.run, str(args[1]), "the server refused the record script")
 
 
 def ordered(records: Iterable[Record]) -> list[Record]:
