@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from typing import Any
 
 import fakeredis
 import pytest
@@ -456,6 +457,36 @@ def test_script_flush_mid_run_does_not_break_the_next_record(
         return [a, run.step("b", lambda: 2)]
 
     assert journal.execute("wf", "r1", body).result == [1, 2]
+
+
+@pytest.mark.parametrize("backend", ["redis", "fakeredis"])
+def test_a_script_cache_emptied_before_every_call_breaks_no_call(
+    backend: str, own_redis_url: str, prefix: str
+) -> None:
+    """Found by test_wait_schedules: a server restarted between SCRIPT LOAD and the retried
+    EVALSHA answered NOSCRIPT twice and failed the run. Here every EVALSHA finds the cache
+    empty, as if the server restarted right before it."""
+
+    class Forgetful(redis.Redis):
+        def execute_command(self, *args: Any, **options: Any) -> Any:
+            if args[0] == "EVALSHA":
+                super().execute_command("SCRIPT", "FLUSH")
+            return super().execute_command(*args, **options)
+
+    class ForgetfulFake(Forgetful, fakeredis.FakeRedis):
+        pass
+
+    if backend == "redis":
+        client: redis.Redis = Forgetful.from_url(own_redis_url)
+    else:
+        client = ForgetfulFake(server=fakeredis.FakeServer())
+    journal = Journal(client, keyspace=Keyspace(prefix))
+
+    def body(run: Run) -> list[int]:
+        return [run.step("a", lambda: 1), run.step("b", lambda: 2)]
+
+    assert journal.execute("wf", "r1", body).result == [1, 2]
+    assert journal.execute("wf", "r1", body).status == "already-done"
 
 
 def test_runs_are_indexed_for_listing(make_journal) -> None:
