@@ -41,6 +41,11 @@ PROTOCOL_TESTS = (
     "tests/journal/test_racers.py",
 )
 CELERY_TESTS = ("tests/journal/test_durable.py",)
+# Waits and signals, interrupted before every command: the exhaustive sweep, on fakeredis.
+WAIT_TESTS = (
+    "tests/journal/test_wait_schedules.py"
+    "::test_one_interruption_before_any_command_keeps_the_invariants_on_fakeredis",
+)
 # Stop at the first failure and name it; a mutant that hangs a test fails it in 30 s.
 PYTEST = ("-m", "pytest", "-x", "-q", "-rf", "-m", "not slow", "-p", "no:cacheprovider")
 PYTEST += ("-o", "timeout=30")
@@ -471,6 +476,35 @@ MUTANTS = (
         "reject_on_worker_lost=True,\n",
         "reject_on_worker_lost=False,\n",
         tests=CELERY_TESTS,
+    ),
+    # -- waits: a signal is never lost, a sleep or a timeout never ends early
+    python(
+        "store",
+        "a signal landing between the wait's status and index writes is not re-armed",
+        "if wait.signal and replies[-1]:",
+        "if False:",
+        tests=WAIT_TESTS,
+    ),
+    python(
+        "store",
+        "a signal does not wake the run that waits for it",
+        "if waiting_for.signal == name:",
+        "if False:",
+        tests=WAIT_TESTS,
+    ),
+    python(
+        "steps",
+        "a sleep never suspends",
+        "if self.clock.now() < wake_at:",
+        "if False:",
+        tests=WAIT_TESTS,
+    ),
+    python(
+        "steps",
+        "a signal wait times out at once",
+        "elif deadline is not None and self.clock.now() >= float(deadline):",
+        "elif deadline is not None:",
+        tests=WAIT_TESTS,
     ),
 )
 
