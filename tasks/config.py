@@ -9,12 +9,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from journal.redact import add_secret, add_url_secrets, redact
 from tasks.cost import PriceTable
 from tasks.errors import BadInput
+from tasks.model import DEFAULT_INTRO_MODEL, DEFAULT_SUMMARY_MODEL
 
 # Variables whose values are secrets as a whole, and those that are URLs that may carry one.
 SECRET_VARIABLES = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
@@ -145,8 +147,8 @@ class Config:
     state_dir: Path = Path(".digest")
     items_path: Path = Path("data/items.json")
     key_prefix: str = "journal"
-    summary_model: str = "claude-haiku-5-5"
-    intro_model: str = "claude-sonnet-5-5"
+    summary_model: str = DEFAULT_SUMMARY_MODEL
+    intro_model: str = DEFAULT_INTRO_MODEL
     concurrency: int = 3
     lease_ttl: float = 30.0
     model_timeout: float = 20.0
@@ -179,51 +181,15 @@ class Config:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
-        """Read and check every variable.
+        """Read and check every variable of ``SETTINGS``.
 
         Raises:
             BadInput: one line naming the variable, what is wrong and what to use.
         """
         env = os.environ if env is None else env
         _register_secrets(env)
-        config = cls(
-            redis_url=env.get("REDIS_URL") or None,
-            broker_url=env.get("CELERY_BROKER_URL") or None,
-            state_dir=Path(env.get("DIGEST_STATE_DIR") or ".digest"),
-            items_path=Path(env.get("DIGEST_ITEMS") or "data/items.json"),
-            key_prefix=env.get("DIGEST_KEY_PREFIX") or "journal",
-            summary_model=env.get("DIGEST_SUMMARY_MODEL") or "claude-haiku-5-5",
-            intro_model=env.get("DIGEST_INTRO_MODEL") or "claude-sonnet-5-5",
-            concurrency=_count(env, "DIGEST_CONCURRENCY", 3, 1, 64),
-            lease_ttl=_number(env, "DIGEST_LEASE_TTL", 30, 0.5, 3600),
-            model_timeout=_number(env, "DIGEST_MODEL_TIMEOUT", 20, 1, 600),
-            retry_base_delay=_number(env, "DIGEST_RETRY_BASE_DELAY", 1.0, 0, 60),
-            long_backoff=_number(env, "DIGEST_LONG_BACKOFF", 30, 0, 3600),
-            max_retry_after=_number(env, "DIGEST_MAX_RETRY_AFTER", 3600, 1, 86400),
-            smtp_url=env.get("DIGEST_SMTP_URL") or None,
-            smtp_timeout=_number(env, "DIGEST_SMTP_TIMEOUT", 30, 1, 600),
-            smtp_require_tls=_flag(env, "DIGEST_SMTP_REQUIRE_TLS"),
-            sender=env.get("DIGEST_FROM") or "digest@example.com",
-            recipient=env.get("DIGEST_TO") or "team@example.com",
-            timezone=env.get("DIGEST_TIMEZONE") or "UTC",
-            offline=_flag(env, "DIGEST_OFFLINE"),
-            approval=_flag(env, "DIGEST_APPROVAL"),
-            approval_timeout=_number(env, "DIGEST_APPROVAL_TIMEOUT", 86400, 1, 30 * 86400),
-            sweep_interval=_number(env, "DIGEST_SWEEP_INTERVAL", 15, 0.5, 3600),
-            wait_aof=_flag(env, "DIGEST_WAITAOF"),
-            catch_up_weeks=_count(env, "DIGEST_CATCH_UP_WEEKS", 4, 0, 52),
-            visibility_timeout=_number(env, "DIGEST_VISIBILITY_TIMEOUT", 3600, 60, 43200),
-            task_time_limit=_number(env, "DIGEST_TASK_TIME_LIMIT", 1800, 30, 43200),
-            queue=env.get("DIGEST_QUEUE") or "celery",
-            run_retry_delay=_number(env, "DIGEST_RUN_RETRY_DELAY", 60, 0.1, 86400),
-            run_retry_max_delay=_number(env, "DIGEST_RUN_RETRY_MAX_DELAY", 3600, 0.1, 86400),
-            give_up_after=_number(env, "DIGEST_GIVE_UP_AFTER", 86400, 0, 30 * 86400),
-            consumer_timeout=_number(env, "DIGEST_CONSUMER_TIMEOUT", 1800, 60, 7 * 86400),
-            soft_shutdown_timeout=_number(env, "DIGEST_SOFT_SHUTDOWN_TIMEOUT", 0, 0, 3600),
-            max_cost_usd=_number(env, "DIGEST_MAX_COST_USD", 0, 0, 1e6) or None,
-            metrics_port=_count(env, "DIGEST_METRICS_PORT", 0, 0, 65535) or None,
-            prices=PriceTable.from_env(env),
-        )
+        values = {s.field: s.read(env) for s in SETTINGS if s.field is not None}
+        config = cls(**values, prices=PriceTable.from_env(env))
         config.check()
         return config
 
@@ -295,3 +261,358 @@ class Config:
     def max_countdown(self) -> float:
         """The longest broker countdown allowed: a quarter of the visibility timeout."""
         return self.visibility_timeout * 0.25
+
+
+Kind = Literal[
+    "text", "optional", "path", "number", "count", "flag", "optional_number", "optional_count"
+]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment variable: the field it sets, how it is read, and its line of docs.
+
+    The default is the ``Config`` field's own, so it lives in one place; ``SETTINGS`` drives
+    ``Config.from_env`` and the README's configuration table (``python -m tasks.config``
+    prints it; a test keeps the two equal).
+
+    Attributes:
+        env: the variable.
+        field: the ``Config`` field it sets; None for a variable another library reads.
+        kind: how its text becomes a value (``optional``: unset is None; ``optional_number``
+            and ``optional_count``: unset or 0 is None).
+        low, high: the range of a number or a count.
+        doc: the README's meaning column.
+        unit: shown after a numeric default.
+        shown: the README's default column, where the default alone would not say it.
+    """
+
+    env: str
+    field: str | None
+    kind: Kind
+    doc: str
+    low: float = 0
+    high: float = 0
+    unit: str = ""
+    shown: str | None = None
+
+    @property
+    def default(self) -> Any:
+        """The ``Config`` field's default: the one place it is written."""
+        assert self.field is not None, f"{self.env} sets no field"
+        return Config.__dataclass_fields__[self.field].default
+
+    def read(self, env: Mapping[str, str]) -> Any:
+        """This variable's value from ``env``, or the default when it is unset or empty."""
+        low, high = self.low, self.high
+        if self.kind == "flag":
+            return _flag(env, self.env)
+        if self.kind == "count":
+            return _count(env, self.env, self.default, int(low), int(high))
+        if self.kind == "optional_count":
+            return _count(env, self.env, 0, int(low), int(high)) or None
+        if self.kind == "number":
+            return _number(env, self.env, self.default, low, high)
+        if self.kind == "optional_number":
+            return _number(env, self.env, 0, low, high) or None
+        raw = env.get(self.env) or None
+        if self.kind == "optional":
+            return raw
+        if raw is None:
+            return self.default
+        return Path(raw) if self.kind == "path" else raw
+
+    def shown_default(self) -> str:
+        """The default as the README shows it."""
+        if self.shown is not None:
+            return self.shown
+        value = self.default
+        if self.kind == "flag":
+            return "1" if value else "0"
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return f"{value:g}" + (f" ({self.unit})" if self.unit else "")
+        return f"`{value}`"
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "REDIS_URL",
+        "redis_url",
+        "optional",
+        "journal store, and broker unless `CELERY_BROKER_URL`; `rediss://` verifies the "
+        "certificate and host name, for the journal, the broker and the result backend alike; "
+        "redis-py's options go in the query (`?ssl_ca_certs=/etc/ssl/private-ca.pem`, "
+        "`ssl_cert_reqs`, `ssl_check_hostname`, `ssl_certfile`, `ssl_keyfile`)",
+        shown="unset: embedded Valkey in the state dir",
+    ),
+    Setting(
+        "CELERY_BROKER_URL",
+        "broker_url",
+        "optional",
+        "Celery broker (Redis or RabbitMQ)",
+        shown="`REDIS_URL`",
+    ),
+    Setting(
+        "DIGEST_STATE_DIR",
+        "state_dir",
+        "path",
+        "embedded server data, file outbox; made 0700 and the server's files 0600 at its start "
+        "(they hold model output and drafts)",
+    ),
+    Setting("DIGEST_ITEMS", "items_path", "path", "this week's updates"),
+    Setting(
+        "DIGEST_KEY_PREFIX", "key_prefix", "text", "prefix of every Redis key the project writes"
+    ),
+    Setting(
+        "ANTHROPIC_API_KEY",
+        None,
+        "text",
+        "the SDK's own; no key: the CLI summarizes offline and says so",
+        shown="unset",
+    ),
+    Setting("ANTHROPIC_BASE_URL", None, "text", "the SDK's own: the API's address", shown="unset"),
+    Setting("DIGEST_SUMMARY_MODEL", "summary_model", "text", "the model of each summary"),
+    Setting("DIGEST_INTRO_MODEL", "intro_model", "text", "the model of the opening paragraph"),
+    Setting("DIGEST_CONCURRENCY", "concurrency", "count", "summaries in flight at once", 1, 64),
+    Setting(
+        "DIGEST_MODEL_TIMEOUT",
+        "model_timeout",
+        "number",
+        "one model call's timeout: inside the lease, far inside the time limit",
+        1,
+        600,
+        "s",
+    ),
+    Setting(
+        "DIGEST_RETRY_BASE_DELAY",
+        "retry_base_delay",
+        "number",
+        "first back-off of a failed model call (doubles, capped at 30 s)",
+        0,
+        60,
+        "s",
+    ),
+    Setting(
+        "DIGEST_LONG_BACKOFF",
+        "long_backoff",
+        "number",
+        "longer back-offs become a durable sleep",
+        0,
+        3600,
+        "s",
+    ),
+    Setting(
+        "DIGEST_MAX_RETRY_AFTER",
+        "max_retry_after",
+        "number",
+        "the longest `retry-after` from the model API that is honoured; a longer one (a date "
+        "years ahead, `999999999`) waits this long",
+        1,
+        86400,
+        "s",
+    ),
+    Setting(
+        "DIGEST_LEASE_TTL",
+        "lease_ttl",
+        "number",
+        "lease expiry; renewed every TTL/3",
+        0.5,
+        3600,
+        "s",
+    ),
+    Setting(
+        "DIGEST_SMTP_URL",
+        "smtp_url",
+        "optional",
+        "`smtps://[user:pass@]host:port` (TLS from the first byte) or `smtp://...` (STARTTLS "
+        "whenever the server offers it); the certificate is verified and must name the host; a "
+        "password is never sent in clear",
+        shown="unset: file outbox",
+    ),
+    Setting(
+        "DIGEST_SMTP_REQUIRE_TLS",
+        "smtp_require_tls",
+        "flag",
+        "1: refuse an `smtp://` server that offers no STARTTLS even without a password",
+    ),
+    Setting(
+        "SSL_CERT_FILE",
+        None,
+        "text",
+        "OpenSSL's own: a PEM bundle to trust instead of the default bundle (a private CA); "
+        "`SSL_CERT_DIR` likewise for a directory",
+        shown="the system's trust store",
+    ),
+    Setting(
+        "DIGEST_SMTP_TIMEOUT",
+        "smtp_timeout",
+        "number",
+        "each SMTP operation; also how long after claiming the send a worker may still start "
+        "DATA, so how long a later holder waits for a claimant that may be alive",
+        1,
+        600,
+        "s",
+    ),
+    Setting("DIGEST_FROM", "sender", "text", "the email's sender"),
+    Setting("DIGEST_TO", "recipient", "text", "the email's recipient"),
+    Setting("DIGEST_TIMEZONE", "timezone", "text", "beat schedule zone (Monday 08:00)"),
+    Setting("DIGEST_OFFLINE", "offline", "flag", "let a worker summarize without an API key"),
+    Setting("DIGEST_APPROVAL", "approval", "flag", "the approval gate: 1 waits for a decision"),
+    Setting(
+        "DIGEST_APPROVAL_TIMEOUT",
+        "approval_timeout",
+        "number",
+        "how long the approval gate waits",
+        1,
+        30 * 86400,
+        "s",
+    ),
+    Setting(
+        "DIGEST_SWEEP_INTERVAL",
+        "sweep_interval",
+        "number",
+        "due sweep: wake-ups and crash recovery",
+        0.5,
+        3600,
+        "s",
+    ),
+    Setting(
+        "DIGEST_WAITAOF",
+        "wait_aof",
+        "flag",
+        "wait for the local AOF fsync of every record (WAITAOF, Redis 7.2+/Valkey)",
+    ),
+    Setting(
+        "DIGEST_CATCH_UP_WEEKS",
+        "catch_up_weeks",
+        "count",
+        "missed weeks the dispatcher enqueues after an outage",
+        0,
+        52,
+    ),
+    Setting(
+        "DIGEST_VISIBILITY_TIMEOUT",
+        "visibility_timeout",
+        "number",
+        "the Redis broker's redelivery timeout",
+        60,
+        43200,
+        "s",
+    ),
+    Setting(
+        "DIGEST_TASK_TIME_LIMIT",
+        "task_time_limit",
+        "number",
+        "hard limit of one delivery; below 90% of the visibility timeout",
+        30,
+        43200,
+        "s",
+    ),
+    Setting(
+        "DIGEST_CONSUMER_TIMEOUT",
+        "consumer_timeout",
+        "number",
+        "RabbitMQ's `consumer_timeout` (its default: 30 min); with an AMQP broker the time limit "
+        "must stay below 90% of it, so set `DIGEST_TASK_TIME_LIMIT` to 1619 or less, or raise "
+        "both",
+        60,
+        7 * 86400,
+        "s",
+    ),
+    Setting(
+        "DIGEST_QUEUE",
+        "queue",
+        "text",
+        "the queue digests go to; one per deployment sharing a broker",
+    ),
+    Setting(
+        "DIGEST_SOFT_SHUTDOWN_TIMEOUT",
+        "soft_shutdown_timeout",
+        "number",
+        "Celery's soft shutdown window (see Guarantees)",
+        0,
+        3600,
+        "s",
+    ),
+    Setting(
+        "DIGEST_RUN_RETRY_DELAY",
+        "run_retry_delay",
+        "number",
+        "a run failed for a transient cause is retried after this, doubling up to "
+        "`DIGEST_RUN_RETRY_MAX_DELAY` (up to 10% sooner at random)",
+        0.1,
+        86400,
+        "s",
+    ),
+    Setting(
+        "DIGEST_RUN_RETRY_MAX_DELAY",
+        "run_retry_max_delay",
+        "number",
+        "the cap of that doubling delay",
+        0.1,
+        86400,
+        "s",
+    ),
+    Setting(
+        "DIGEST_GIVE_UP_AFTER",
+        "give_up_after",
+        "number",
+        "from a run's first transient failure to failing it for good; 0 turns automatic "
+        "retries off",
+        0,
+        30 * 86400,
+        "s",
+    ),
+    Setting(
+        "DIGEST_METRICS_PORT",
+        "metrics_port",
+        "optional_count",
+        "a worker serves Prometheus metrics on this port",
+        0,
+        65535,
+        shown="unset",
+    ),
+    Setting(
+        "PROMETHEUS_MULTIPROC_DIR",
+        None,
+        "text",
+        "where pool children's counters are summed (`prometheus_client`'s own)",
+        shown="`<state dir>/metrics-<pid>`",
+    ),
+    Setting(
+        "DIGEST_CONSOLE_TOKEN",
+        None,
+        "text",
+        "required by `digest console --host` other than loopback",
+        shown="unset",
+    ),
+    Setting(
+        "DIGEST_MAX_COST_USD",
+        "max_cost_usd",
+        "optional_number",
+        "a run's model budget in dollars: it stops before a call that could take it over",
+        0,
+        1e6,
+        shown="unset: no limit",
+    ),
+    Setting(
+        "DIGEST_PRICES_FILE",
+        None,
+        "text",
+        "per-model prices, a JSON file then inline JSON (`DIGEST_PRICES`): "
+        '`{"<model>": {"input": 1.0, "output": 5.0}}` in USD per million tokens',
+        shown="the defaults below",
+    ),
+    Setting("CRASH", None, "text", "fault injection point (see above)", shown="unset"),
+)
+
+
+def settings_table() -> str:
+    """The README's configuration table, one row per variable."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    rows += [f"| `{s.env}` | {s.shown_default()} | {s.doc} |" for s in SETTINGS]
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(settings_table())

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import email.utils
 import math
-import os
 import re
 import sys
 import threading
@@ -129,13 +128,20 @@ class AnthropicSummarizer:
         self.name = f"anthropic ({summary_model}, {intro_model})"
 
     @classmethod
-    def from_env(cls, timeout_s: float) -> AnthropicSummarizer:
-        """Build from the SDK's own variables and ``DIGEST_SUMMARY_MODEL`` / ``DIGEST_INTRO_MODEL``.
+    def from_env(
+        cls,
+        timeout_s: float,
+        summary_model: str = DEFAULT_SUMMARY_MODEL,
+        intro_model: str = DEFAULT_INTRO_MODEL,
+    ) -> AnthropicSummarizer:
+        """Build from the SDK's own variables (the key, the base URL) and the model ids.
 
         Args:
             timeout_s: The longest one call may wait for its answer. Keep it well under the lease
                 TTL and the task time limit, so a hung call fails as a transient error that the
                 step policy retries, rather than outliving the worker's lease.
+            summary_model: The model of each summary.
+            intro_model: The model of the opening paragraph.
         """
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
@@ -148,11 +154,7 @@ class AnthropicSummarizer:
                 timeout=anthropic.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s)),
             )
 
-        return cls(
-            connect,
-            summary_model=os.environ.get("DIGEST_SUMMARY_MODEL") or DEFAULT_SUMMARY_MODEL,
-            intro_model=os.environ.get("DIGEST_INTRO_MODEL") or DEFAULT_INTRO_MODEL,
-        )
+        return cls(connect, summary_model=summary_model, intro_model=intro_model)
 
     def summarize(self, item: Item) -> Completion:
         """One request to the summary model; API errors propagate for the step policy to judge.

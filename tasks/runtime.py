@@ -115,7 +115,9 @@ class Runtime:
 def choose_summarizer(config: Config, *, allow_offline: bool) -> Summarizer:
     """The Anthropic summarizer when a key is set; otherwise offline, where allowed."""
     if os.environ.get("ANTHROPIC_API_KEY"):
-        return AnthropicSummarizer.from_env(config.model_timeout)
+        return AnthropicSummarizer.from_env(
+            config.model_timeout, config.summary_model, config.intro_model
+        )
     if allow_offline:
         return OfflineSummarizer()
     return MissingKey()

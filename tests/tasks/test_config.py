@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks.config import Config
+from tasks.config import SETTINGS, Config, settings_table
 from tasks.errors import BadInput
-from tests.support import Deployment
+from tests.support import ROOT, Deployment
 
 
 def test_an_empty_environment_gives_the_documented_defaults() -> None:
@@ -277,3 +277,17 @@ def test_the_cli_reports_a_bad_setting_in_one_line_and_exits_2(deployment: Deplo
         "digest: DIGEST_CONCURRENCY='lots': not a number; use a value from 1 to 64\n"
     )
     assert not (deployment.state_dir / "valkey").exists()  # refused before starting a server
+
+
+def test_the_readme_configuration_table_is_the_settings_table() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Configuration\n\n", 1)[1]
+    table = section.split("\n\n", 1)[0]
+    assert table == settings_table(), "README out of date: python -m tasks.config prints it"
+
+
+def test_every_field_is_set_by_exactly_one_variable() -> None:
+    fields = [s.field for s in SETTINGS if s.field is not None]
+    assert len(fields) == len(set(fields))
+    assert set(fields) == set(Config.__dataclass_fields__) - {"prices"}
+    assert len({s.env for s in SETTINGS}) == len(SETTINGS)

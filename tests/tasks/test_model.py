@@ -17,6 +17,7 @@ from pathlib import Path
 import anthropic
 import pytest
 
+from tasks.config import Config
 from tasks.errors import DigestError, ItemRefused, ModelAuthFailed, ModelRefused
 from tasks.items import Item
 from tasks.model import (
@@ -27,6 +28,7 @@ from tasks.model import (
     retry_after_seconds,
 )
 from tasks.prompts import INTRO_SYSTEM, SUMMARY_SYSTEM, intro_prompt, summary_prompt
+from tasks.runtime import choose_summarizer
 from tests.fakes.anthropic_server import (
     CONTENT_FILTERED,
     CREDIT_TOO_LOW,
@@ -51,6 +53,13 @@ def env(server: FakeAnthropic, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("DIGEST_SUMMARY_MODEL", raising=False)
     monkeypatch.delenv("DIGEST_INTRO_MODEL", raising=False)
+
+
+def configured_summarizer() -> AnthropicSummarizer:
+    """The summarizer a process builds from its environment, through its configuration."""
+    model = choose_summarizer(Config.from_env(), allow_offline=False)
+    assert isinstance(model, AnthropicSummarizer)
+    return model
 
 
 @pytest.fixture
@@ -121,7 +130,7 @@ def test_model_ids_come_from_the_environment(
 ) -> None:
     monkeypatch.setenv("DIGEST_SUMMARY_MODEL", "claude-test-small")
     monkeypatch.setenv("DIGEST_INTRO_MODEL", "claude-test-large")
-    model = AnthropicSummarizer.from_env(timeout_s=5.0)
+    model = configured_summarizer()
 
     model.summarize(DARK)
     model.compose([(DARK, "s")])
@@ -355,7 +364,7 @@ def test_an_unknown_model_names_the_variable_that_chose_it(
 ) -> None:
     server.known_models = {"claude-haiku-5-5"}
     monkeypatch.setenv("DIGEST_INTRO_MODEL", "claude-nope")
-    model = AnthropicSummarizer.from_env(timeout_s=5.0)
+    model = configured_summarizer()
 
     assert model.summarize(DARK).text == "summary of Dark mode"
     with pytest.raises(ModelRefused) as caught:
