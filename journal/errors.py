@@ -31,9 +31,22 @@ Celery's result backend and process pools.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from journal.redact import redact
+
+
+@dataclass(frozen=True)
+class Hints:
+    """What an error tells its reader to do, in the words of the application around the journal.
+
+    The library cannot know the command that resets a run or the variable that names the
+    store; an application passes its own (``Journal(hints=...)``) and the errors say them.
+    """
+
+    parked: str = "fix the cause, then reset it deliberately (Journal.reset)"
+    store_down: str = "check that the server is running and the journal's URL is right"
 
 
 class JournalError(Exception):
@@ -162,16 +175,14 @@ class UnserializableResult(_StepError):
 class RunParked(JournalError):
     """A run that kept dying before it could record progress was set aside."""
 
-    def __init__(self, run: str, starts: int) -> None:
-        super().__init__(run, starts)
+    def __init__(self, run: str, starts: int, hint: str = Hints.parked) -> None:
+        super().__init__(run, starts, hint)
         self.run = run
         self.starts = starts
+        self.hint = hint
 
     def __str__(self) -> str:
-        return (
-            f"run {self.run} was parked after {self.starts} starts without progress; "
-            "fix the cause, then reset it deliberately (digest run RUN --retry)"
-        )
+        return f"run {self.run} was parked after {self.starts} starts without progress; {self.hint}"
 
 
 def _utc(seconds: float) -> str:
@@ -236,21 +247,19 @@ class _StoreError(JournalError):
     and what a pickled copy carries.
     """
 
-    def __init__(self, url: str, detail: str) -> None:
+    def __init__(self, url: str, detail: str, hint: str = Hints.store_down) -> None:
         url, detail = redact(url), redact(detail)
-        super().__init__(url, detail)
+        super().__init__(url, detail, hint)
         self.url = url
         self.detail = detail
+        self.hint = hint
 
 
 class StoreUnavailable(_StoreError):
     """Redis could not be reached or answered with a connection error."""
 
     def __str__(self) -> str:
-        return (
-            f"cannot reach the journal store at {self.url} ({self.detail}); "
-            "check that Redis is running and REDIS_URL is right"
-        )
+        return f"cannot reach the journal store at {self.url} ({self.detail}); {self.hint}"
 
 
 class StoreUnsupported(_StoreError):

@@ -20,6 +20,7 @@ from journal.clock import Clock, SystemClock, millis
 from journal.errors import (
     CorruptJournal,
     GaveUp,
+    Hints,
     JournalError,
     LeaseLost,
     RetryScheduled,
@@ -105,6 +106,7 @@ class Journal:
     settings: Settings = field(default_factory=Settings)
     clock: Clock = field(default_factory=SystemClock)
     url: str = "redis"
+    hints: Hints = field(default_factory=Hints)
 
     def __post_init__(self) -> None:
         self.scripts = Scripts.register(self.client)
@@ -160,7 +162,9 @@ class Journal:
         if meta.get("status") in TERMINAL:
             return self._ended(keys, meta)
         if meta.get("parked"):
-            raise RunParked(keys.run, _count(keys, meta, "starts_without_progress"))
+            raise RunParked(
+                keys.run, _count(keys, meta, "starts_without_progress"), self.hints.parked
+            )
         lease = Lease(keys, self.scripts, millis(self.settings.lease_ttl))
         grant = self.call(lease.acquire, millis(self.clock.now()))
         try:
@@ -252,7 +256,9 @@ class Journal:
             # The store went away under a step: not the run's failure, and nothing could be
             # saved anyway. StoreUnavailable lets the delivery retry once the store is back.
             heartbeat.stop()
-            raise StoreUnavailable(self.url, str(down) or type(down).__name__) from down
+            raise StoreUnavailable(
+                self.url, str(down) or type(down).__name__, self.hints.store_down
+            ) from down
         except Exception as error:
             heartbeat.stop()
             verdict = self._fail(keys, holder, error)
@@ -471,7 +477,7 @@ class Journal:
         fields = {
             "status": "failed",
             "parked": "1",
-            "last_error": str(RunParked(keys.run, starts)),
+            "last_error": str(RunParked(keys.run, starts, self.hints.parked)),
             # The parking start itself ran nothing: count only the ones that died, so every
             # later refusal (read back from here) names the same number as last_error.
             "starts_without_progress": starts,
@@ -479,7 +485,7 @@ class Journal:
         }
         self._update_meta(keys, holder, fields)
         self._settle(keys, holder, now)
-        raise RunParked(keys.run, starts)
+        raise RunParked(keys.run, starts, self.hints.parked)
 
     def _settle(
         self, keys: RunKeys, holder: str, now_ms: int, retry_at: float | None = None
@@ -600,7 +606,9 @@ class Journal:
         try:
             return fn(*args, **kwargs)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise StoreUnavailable(self.url, str(exc) or type(exc).__name__) from exc
+            raise StoreUnavailable(
+                self.url, str(exc) or type(exc).__name__, self.hints.store_down
+            ) from exc
 
 
 def decode_meta(run: str, raw: dict[bytes, bytes]) -> dict[str, str]:

@@ -35,7 +35,14 @@ from journal.redact import redact_logging
 from tasks.config import Config
 from tasks.dispatch import dispatch_due
 from tasks.errors import BadInput
-from tasks.runtime import broker_url, connect, prepare_metrics, store_url, worker_runtime
+from tasks.runtime import (
+    HINTS,
+    broker_url,
+    connect,
+    prepare_metrics,
+    store_url,
+    worker_runtime,
+)
 from tasks.workflow import crash_point, run_digest
 
 log = logging.getLogger("tasks.digest")
@@ -158,7 +165,7 @@ def serve_metrics(**_: Any) -> None:
     from journal import Journal, Keyspace
     from tasks import metrics
 
-    journal = Journal(connect(store_url(config)), keyspace=Keyspace(config.key_prefix))
+    journal = Journal(connect(store_url(config)), keyspace=Keyspace(config.key_prefix), hints=HINTS)
     start_http_server(config.metrics_port, registry=metrics.registry(journal))
     log.info("metrics on :%d/metrics", config.metrics_port)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import redis
 
-from journal import Journal, Keyspace, RunRetry, Settings, StoreUnavailable
+from journal import Hints, Journal, Keyspace, RunRetry, Settings, StoreUnavailable
 from journal.clock import SystemClock, check_skew
 from journal.durability import check_persistence
 from journal.embedded import embedded_broker_url, embedded_url
@@ -26,6 +26,12 @@ from tasks.mail import FileOutbox, Mailer, SmtpMailer
 from tasks.model import AnthropicSummarizer, Completion, OfflineSummarizer, Summarizer
 
 log = logging.getLogger(__name__)
+
+# What the journal's errors tell a digest operator to do.
+HINTS = Hints(
+    parked="fix the cause, then reset it deliberately (digest run RUN --retry)",
+    store_down="check that Redis is running and REDIS_URL is right",
+)
 
 
 def prepare_metrics(directory: Path) -> None:
@@ -85,10 +91,13 @@ class Runtime:
             check_persistence(client, logger=log)
             check_skew(client, SystemClock(), url)  # one clock for every process's deadlines
         except (redis.ConnectionError, redis.TimeoutError) as down:
-            raise StoreUnavailable(url, str(down) or type(down).__name__) from None
+            raise StoreUnavailable(
+                url, str(down) or type(down).__name__, HINTS.store_down
+            ) from None
         journal = Journal(
             client,
             keyspace=Keyspace(config.key_prefix),
+            hints=HINTS,
             settings=Settings(
                 lease_ttl=config.lease_ttl,
                 fsync_records=config.wait_aof,
