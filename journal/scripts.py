@@ -15,11 +15,11 @@ from redis.commands.core import Script
 from journal.errors import UnknownScriptStatus
 
 SCRIPT_NAMES = (
-    "acquire",
+    "open",
     "renew",
     "release",
     "record",
-    "update_meta",
+    "close",
     "claim_due",
     "effect_claim",
     "effect_settle",
@@ -35,11 +35,11 @@ def _source(name: str) -> str:
 class Scripts:
     """Every script of the journal, bound to one client."""
 
-    acquire: Script
+    open: Script
     renew: Script
     release: Script
     record: Script
-    update_meta: Script
+    close: Script
     claim_due: Script
     effect_claim: Script
     effect_settle: Script
