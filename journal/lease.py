@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import secrets
 import threading
 import time
@@ -193,8 +194,60 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+class _Beats:
+    """The one daemon thread per process that renews every started heartbeat when it is due.
+
+    A thread per run cost more than the rest of a short run's bookkeeping (start, then a join
+    at its end); one shared thread costs a dictionary entry. A renewal runs outside the lock,
+    so a slow one delays the others' but never blocks a run registering or leaving. Forked
+    children (Celery's pool) start with none, and their own thread is made on first use.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Start empty; again in the child of a fork, where the parent's thread does not run."""
+        self._changed = threading.Condition()
+        self._due: dict[Heartbeat, float] = {}
+        self._thread: threading.Thread | None = None
+
+    def add(self, beat: Heartbeat, at: float) -> None:
+        """Renew ``beat`` at ``at`` (``time.monotonic()``), then every interval after."""
+        with self._changed:
+            self._due[beat] = at
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="lease-beats", daemon=True)
+                self._thread.start()
+            self._changed.notify()
+
+    def remove(self, beat: Heartbeat) -> None:
+        """Renew ``beat`` no more (a renewal already started still finishes)."""
+        with self._changed:
+            self._due.pop(beat, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while True:
+                    now = time.monotonic()
+                    ready = [beat for beat, at in self._due.items() if at <= now]
+                    if ready:
+                        break
+                    soonest = min(self._due.values(), default=now + 60)
+                    self._changed.wait(soonest - now)
+                for beat in ready:
+                    self._due[beat] = now + beat.interval
+            for beat in ready:
+                beat.beat()
+
+
+_BEATS = _Beats()
+os.register_at_fork(after_in_child=_BEATS.reset)
+
+
 class Heartbeat:
-    """Renews a lease every ttl/3 from a daemon thread, and guards each step boundary.
+    """Renews a lease every ttl/3 from the process's beat thread, and guards each step boundary.
 
     A failed renewal only sets ``lost``; the run notices at its next step boundary, and the
     fenced record refuses anything it tries to write in between. A renewal (or a record) that
@@ -219,26 +272,25 @@ class Heartbeat:
         self.lost = threading.Event()
         self.cancelled = threading.Event()
         self.renewals = 0
-        self._thread = threading.Thread(
-            target=self._beat, name=f"lease-heartbeat-{lease.keys.run}", daemon=True
-        )
+        self.interval = lease.ttl_ms / 3000
 
     def start(self) -> Heartbeat:
-        """Start renewing in the background."""
-        self._thread.start()
+        """Start renewing in the background, every ttl/3."""
+        _BEATS.add(self, time.monotonic() + self.interval)
         return self
 
     def stop(self, *, join: bool = True) -> None:
         """Stop renewing; the caller releases or lets the lease expire.
 
         Args:
-            join: wait for the beat's thread to end (not from inside ``paused``, which the
-                thread may be waiting on).
+            join: wait for a renewal in flight to end (not from inside ``paused``, which
+                holds what it would wait for).
         """
         self._stop.set()
-        alive = self._thread.is_alive() and self._thread is not threading.current_thread()
-        if join and alive:
-            self._thread.join(timeout=5)
+        _BEATS.remove(self)
+        if join:
+            with self._beating:
+                pass
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -298,17 +350,15 @@ class Heartbeat:
             self.renewals += 1
         return True
 
-    def _beat(self) -> None:
-        interval = self._lease.ttl_ms / 3000
-        while not self._stop.wait(interval) and not self.lost.is_set():
-            try:
-                with self._beating:
-                    if self._stop.is_set():
-                        return
-                    renewed = self._renew()
-                if not renewed:
-                    log.error(
-                        "lease on %s lost; the run stops at its next step", self._lease.keys.run
-                    )
-            except Exception:  # a blip must not kill the thread; the next beat retries
-                log.warning("lease renewal for %s failed; retrying", self._lease.keys.run)
+    def beat(self) -> None:
+        """One background renewal; a lost lease stops the beats."""
+        try:
+            with self._beating:
+                if self._stop.is_set() or self.lost.is_set():
+                    return
+                renewed = self._renew()
+            if not renewed:
+                _BEATS.remove(self)
+                log.error("lease on %s lost; the run stops at its next step", self._lease.keys.run)
+        except Exception:  # a blip must not kill the thread; the next beat retries
+            log.warning("lease renewal for %s failed; retrying", self._lease.keys.run)

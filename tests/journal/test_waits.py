@@ -143,7 +143,6 @@ def test_a_suspended_run_leaves_no_heartbeat_behind(
     outcome = journal.execute("wf", "r1", lambda run: run.sleep("nap", 3600))
 
     assert outcome.status == "waiting"
-    assert [t for t in threading.enumerate() if t.name == f"lease-heartbeat-{keys.run}"] == []
     time.sleep(0.35)  # three renewal periods, for a leaked heartbeat to show itself
     assert due_ms(journal, keys) == millis(T0 + 3600)
     assert "lost" not in caplog.text
