@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 R = TypeVar("R")
 
-DELETE = "\0"
+DELETE = "\0"  # a field value that means: remove the field (close.lua deletes it)
 # A run's streak of transient failures, in its meta: kept until it succeeds or fails otherwise.
 STREAK = ("retry_at", "retry_until", "failing_since", "failures", "gave_up_at")
 
@@ -314,9 +314,11 @@ class Journal:
         Raises:
             LeaseLost: the lease had expired or passed on; nothing was written.
         """
-        flat: list[Any] = []
+        sets: list[Any] = []
+        deletes = [name for name, value in fields.items() if value == DELETE]
         for name, value in fields.items():
-            flat += [name, value]
+            if value != DELETE:
+                sets += [name, value]
         reply = self.call(
             self.scripts.close,
             keys=[keys.lease, keys.meta, keys.signals, self.keyspace.runs, self.keyspace.due],
@@ -327,7 +329,9 @@ class Journal:
                 keys.run,
                 now_ms,
                 "" if due_ms is None else due_ms,
-                *flat,
+                len(sets) // 2,
+                *sets,
+                *deletes,
             ],
         )
         status = status_of("close", reply, (1, 3, 4, -1, -2))

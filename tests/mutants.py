@@ -209,7 +209,7 @@ MUTANTS = (
         "redis.call('HEXISTS', KEYS[3], ARGV[2]) == 1",
         "redis.call('HEXISTS', KEYS[3], ARGV[2]) == 2",
     ),
-    lua("close", "a field is never deleted", "if ARGV[i + 1] == '\\0' then", "if false then"),
+    lua("close", "a field is never deleted", "if #ARGV > 7 + 2 * sets then", "if false then"),
     lua(
         "close", "the lease is kept", "redis.call('DEL', KEYS[1])", "redis.call('EXISTS', KEYS[1])"
     ),

@@ -11,7 +11,8 @@
 -- ARGV[4] - the run's full id, "<workflow>:<run_id>", as the indexes hold it
 -- ARGV[5] - now, in milliseconds: the run's score in the runs index
 -- ARGV[6] - when the run is due again, in milliseconds; "" to take it out of the due index
--- ARGV[7..] - field, value pairs to set in meta; a value of "\0" deletes the field
+-- ARGV[7] - how many meta fields to set, n
+-- ARGV[8..7+2n] - field, value pairs to set in meta; the rest, meta fields to delete
 -- returns 1 when written, indexed and released,
 --         3 when the named signal had already arrived (nothing written: the caller goes on),
 --         4 when a cancel is pending (nothing written: the caller cancels the run),
@@ -31,12 +32,12 @@ end
 if ARGV[2] ~= '' and redis.call('HEXISTS', KEYS[3], ARGV[2]) == 1 then
   return 3
 end
-for i = 7, #ARGV, 2 do
-  if ARGV[i + 1] == '\0' then
-    redis.call('HDEL', KEYS[2], ARGV[i])
-  else
-    redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
-  end
+local sets = tonumber(ARGV[7])
+if sets > 0 then
+  redis.call('HSET', KEYS[2], unpack(ARGV, 8, 7 + 2 * sets))
+end
+if #ARGV > 7 + 2 * sets then
+  redis.call('HDEL', KEYS[2], unpack(ARGV, 8 + 2 * sets))
 end
 if ARGV[6] == '' then
   redis.call('ZREM', KEYS[5], ARGV[4])

@@ -20,14 +20,14 @@
 -- ARGV[12] - "1" to count this start as a delivery (meta.deliveries), else ""
 -- returns {1, fence, starts_without_progress} when the lease alone was taken,
 --         {1, fence, starts_without_progress, meta, steps} when the run was opened: meta is
---           the meta hash as it was before this script (flat field, value list), steps the
---           steps hash (flat),
+--           args, wait and every field that is not plain ASCII of the meta hash as it was
+--           before this script (flat field, value list), steps the steps hash (flat),
 --         {0, remaining_ms, holder, holder_process} when another holder's lease is live,
 --         {-1, field} when a counter it must increment is not an integer (nothing written
 --           but the delivery count),
 --         and when opening only:
 --         {2, meta} when the run has ended (done or cancelled): it leaves the due index,
---         {5, meta} when the run is parked (nothing written),
+--         {5, meta} when the run is parked (nothing written); meta is all of it, flat,
 --         {-3, wait} when the stored wait is not one this library wrote (nothing written),
 --         {3, fence, starts_without_progress} when the lease was taken but the run has
 --           stalled too often: the caller parks it,
@@ -46,14 +46,26 @@ if opening then
     end
     redis.call('HINCRBY', KEYS[3], 'deliveries', 1)
   end
-  meta = redis.call('HGETALL', KEYS[3])
+  local all = redis.call('HGETALL', KEYS[3])
   local status = redis.call('HGET', KEYS[3], 'status')
   if status == 'done' or status == 'cancelled' then
     redis.call('ZREM', KEYS[6], ARGV[8])
-    return {2, meta}
+    return {2, all}
   end
   if redis.call('HEXISTS', KEYS[3], 'parked') == 1 then
-    return {5, meta}
+    return {5, all}
+  end
+  -- Of the rest, only what the caller reads (the arguments and the wait) and any field that
+  -- is not plain ASCII, for it to refuse one that is not UTF-8: a whole meta hash per start
+  -- would cost the caller more to parse than the script costs to run.
+  meta = {}
+  for i = 1, #all, 2 do
+    local name, value = all[i], all[i + 1]
+    if name == 'args' or name == 'wait' or string.find(name, '[\128-\255]')
+        or string.find(value, '[\128-\255]') then
+      meta[#meta + 1] = name
+      meta[#meta + 1] = value
+    end
   end
   local wait = redis.call('HGET', KEYS[3], 'wait')
   if wait then

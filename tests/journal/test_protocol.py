@@ -332,8 +332,10 @@ def test_the_close_script_answers_each_of_its_four_codes(journal: Journal, keys:
     grant = lease(journal).acquire(millis(T0))
     journal.client.zadd(journal.keyspace.due, {keys.run: 5})
 
-    def close(holder: str, signal: str, due: str, *fields: str) -> Any:
-        args = [holder, signal, "", keys.run, 7, due, *fields]
+    def close(
+        holder: str, signal: str, due: str, *fields: str, delete: tuple[str, ...] = ()
+    ) -> Any:
+        args = [holder, signal, "", keys.run, 7, due, len(fields) // 2, *fields, *delete]
         return journal.scripts.close(keys=close_keys(journal, keys), args=args)
 
     journal.client.hset(keys.signals, "go", b'"payload"')
@@ -343,7 +345,7 @@ def test_the_close_script_answers_each_of_its_four_codes(journal: Journal, keys:
     assert "status" not in journal.meta(keys)
     assert journal.client.zscore(journal.keyspace.due, keys.run) == 5
     journal.client.hset(keys.meta, "note", "n")
-    assert close(grant.holder, "", "9", "status", "waiting", "note", "\0") == 1
+    assert close(grant.holder, "", "9", "status", "waiting", delete=("note",)) == 1
     assert (journal.meta(keys)["status"], "note" in journal.meta(keys)) == ("waiting", False)
     assert journal.client.zscore(journal.keyspace.due, keys.run) == 9
     assert journal.client.zscore(journal.keyspace.runs, keys.run) == 7
@@ -361,7 +363,7 @@ def test_a_wait_is_not_saved_over_a_pending_cancel(journal: Journal, keys: RunKe
     grant = lease(journal).acquire(millis(T0))
 
     def close(unless_cancelled: str, *fields: str) -> Any:
-        args = [grant.holder, "", unless_cancelled, keys.run, 7, "", *fields]
+        args = [grant.holder, "", unless_cancelled, keys.run, 7, "", len(fields) // 2, *fields]
         return journal.scripts.close(keys=close_keys(journal, keys), args=args)
 
     journal.client.hset(keys.meta, "cancel", "wrong week")
