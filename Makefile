@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-fast mutants coverage lint install bench bench-throughput bench-timers stop clean
+.PHONY: run test test-fast mutants coverage lint install bench bench-throughput bench-timers bench-latency stop clean
 
 # Installing prints nothing when it works (pip and setuptools are chatty even when quiet);
 # when it fails, everything it printed, then one line saying so.
@@ -54,6 +54,10 @@ bench: install
 # Runs per second through Celery: a no-op task, a hand-written fenced journal, journal.durable.
 bench-throughput: install
 	$(BIN)/python bench/throughput.py
+
+# A whole digest run against the fake API answering each call after a second.
+bench-latency: install
+	$(BIN)/python bench/latency.py
 
 # A million runs pending in the due index, two sweepers racing to claim the due ones.
 bench-timers: install
