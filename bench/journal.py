@@ -49,6 +49,7 @@ sys.path.insert(0, str(_ROOT))
 
 import orjson  # noqa: E402
 import redis  # noqa: E402
+from redis.utils import HIREDIS_AVAILABLE  # noqa: E402
 
 from journal import Journal, Keyspace, Run, Settings  # noqa: E402
 from journal.clock import millis  # noqa: E402
@@ -193,8 +194,7 @@ def server_line(server: Server) -> str:
         if "valkey_version" in info
         else f"redis {info['redis_version']}"
     )
-    has_hiredis = importlib.util.find_spec("hiredis") is not None
-    parser = "with hiredis" if has_hiredis else "pure-Python parser (no hiredis)"
+    parser = "with hiredis" if HIREDIS_AVAILABLE else "pure-Python parser (no hiredis)"
     return (
         f"{product}, {server.description}\n"
         f"redis-py {importlib.metadata.version('redis')} {parser}, "

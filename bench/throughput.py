@@ -14,7 +14,6 @@ hand-written journal and at least 0.5x the no-op task.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -33,6 +32,7 @@ sys.path.insert(0, str(_ROOT))
 
 import orjson  # noqa: E402
 import redis  # noqa: E402
+from redis.utils import HIREDIS_AVAILABLE  # noqa: E402
 
 KINDS = ("noop", "hand", "durable")
 TASKS = {"noop": "bench.noop", "hand": "bench.hand", "durable": "bench.durable"}
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     started = time.monotonic()
     with throwaway_server() as urls:
         info = redis.Redis.from_url(urls[0]).info("server")
-        parser = "hiredis" if importlib.util.find_spec("hiredis") else "pure-Python parser"
+        parser = "hiredis" if HIREDIS_AVAILABLE else "pure-Python parser"
         version = info.get("valkey_version", info["redis_version"])
         print(f"valkey {version}, one throwaway server; redis-py with {parser}")
         print(f"{args.rounds} rounds x {args.runs} runs of each kind, {args.concurrency} processes")
