@@ -44,7 +44,7 @@ from journal import (
 from journal.clock import millis
 from journal.holder import ProcessIdentity
 from journal.keys import RunKeys
-from journal.lease import Heartbeat, Lease
+from journal.lease import Found, Grant, Heartbeat, Lease
 from journal.scripts import status_of
 from tests.support import Relay, wait_until
 
@@ -126,6 +126,49 @@ def test_only_the_holder_proved_dead_is_taken_over(journal: Journal, keys: RunKe
     assert journal.client.get(keys.lease) == grant.holder.encode()
     assert take_over(grant.holder)[:2] == [1, 2]
     assert journal.client.get(keys.lease) == b"2:t2"
+
+
+def test_an_opening_that_finds_the_run_ended_takes_it_out_of_the_due_index(
+    journal: Journal, keys: RunKeys
+) -> None:
+    journal.execute("wf", "r1", lambda run: "done once")
+    journal.client.zadd(journal.keyspace.due, {keys.run: 1})  # put back by hand
+    fence = journal.client.get(keys.fence)
+
+    outcome = journal.execute("wf", "r1", lambda run: "never again")
+
+    assert (outcome.status, outcome.result) == ("already-done", "done once")
+    assert journal.client.zscore(journal.keyspace.due, keys.run) is None
+    assert journal.client.get(keys.fence) == fence  # no lease was taken
+
+
+def test_an_opening_refuses_an_unreadable_wait_and_writes_nothing(
+    journal: Journal, keys: RunKeys
+) -> None:
+    journal.execute("wf", "r1", lambda run: run.sleep("nap", 60))
+    journal.client.hset(keys.meta, "wait", b'{"kind": "sleep"}')  # no step
+    before = journal.client.hgetall(keys.meta)
+    opening = journal._opening(None)
+
+    found = journal._lease(keys).open(millis(T0), opening)
+
+    assert found == Found(-3, b'{"kind": "sleep"}')
+    assert journal.client.hgetall(keys.meta) == before
+    assert not journal.client.exists(keys.lease)
+
+
+def test_a_renewal_pushes_the_run_due_past_its_new_expiry(journal: Journal, keys: RunKeys) -> None:
+    held = journal._lease(keys)
+    grant = held.open(millis(T0), journal._opening(None))
+    assert isinstance(grant, Grant)
+    first = journal.client.zscore(journal.keyspace.due, keys.run)
+    journal.clock.advance(7)  # type: ignore[attr-defined]
+
+    assert held.renew(grant.holder) == 1
+
+    assert journal.client.zscore(journal.keyspace.due, keys.run) == first + 7_000
+    assert held.renew("1:not-the-token") == 0
+    assert journal.client.zscore(journal.keyspace.due, keys.run) == first + 7_000
 
 
 # -- stalled starts, parking and reset ---------------------------------------------------------
