@@ -157,6 +157,8 @@ def measure(
     with worker(concurrency):
         for kind in KINDS:  # warm every child: scripts loaded, imports done
             run_batch(app, client, kind, concurrency * 4)
+        if dbos:
+            dbos(concurrency * 4)
         for mode, (appendonly, fsync) in MODES.items():
             client.config_set("appendonly", appendonly)
             client.config_set("appendfsync", fsync)
