@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-fast mutants coverage lint install bench stop clean
+.PHONY: run test test-fast mutants coverage lint install bench bench-throughput bench-timers bench-latency stop clean
 
 # Installing prints nothing when it works (pip and setuptools are chatty even when quiet);
 # when it fails, everything it printed, then one line saying so.
@@ -50,6 +50,18 @@ mutants: install
 
 bench: install
 	$(BIN)/python bench/journal.py
+
+# Runs per second through Celery: a no-op task, a hand-written fenced journal, journal.durable.
+bench-throughput: install
+	$(BIN)/python bench/throughput.py
+
+# A whole digest run against the fake API answering each call after a second.
+bench-latency: install
+	$(BIN)/python bench/latency.py
+
+# A million runs pending in the due index, two sweepers racing to claim the due ones.
+bench-timers: install
+	$(BIN)/python bench/timers.py
 
 # The embedded Valkey outlives the commands that use it (that is the point); this stops it.
 stop: install

@@ -12,6 +12,7 @@ taken as declared.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 import typing
@@ -27,18 +28,27 @@ def check_arguments(run: str, fn: Callable[..., Any], options: Mapping[str, Any]
     Raises:
         InvalidArguments: an unknown option, or a value of the wrong type.
     """
-    signature = inspect.signature(fn)
-    params = list(signature.parameters.values())[1:]  # after the Run
-    takes = ", ".join(p.name for p in params if p.kind is not p.VAR_KEYWORD)
+    signature, hints, takes = _declared(fn)
     try:
         signature.bind(None, **options)
     except TypeError as exc:
         raise InvalidArguments(run, str(exc), takes) from None
-    hints = typing.get_type_hints(fn)
     for name, value in options.items():
         hint = hints.get(name)
         if hint is not None and not _conforms(value, hint):
             raise InvalidArguments(run, f"{name}={value!r} is not {_show(hint)}", takes)
+
+
+@functools.cache
+def _declared(fn: Callable[..., Any]) -> tuple[inspect.Signature, dict[str, Any], str]:
+    """What ``fn`` declares, read once per workflow.
+
+    Every delivery is checked against it, and resolving the annotations compiles each one.
+    """
+    signature = inspect.signature(fn)
+    params = list(signature.parameters.values())[1:]  # after the Run
+    takes = ", ".join(p.name for p in params if p.kind is not p.VAR_KEYWORD)
+    return signature, typing.get_type_hints(fn), takes
 
 
 def _conforms(value: Any, hint: Any) -> bool:

@@ -19,7 +19,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import redis
 from celery import Celery, Task
 
 from journal.arguments import check_arguments
@@ -162,12 +161,13 @@ class Durable:
             journal = self._journal()
             keys = journal.keys(name, run_id)
             check_arguments(keys.run, fn, kwargs)
-            try:
-                journal.call(journal.client.hincrby, keys.meta, "deliveries", 1)
-            except redis.ResponseError as exc:
-                raise CorruptJournal(keys.run, "meta.deliveries", str(exc)) from None
             outcome = journal.execute(
-                name, run_id, lambda run: fn(run, **run.args), args=kwargs, on_step=self._on_step
+                name,
+                run_id,
+                lambda run: fn(run, **run.args),
+                args=kwargs,
+                on_step=self._on_step,
+                delivered=True,
             )
         except (InvalidRunId, InvalidArguments) as invalid:
             log.error("%s", invalid)  # one line; redelivering cannot fix it

@@ -16,6 +16,7 @@ and the acquirer waits for the lease to expire as it always did.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from dataclasses import dataclass
@@ -46,15 +47,12 @@ class ProcessIdentity:
 
     @classmethod
     def current(cls) -> ProcessIdentity:
-        """This process; fields the platform cannot tell are left empty (nothing is proved)."""
-        pid = os.getpid()
-        return cls(
-            host=socket.gethostname(),
-            boot=_read(PROC / "sys" / "kernel" / "random" / "boot_id"),
-            pidns=_readlink(PROC / "self" / "ns" / "pid"),
-            pid=pid,
-            start=_start_time(pid) or 0,
-        )
+        """This process; fields the platform cannot tell are left empty (nothing is proved).
+
+        Read from ``/proc`` once per process (a forked child is another one): every start of
+        a run asks, and the reads cost more than the rest of an opening.
+        """
+        return _identity(os.getpid())
 
     def encode(self) -> str:
         """The form stored beside the lease."""
@@ -104,6 +102,17 @@ class ProcessIdentity:
             return False  # there but unreadable: nothing proved
         # A zombie cannot act; a different start time means the pid now names another process.
         return fields[0] in ("Z", "X") or int(fields[19]) != self.start
+
+
+@functools.lru_cache(maxsize=1)
+def _identity(pid: int) -> ProcessIdentity:
+    return ProcessIdentity(
+        host=socket.gethostname(),
+        boot=_read(PROC / "sys" / "kernel" / "random" / "boot_id"),
+        pidns=_readlink(PROC / "self" / "ns" / "pid"),
+        pid=pid,
+        start=_start_time(pid) or 0,
+    )
 
 
 def _read(path: Path) -> str:

@@ -3,8 +3,9 @@
 Scripts receive these names through ``KEYS`` and never rebuild them, so a typo cannot leak a
 key and a key layout change is one edit. Every key of one run carries the run's full id in a
 ``{...}`` hash tag, so a script that touches several of them stays inside one Redis Cluster
-slot. The two global indexes (``runs`` and ``due``) are only ever touched by commands of their
-own, never inside a per-run script, for the same reason.
+slot. The two global indexes (``runs`` and ``due``) are outside it: the scripts that open,
+renew and close a run write them in the same script as the run's own keys, fenced and in one
+round trip, which needs one server (or Sentinel), not Cluster.
 """
 
 from __future__ import annotations

@@ -19,11 +19,11 @@ import redis
 from journal.errors import UnknownScriptStatus
 
 SCRIPT_NAMES = (
-    "acquire",
+    "open",
     "renew",
     "release",
     "record",
-    "update_meta",
+    "close",
     "claim_due",
     "effect_claim",
     "effect_settle",
@@ -64,11 +64,11 @@ class Script:
 class Scripts:
     """Every script of the journal, bound to one client."""
 
-    acquire: Script
+    open: Script
     renew: Script
     release: Script
     record: Script
-    update_meta: Script
+    close: Script
     claim_due: Script
     effect_claim: Script
     effect_settle: Script

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import redis
 
 from journal import codec
-from journal.cancel import CANCEL_FIELD, Cancelled
+from journal.cancel import Cancelled
 from journal.clock import Clock, SystemClock, millis
 from journal.errors import (
     CorruptJournal,
@@ -29,7 +29,7 @@ from journal.errors import (
     StoreUnsupported,
 )
 from journal.keys import Keyspace, RunKeys
-from journal.lease import Grant, Heartbeat, Lease
+from journal.lease import Found, Grant, Heartbeat, Lease, Opening
 from journal.redact import redact
 from journal.retry import RunRetry
 from journal.scripts import Scripts, status_of
@@ -40,8 +40,7 @@ log = logging.getLogger(__name__)
 
 R = TypeVar("R")
 
-DELETE = "\0"
-TERMINAL = ("done", "cancelled")
+DELETE = "\0"  # a field value that means: remove the field (close.lua deletes it)
 # A run's streak of transient failures, in its meta: kept until it succeeds or fails otherwise.
 STREAK = ("retry_at", "retry_until", "failing_since", "failures", "gave_up_at")
 
@@ -139,13 +138,19 @@ class Journal:
         *,
         args: dict[str, Any] | None = None,
         on_step: Callable[[StepEvent], None] | None = None,
+        delivered: bool = False,
     ) -> Outcome:
         """Run ``body`` for one run under its lease, replaying what the journal holds.
 
         ``args`` are the run's inputs. The first start freezes them in the run's meta; every
         later delivery, however it was enqueued (the due sweep, a duplicate ``delay`` without
         options, a command line), gets the frozen ones as ``run.args``, so a resumed run
-        takes the same path as its first attempt.
+        takes the same path as its first attempt. ``delivered`` counts the start in
+        ``meta.deliveries`` (a queue delivered it), in the same round trip as the opening.
+
+        Opening (lease, fence, counters, status, arguments, both indexes, the journal read) is
+        one script, closing (status, outcome, indexes, release) one more, each step one: a run
+        of S new steps costs S + 2 round trips, plus a renewal every third of the lease TTL.
 
         Raises:
             LeaseBusy: another live holder has the run.
@@ -158,29 +163,22 @@ class Journal:
             Exception: whatever else ``body`` raised, after the run was marked failed.
         """
         keys = self.keys(workflow, run_id)
-        meta = self.meta(keys)
-        if meta.get("status") in TERMINAL:
-            return self._ended(keys, meta)
-        if meta.get("parked"):
-            raise RunParked(
-                keys.run, _count(keys, meta, "starts_without_progress"), self.hints.parked
-            )
-        lease = Lease(keys, self.scripts, millis(self.settings.lease_ttl))
-        grant = self.call(lease.acquire, millis(self.clock.now()))
+        lease = self._lease(keys)
+        opening = self._opening(args, delivered)
+        taken = self.call(lease.open, millis(self.clock.now()), opening)
+        if isinstance(taken, Found):
+            return self._found(keys, taken)
+        grant = taken
         try:
-            if grant.starts_without_progress > self.settings.max_stalled_starts:
+            if grant.status == 3:
                 self._park(keys, grant.holder, grant.starts_without_progress - 1)
-            current = self.meta(keys)
-            if current.get("status") in TERMINAL:  # ended between our read and our lease
-                self.call(lease.release, grant.holder)
-                return self._ended(keys, current)
-            if CANCEL_FIELD in current:  # a holder that died before it could stop
+            if grant.status == 4:  # a holder that died before it could stop
                 self._cancel(keys, grant.holder)
                 return Outcome(keys.run, "cancelled")
+            current = decode_meta(keys.run, _pairs(grant.meta))
             frozen = self._frozen_args(keys, current)
-            # Read before the announcement clears it: a retry wait carries its attempt count.
+            # As it was before the start cleared it: a retry wait carries its attempt count.
             waited = Wait.from_meta(keys.run, current["wait"]) if current.get("wait") else None
-            self._announce(keys, grant.holder, args if frozen is None else None)
             run, heartbeat = self._open(keys, grant, on_step, lease, waited)
             run.args = dict(frozen if frozen is not None else args or {})
         except BaseException:
@@ -188,10 +186,39 @@ class Journal:
             raise
         return self._drive(keys, grant.holder, run, heartbeat, body)
 
-    def _ended(self, keys: RunKeys, meta: dict[str, str]) -> Outcome:
-        # Found ended: nothing is left to wake, so whatever put it back in the due index (an
-        # older version, a hand-made ZADD) stops the sweep from delivering it again.
-        self.call(self.client.zrem, self.keyspace.due, keys.run)
+    def _lease(self, keys: RunKeys) -> Lease:
+        """A new holder's lease on the run; its renewals keep the run due past its expiry."""
+        ttl = millis(self.settings.lease_ttl)
+        return Lease(keys, self.scripts, ttl, due=self.keyspace.due, due_after_ms=self._due_ms)
+
+    def _opening(self, args: dict[str, Any] | None, delivered: bool = False) -> Opening:
+        """What ``open.lua`` does besides taking the lease, for these arguments."""
+        return Opening(
+            runs=self.keyspace.runs,
+            due=self.keyspace.due,
+            max_stalled_starts=self.settings.max_stalled_starts,
+            due_at_ms=self._due_ms(),
+            args=b"" if args is None else codec.dumps(args),
+            count_delivery=delivered,
+        )
+
+    def _found(self, keys: RunKeys, found: Found) -> Outcome:
+        """The outcome of an opening that found the run not to be started.
+
+        Raises:
+            RunParked: the run kept dying at start and was set aside.
+            CorruptJournal: its stored wait is not one this library wrote.
+        """
+        if found.status == -3:
+            Wait.from_meta(keys.run, found.detail.decode(errors="replace"))
+            raise CorruptJournal(keys.run, "meta.wait", "not a wait this library wrote")
+        meta = decode_meta(keys.run, _pairs(found.detail))
+        if found.status == 5:
+            raise RunParked(
+                keys.run, _count(keys, meta, "starts_without_progress"), self.hints.parked
+            )
+        # Ended: the opening took it out of the due index, whatever had put it back there (an
+        # older version, a hand-made ZADD), so the sweep stops delivering it.
         if meta.get("status") == "cancelled":
             return Outcome(keys.run, "cancelled")
         return Outcome(keys.run, "already-done", self._decode_meta(keys, meta, "outcome"))
@@ -205,11 +232,9 @@ class Journal:
         wait: Wait | None,
     ) -> tuple[Run, Heartbeat]:
         holder = grant.holder
-        raw_steps = self.call(self.client.hgetall, keys.steps)
-        recorded = {field.decode(): value for field, value in raw_steps.items()}
-        heartbeat = Heartbeat(
-            lease, holder, grant.confirmed_at, on_renew=lambda: self._push_due(keys, holder)
-        )
+        flat = iter(grant.steps)  # one pass, one dict: a journal may hold 10,000 steps
+        recorded = {field.decode(): value for field, value in zip(flat, flat, strict=True)}
+        heartbeat = Heartbeat(lease, holder, grant.confirmed_at)
         run = Run(
             client=self.client,
             scripts=self.scripts,
@@ -272,117 +297,81 @@ class Journal:
         self._finish(keys, holder, result)
         return Outcome(keys.run, "done", result, None, run.ran, run.replayed)
 
-    # -- meta transitions, each a fenced write ---------------------------------------------
+    # -- closing transitions, each one fenced script that also indexes and releases ---------
 
-    def _update_meta(
+    def _close(
         self,
         keys: RunKeys,
         holder: str,
         fields: dict[str, Any],
+        now_ms: int,
+        due_ms: int | None,
         unless_signal: str = "",
         unless_cancelled: bool = False,
     ) -> int:
-        flat: list[Any] = []
+        """Save the run's status, index it and give the lease back, in one round trip.
+
+        ``due_ms`` is when the run is due again (a wake-up, a retry); None takes it out of the
+        due index. ``now_ms`` is its score in the runs index.
+
+        Returns:
+            1 closed; 3 the signal ``unless_signal`` had arrived, 4 a cancel is pending (for
+            ``unless_cancelled``): nothing written, the lease still held.
+
+        Raises:
+            LeaseLost: the lease had expired or passed on; nothing was written.
+        """
+        sets: list[Any] = []
+        deletes = [name for name, value in fields.items() if value == DELETE]
         for name, value in fields.items():
-            flat += [name, value]
+            if value != DELETE:
+                sets += [name, value]
         reply = self.call(
-            self.scripts.update_meta,
-            keys=[keys.lease, keys.meta, keys.signals],
-            args=[holder, unless_signal, "1" if unless_cancelled else "0", *flat],
+            self.scripts.close,
+            keys=[keys.lease, keys.meta, keys.signals, self.keyspace.runs, self.keyspace.due],
+            args=[
+                holder,
+                unless_signal,
+                "1" if unless_cancelled else "0",
+                keys.run,
+                now_ms,
+                "" if due_ms is None else due_ms,
+                len(sets) // 2,
+                *sets,
+                *deletes,
+            ],
         )
-        status = status_of("update_meta", reply, (1, 3, 4, -1, -2))
+        status = status_of("close", reply, (1, 3, 4, -1, -2))
         if status < 0:
             raise LeaseLost(keys.run, "the lease was lost before the run's status could be saved")
         return status
 
-    def _announce(self, keys: RunKeys, holder: str, args: dict[str, Any] | None) -> None:
-        now = self.clock.now()
-        fields: dict[str, Any] = {
-            "status": "running",
-            "workflow": keys.workflow,
-            "run_id": keys.run_id,
-            "holder": holder,
-            "wait": DELETE,
-            "retry_at": DELETE,
-        }
-        if args is not None:
-            fields["args"] = codec.dumps(args)
-        self._update_meta(keys, holder, fields)
-        deadline = self._lease_deadline_ms()
-        self._index(
-            keys,
-            holder,
-            lambda pipe: pipe.zadd(self.keyspace.runs, {keys.run: millis(now)}).zadd(
-                self.keyspace.due, {keys.run: deadline}
-            ),
-        )
-
-    def _push_due(self, keys: RunKeys, holder: str) -> None:
-        deadline = self._lease_deadline_ms()
-        self._index(keys, holder, lambda pipe: pipe.zadd(self.keyspace.due, {keys.run: deadline}))
-
-    def _index(self, keys: RunKeys, holder: str, writes: Callable[[Any], Any]) -> list[Any] | None:
-        """Write the run's index entries only while ``holder`` still holds its lease.
-
-        The indexes live outside the run's hash tag, so no per-run script may touch them;
-        instead the writes go in a MULTI that WATCHes the lease key. If the lease expired or
-        passed to another holder since this holder's fenced meta write, EXEC does nothing, so
-        a holder paused between the two can never re-arm or re-list a run another finished.
-
-        Returns:
-            The replies of ``writes``, or None when the lease was no longer ours.
-        """
-        with self.client.pipeline(transaction=True) as pipe:
-            try:
-                pipe.watch(keys.lease)  # type: ignore[no-untyped-call]
-                if self.call(pipe.get, keys.lease) != holder.encode():
-                    return None
-                pipe.multi()
-                writes(pipe)
-                replies: list[Any] = self.call(pipe.execute)
-                return replies
-            except redis.WatchError:
-                return None
-
-    def _lease_deadline_ms(self) -> int:
+    def _due_ms(self) -> int:
+        """When a running run is due again should its holder die: lease expiry plus a grace."""
         return millis(self.clock.now() + self.settings.lease_ttl + self.settings.recovery_grace)
 
     def _suspend(self, keys: RunKeys, holder: str, wait: Wait, heartbeat: Heartbeat) -> bool:
+        now = millis(self.clock.now())
         fields = {
             "status": "waiting",
             "wait": codec.dumps(wait.to_json()),
             "starts_without_progress": 0,
-            "updated_at": millis(self.clock.now()),
+            "updated_at": now,
         }
-        written = self._update_meta(
-            keys, holder, fields, unless_signal=wait.signal or "", unless_cancelled=True
-        )
+        due = None if wait.until is None else millis(wait.until)
+        # No renewal in between: once the lease is given back, one would report it lost.
+        with heartbeat.paused():
+            signal = wait.signal or ""
+            written = self._close(
+                keys, holder, fields, now, due, unless_signal=signal, unless_cancelled=True
+            )
+            if written == 1:
+                heartbeat.stop(join=False)
         if written == 4:
             raise Cancelled(keys.run)  # cancelled while about to wait: not worth waiting for
         if written == 3:
             return False
-        # Waiting now: a renewal from here on would log a lost lease once it is released, and
-        # its due push (the lease expiry) could overwrite the wake-up time written below.
         heartbeat.stop()
-        now = millis(self.clock.now())
-
-        def writes(pipe: Any) -> None:
-            if wait.until is None:
-                pipe.zrem(self.keyspace.due, keys.run)
-            else:
-                pipe.zadd(self.keyspace.due, {keys.run: millis(wait.until)})
-            pipe.zadd(self.keyspace.runs, {keys.run: now})
-            if wait.signal:
-                pipe.hexists(keys.signals, wait.signal)
-
-        replies = self._index(keys, holder, writes)
-        if replies is None:
-            raise LeaseLost(keys.run, "the lease was lost before the run's wait could be indexed")
-        if wait.signal and replies[-1]:
-            # The signal landed after the wait was recorded: its sender may have made the run
-            # due before the line above overwrote that, so make it due again.
-            self.call(self.client.zadd, self.keyspace.due, {keys.run: millis(self.clock.now())})
-        self._release(keys, holder)
         return True
 
     def _finish(self, keys: RunKeys, holder: str, result: Any) -> None:
@@ -397,8 +386,7 @@ class Journal:
             "last_error": DELETE,
             **dict.fromkeys(STREAK, DELETE),
         }
-        self._update_meta(keys, holder, fields)
-        self._settle(keys, holder, now)
+        self._close(keys, holder, fields, now, None)
 
     def _fail(self, keys: RunKeys, holder: str, error: BaseException) -> JournalError | None:
         """Record a failure; a transient one stays in the due index for the sweep to retry.
@@ -436,8 +424,8 @@ class Journal:
                 else:
                     fields["gave_up_at"] = millis(now)
                     verdict = GaveUp(keys.run, described, failures, since)
-            self._update_meta(keys, holder, fields)
-            self._settle(keys, holder, millis(now), retry_at)
+            due = None if retry_at is None else millis(retry_at)
+            self._close(keys, holder, fields, millis(now), due)
         except (LeaseLost, StoreUnavailable):
             log.warning("run %s failed (%s) and its status could not be saved", keys.run, error)
             return None
@@ -469,8 +457,7 @@ class Journal:
             "starts_without_progress": 0,
             "wait": DELETE,
         }
-        self._update_meta(keys, holder, fields)
-        self._settle(keys, holder, now)
+        self._close(keys, holder, fields, now, None)
 
     def _park(self, keys: RunKeys, holder: str, starts: int) -> None:
         now = millis(self.clock.now())
@@ -483,27 +470,8 @@ class Journal:
             "starts_without_progress": starts,
             "updated_at": now,
         }
-        self._update_meta(keys, holder, fields)
-        self._settle(keys, holder, now)
+        self._close(keys, holder, fields, now, None)
         raise RunParked(keys.run, starts, self.hints.parked)
-
-    def _settle(
-        self, keys: RunKeys, holder: str, now_ms: int, retry_at: float | None = None
-    ) -> None:
-
-        def writes(pipe: Any) -> None:
-            if retry_at is None:
-                pipe.zrem(self.keyspace.due, keys.run)
-            else:
-                pipe.zadd(self.keyspace.due, {keys.run: millis(retry_at)})
-            pipe.zadd(self.keyspace.runs, {keys.run: now_ms})
-
-        self._index(keys, holder, writes)  # a new holder owns the indexes if ours was lost
-        self._release(keys, holder)
-
-    def _release(self, keys: RunKeys, holder: str) -> None:
-        lease = Lease(keys, self.scripts, millis(self.settings.lease_ttl))
-        self.call(lease.release, holder)
 
     def _decode_meta(self, keys: RunKeys, meta: dict[str, str], name: str) -> Any:
         raw = meta.get(name)
@@ -609,6 +577,11 @@ class Journal:
             raise StoreUnavailable(
                 self.url, str(exc) or type(exc).__name__, self.hints.store_down
             ) from exc
+
+
+def _pairs(flat: list[Any]) -> dict[Any, Any]:
+    """A hash a script returned as a flat field, value list, as a dict."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 def decode_meta(run: str, raw: dict[bytes, bytes]) -> dict[str, str]:

@@ -74,44 +74,81 @@ EXPIRED_THEN_HOLDER = "if not holder then\n  return {-1}\nend\nif holder ~= ARGV
 META_EXPIRED_THEN_HOLDER = "if not holder then\n  return -1\nend\nif holder ~= ARGV[1] then"
 
 MUTANTS = (
-    # -- acquire: one holder at a time, each with a new fence, stalled starts counted
+    # -- open: one holder at a time, each with a new fence, stalled starts counted
     lua(
-        "acquire",
+        "open",
         "a live lease is taken anyway",
         "if holder and holder ~= ARGV[5] then",
         "if false then",
     ),
     lua(
-        "acquire",
+        "open",
         "the proved-dead holder comparison flipped",
         "holder ~= ARGV[5]",
         "holder == ARGV[5]",
     ),
     lua(
-        "acquire",
+        "open",
         "the fence is not incremented",
         "redis.call('INCR', KEYS[2])",
         "tonumber(redis.call('GET', KEYS[2]) or '1')",
     ),
-    lua("acquire", "the lease never expires", "ARGV[1], 'PX', ARGV[2])", "ARGV[1])"),
+    lua("open", "the lease never expires", "lease, 'PX', ARGV[2])", "lease)"),
     lua(
-        "acquire",
+        "open",
         "stalled starts are never counted",
         "stalled = tonumber(redis.call('HGET', KEYS[3], 'starts_without_progress') or '0') + 1",
         "stalled = 1",
     ),
     lua(
-        "acquire",
+        "open",
         "the progress comparison flipped",
         "if recorded == seen then",
         "if recorded ~= seen then",
     ),
-    lua("acquire", "the progress mark is not moved", "'recorded_at_start', recorded, ", ""),
+    lua("open", "the progress mark is not moved", "'recorded_at_start', recorded, ", ""),
     lua(
-        "acquire",
+        "open",
         "the creation time is overwritten",
         "redis.call('HSETNX', KEYS[3], 'created_at'",
         "redis.call('HSET', KEYS[3], 'created_at'",
+    ),
+    lua(
+        "open",
+        "parks one start late",
+        "if stalled > tonumber(ARGV[6]) then",
+        "if stalled > tonumber(ARGV[6]) + 1 then",
+    ),
+    lua(
+        "open",
+        "a parked run is started anyway",
+        "if redis.call('HEXISTS', KEYS[3], 'parked') == 1 then",
+        "if false then",
+    ),
+    lua(
+        "open",
+        "an ended run is started again",
+        "if status == 'done' or status == 'cancelled' then",
+        "if false then",
+    ),
+    lua(
+        "open",
+        "an ended run stays due",
+        "redis.call('ZREM', KEYS[6], ARGV[8])",
+        "redis.call('ZSCORE', KEYS[6], ARGV[8])",
+    ),
+    lua("open", "an unreadable wait is cleared", "if not readable then", "if false then"),
+    lua(
+        "open",
+        "a pending cancel is not acted on",
+        "if redis.call('HEXISTS', KEYS[3], 'cancel') == 1 then",
+        "if false then",
+    ),
+    lua(
+        "open",
+        "a started run is not due for recovery",
+        "redis.call('ZADD', KEYS[6], ARGV[7], ARGV[8])",
+        "redis.call('ZSCORE', KEYS[6], ARGV[8])",
     ),
     # -- record: only the holder writes, first write wins
     lua(
@@ -158,26 +195,41 @@ MUTANTS = (
         "  redis.call('PEXPIRE', KEYS[1], ARGV[2])\n",
         "",
     ),
-    # -- update_meta: only the holder writes the run's status; an arrived signal wins
+    # -- close: only the holder writes the run's status and indexes; an arrived signal wins
     lua(
-        "update_meta",
+        "close",
         "writes when nobody holds the lease",
         META_EXPIRED_THEN_HOLDER,
         "if holder and holder ~= ARGV[1] then",
     ),
     lua(
-        "update_meta",
+        "close",
         "the holder check removed",
         "if holder ~= ARGV[1] then\n  return -2\nend\n",
         "",
     ),
     lua(
-        "update_meta",
+        "close",
         "an arrived signal is ignored",
         "redis.call('HEXISTS', KEYS[3], ARGV[2]) == 1",
         "redis.call('HEXISTS', KEYS[3], ARGV[2]) == 2",
     ),
-    lua("update_meta", "a field is never deleted", "if ARGV[i + 1] == '\\0' then", "if false then"),
+    lua("close", "a field is never deleted", "if #ARGV > 7 + 2 * sets then", "if false then"),
+    lua(
+        "close", "the lease is kept", "redis.call('DEL', KEYS[1])", "redis.call('EXISTS', KEYS[1])"
+    ),
+    lua(
+        "close",
+        "an ended run stays due",
+        "redis.call('ZREM', KEYS[5], ARGV[4])",
+        "redis.call('ZSCORE', KEYS[5], ARGV[4])",
+    ),
+    lua(
+        "renew",
+        "a renewal leaves the run due at the old expiry",
+        "redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])",
+        "redis.call('ZSCORE', KEYS[3], ARGV[4])",
+    ),
     # -- cancel: asked of a run, learnt by its holder inside the fenced scripts
     lua(
         "cancel",
@@ -210,7 +262,7 @@ MUTANTS = (
         "if false then",
     ),
     lua(
-        "update_meta",
+        "close",
         "a pending cancel is ignored",
         "if ARGV[3] == '1' and redis.call('HEXISTS', KEYS[2], 'cancel') == 1 then",
         "if false then",
@@ -276,8 +328,8 @@ MUTANTS = (
     python(
         "lease",
         "the grant is stamped after its reply",
-        'asked = time.monotonic()\n        reply = self._acquire(now_ms, me, "")',
-        'reply = self._acquire(now_ms, me, "")\n        asked = time.monotonic()',
+        'asked = time.monotonic()\n        reply = self._acquire(now_ms, me, "", opening)',
+        'reply = self._acquire(now_ms, me, "", opening)\n        asked = time.monotonic()',
     ),
     python(
         "lease",
@@ -309,7 +361,7 @@ MUTANTS = (
         "        if status == 0:\n            self.lost.set()\n",
         "        if status == 0:\n",
     ),
-    python("lease", "the beat skips its renewal", "if not self._renew():", "if False:"),
+    python("lease", "the beat skips its renewal", "renewed = self._renew()", "renewed = True"),
     python(
         "lease",
         "a Redis error kills the beat",
@@ -345,13 +397,6 @@ MUTANTS = (
     python(
         "store", "a lost lease at a status write is ignored", "if status < 0:", "if status < -2:"
     ),
-    python(
-        "store",
-        "parks one start late",
-        "if grant.starts_without_progress > self.settings.max_stalled_starts:",
-        "if grant.starts_without_progress > self.settings.max_stalled_starts + 1:",
-    ),
-    python("store", "a parked run is started anyway", 'if meta.get("parked"):', "if False:"),
     python(
         "store",
         "a suspension keeps the stall count",
@@ -478,13 +523,6 @@ MUTANTS = (
         tests=CELERY_TESTS,
     ),
     # -- waits: a signal is never lost, a sleep or a timeout never ends early
-    python(
-        "store",
-        "a signal landing between the wait's status and index writes is not re-armed",
-        "if wait.signal and replies[-1]:",
-        "if False:",
-        tests=WAIT_TESTS,
-    ),
     python(
         "store",
         "a signal does not wake the run that waits for it",

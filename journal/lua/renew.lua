@@ -1,12 +1,20 @@
--- Extend a lease, but only for the holder that owns it (compare-and-PEXPIRE).
+-- Extend a lease, but only for the holder that owns it (compare-and-PEXPIRE), and push the
+-- run's due time past the new expiry in the same round trip.
 -- KEYS[1] - the run's lease key
 -- KEYS[2] - the run's meta hash (only its cancel field is read)
+-- KEYS[3] - the due index (sorted set: full run id -> when to look again, ms); optional
 -- ARGV[1] - the holder, "<fence>:<token>"
 -- ARGV[2] - new time to live, in milliseconds
+-- ARGV[3] - the run's new due time, in milliseconds (absent with KEYS[3])
+-- ARGV[4] - the run's full id, "<workflow>:<run_id>", as the due index holds it
 -- returns 1 when extended, 2 when extended and a cancel of the run is pending,
---         0 when the lease is gone or held by someone else.
+--         0 when the lease is gone or held by someone else (nothing written).
+-- The due index is outside the run's hash tag: this script needs one server, not Cluster.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if KEYS[3] then
+    redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
+  end
   if redis.call('HEXISTS', KEYS[2], 'cancel') == 1 then
     return 2
   end

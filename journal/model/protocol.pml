@@ -34,24 +34,24 @@
  * - Not modelled: cancel (cancel.lua), parking, signals and retry waits: each is one more
  *   fenced field of the same scripts, and adds states without adding an interleaving kind.
  *
- * Map of model steps to the code they stand for:
- *   meta read ...................... Journal.execute: self.meta(keys), TERMINAL check (store.py)
- *   meta read again ................ Journal.execute: the TERMINAL check under the lease
- *   acquire ........................ journal/lua/acquire.lua via Lease.acquire (lease.py),
- *                                    including the dead-holder takeover (ARGV[5], holder.py)
- *   update_meta(RUNNING) ........... journal/lua/update_meta.lua via Journal._announce
- *   index(v) ....................... Journal._index: ZADD/ZREM due in a MULTI that WATCHes the
- *                                    lease (_announce, _push_due, _suspend, _settle)
- *   snapshot ....................... Journal._open: HGETALL steps
- *   heartbeat ...................... Heartbeat._renew: journal/lua/renew.lua, then the
- *                                    on_renew hook Journal._push_due
+ * Map of model steps to the code they stand for. The code runs several model steps in one
+ * script, hence atomically: its executions are a subset of the model's interleavings (each
+ * script is one of them with no other process in between), so what the model proves of the
+ * finer steps holds for the scripts.
+ *   meta read, meta read again, acquire, update_meta(RUNNING), index(ARMED), snapshot
+ *                                    journal/lua/open.lua via Lease.open (lease.py) from
+ *                                    Journal.execute: the TERMINAL check, SET NX (or the
+ *                                    takeover of a holder proved dead, ARGV[5], holder.py),
+ *                                    the announcement, ZADD due, HGETALL steps
+ *   heartbeat, index(ARMED) ........ Heartbeat._renew: journal/lua/renew.lua, which pushes the
+ *                                    due time in the same script (Lease.due)
  *   record(s) ...................... Run._record -> Run._write: journal/lua/record.lua
  *   update_meta(WAITING), index, release
- *                                    Journal._suspend: update_meta.lua, pipeline ZADD due
- *                                    (wake-up), journal/lua/release.lua
+ *                                    Journal._suspend -> Journal._close: journal/lua/close.lua
+ *                                    (status, ZADD due at the wake-up, DEL lease)
  *   update_meta(DONE), index(ABSENT), release
- *                                    Journal._finish / _settle: update_meta.lua, ZREM due,
- *                                    release.lua
+ *                                    Journal._finish -> Journal._close: close.lua (status,
+ *                                    ZREM due, DEL lease)
  *   claim .......................... journal/lua/claim_due.lua via Journal.claim_due and
  *                                    Durable.sweep (durable.py)
  *   effect_claim ................... journal/lua/effect_claim.lua via Effect.claim (effects.py),
@@ -85,9 +85,9 @@
  * Mutants (each must be refuted with a trail):
  *   -DNO_RECORD_FENCE   record.lua without the lease comparison            -> R1
  *   -DOVERWRITE         record.lua with HSET for HSETNX and no comparison  -> R2
- *   -DNO_META_FENCE     update_meta.lua without the lease comparison       -> M1
+ *   -DNO_META_FENCE     close.lua without the lease comparison             -> M1
  *   -DUNFENCED_INDEX    index writes as plain commands after the fenced script (as they
- *                       were before Journal._index): a paused holder's ZADD/ZREM lands after
+ *                       were before open.lua and close.lua took them in): a paused holder's ZADD/ZREM lands after
  *                       a newer holder's acquisition                        -> I1
  *   -DSPLIT_CLAIM       claim_due as ZRANGEBYSCORE then ZADD, not a script -> S1
  *   -DNO_RECHECK        Journal.execute trusts the meta it read before acquiring: a delivery
@@ -225,8 +225,8 @@ inline record(s) {
   }
 }
 
-/* Journal._index: the writes go in a MULTI that WATCHes the lease, after GET lease == holder:
-   EXEC does nothing once the lease expired or passed to another holder. */
+/* The index writes of open.lua, renew.lua and close.lua, after GET lease == holder:
+   they write nothing once the lease expired or passed to another holder. */
 inline index(v) {
 #if SWEEPERS
   d_step {
@@ -279,7 +279,7 @@ inline heartbeat() {
      if
 #if SWEEPERS
      :: ok ->                                         /* on_renew: ZADD due, fenced */
-        index(ARMED)                                  /* Journal._push_due */
+        index(ARMED)                                  /* renew.lua */
 #else
      :: ok -> skip
 #endif
@@ -302,7 +302,7 @@ start:
     :: status == DONE -> goto retire
     :: else -> skip
     fi;
-    /* acquire.lua: SET NX, or take over a holder proved dead */
+    /* open.lua: SET NX, or take over a holder proved dead */
     d_step {
       if
       :: lease == 0 || (lease == dead && dead != 0) ->   /* takeover: same host only */
@@ -321,7 +321,7 @@ start:
     :: else -> skip
     fi;
 #endif
-    update_meta(RUNNING);                             /* _announce */
+    update_meta(RUNNING);                             /* open.lua */
     if :: !ok -> goto start :: else -> skip fi;
     index(ARMED);                                     /* ZADD due <lease deadline> */
     d_step { seen[WORK] = rec[WORK]; seen[NAP] = rec[NAP]; seen[SEND] = rec[SEND] };   /* _open */
@@ -441,7 +441,7 @@ claim:
     fi;
 #endif
 
-    /* Journal._finish, _settle */
+    /* Journal._finish -> _close: close.lua */
     heartbeat();
     update_meta(DONE);
     if :: !ok -> goto start :: else -> skip fi;

@@ -181,55 +181,46 @@ def test_confirm_after_the_claims_timeout_refuses_to_act(make_journal) -> None: 
     assert acted == []
 
 
-def test_a_lease_is_trusted_from_before_its_request_not_after_the_reply(
-    make_journal, store
-) -> None:  # type: ignore[no-untyped-def]
+def test_a_lease_is_trusted_from_before_its_request_not_after_the_reply(make_journal) -> None:  # type: ignore[no-untyped-def]
     """A pause between acquiring and the first step outlives the lease: the step finds out."""
     journal = make_journal(lease_ttl=0.4)
-    keys = journal.keys("wf", "r1")
-    plain = store.hgetall
+    plain = journal.scripts.open
     ran: list[str] = []
 
-    def slow_journal_read(name: str) -> Any:
-        reply = plain(name)
-        if name == keys.steps:
-            threading.Event().wait(0.5)  # the lease (0.4 s) expires while the reply is late
+    def slow_opening(**kwargs: Any) -> Any:
+        reply = plain(**kwargs)
+        threading.Event().wait(0.5)  # the lease (0.4 s) expires while the reply is late
         return reply
 
-    store.hgetall = slow_journal_read
-    try:
-        with pytest.raises(LeaseLost):
-            journal.execute("wf", "r1", lambda run: run.step("a", lambda: ran.append("a")))
-    finally:
-        del store.hgetall
+    journal.scripts = dataclasses.replace(journal.scripts, open=slow_opening)
+    with pytest.raises(LeaseLost):
+        journal.execute("wf", "r1", lambda run: run.step("a", lambda: ran.append("a")))
     assert ran == []
 
 
 def test_a_holder_that_lost_its_lease_never_re_arms_a_run_another_finished(
     make_journal, store
 ) -> None:  # type: ignore[no-untyped-def]
-    """Paused between its fenced meta write and its index write, while another finished."""
+    """Paused right after its opening, while its lease expired and another finished the run."""
     first = make_journal(lease_ttl=30.0)
     keys = first.keys("wf", "r1")
-    plain = store.pipeline
+    plain = first.scripts.open
     paused: list[bool] = []
 
-    def pause_once(*args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("transaction") and not paused:
+    def pause_once(**kwargs: Any) -> Any:
+        reply = plain(**kwargs)
+        if not paused:
             paused.append(True)
             store.delete(keys.lease)  # the lease expired during the pause
             other = make_journal(lease_ttl=30.0)
             assert other.execute("wf", "r1", lambda run: run.step("a", lambda: "B")).status == (
                 "done"
             )
-        return plain(*args, **kwargs)
+        return reply
 
-    store.pipeline = pause_once
-    try:
-        with pytest.raises(LeaseLost):
-            first.execute("wf", "r1", lambda run: run.step("a", lambda: "A"))
-    finally:
-        del store.pipeline
+    first.scripts = dataclasses.replace(first.scripts, open=pause_once)
+    with pytest.raises(LeaseLost):
+        first.execute("wf", "r1", lambda run: run.step("a", lambda: "A"))
     assert paused
     assert store.zscore(first.keyspace.due, keys.run) is None  # not re-armed: never swept again
     assert first.meta(keys)["status"] == "done"

@@ -122,7 +122,7 @@ def test_every_fair_schedule_ends_done(tmp_path: Path, capsys: pytest.CaptureFix
     [
         (JOURNAL, "-DNO_RECORD_FENCE", "R1"),  # record.lua without the lease comparison
         (JOURNAL, "-DOVERWRITE", "R2"),  # record.lua with HSET for HSETNX, and no comparison
-        (JOURNAL, "-DNO_META_FENCE", "M1"),  # update_meta.lua without the lease comparison
+        (JOURNAL, "-DNO_META_FENCE", "M1"),  # close.lua without the lease comparison
         (JOURNAL, "-DNO_RECHECK", "M2"),  # execute trusts the meta it read before acquiring
         (JOURNAL, "-DUNFENCED_INDEX", "I1"),  # index writes without the WATCH on the lease
         (JOURNAL, "-DSPLIT_CLAIM", "S1"),  # claim_due as two commands instead of one script

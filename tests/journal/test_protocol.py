@@ -44,7 +44,7 @@ from journal import (
 from journal.clock import millis
 from journal.holder import ProcessIdentity
 from journal.keys import RunKeys
-from journal.lease import Heartbeat, Lease
+from journal.lease import Found, Grant, Heartbeat, Lease
 from journal.scripts import status_of
 from tests.support import Relay, wait_until
 
@@ -119,13 +119,56 @@ def test_only_the_holder_proved_dead_is_taken_over(journal: Journal, keys: RunKe
     script_keys = [keys.lease, keys.fence, keys.meta, keys.steps]
 
     def take_over(dead: str) -> Any:
-        return journal.scripts.acquire(keys=script_keys, args=["t2", TTL_MS, 1, me, dead])
+        return journal.scripts.open(keys=script_keys, args=["t2", TTL_MS, 1, me, dead])
 
     busy = take_over("1:someone-else")
     assert busy[:1] == [0] and busy[2] == grant.holder.encode()
     assert journal.client.get(keys.lease) == grant.holder.encode()
     assert take_over(grant.holder)[:2] == [1, 2]
     assert journal.client.get(keys.lease) == b"2:t2"
+
+
+def test_an_opening_that_finds_the_run_ended_takes_it_out_of_the_due_index(
+    journal: Journal, keys: RunKeys
+) -> None:
+    journal.execute("wf", "r1", lambda run: "done once")
+    journal.client.zadd(journal.keyspace.due, {keys.run: 1})  # put back by hand
+    fence = journal.client.get(keys.fence)
+
+    outcome = journal.execute("wf", "r1", lambda run: "never again")
+
+    assert (outcome.status, outcome.result) == ("already-done", "done once")
+    assert journal.client.zscore(journal.keyspace.due, keys.run) is None
+    assert journal.client.get(keys.fence) == fence  # no lease was taken
+
+
+def test_an_opening_refuses_an_unreadable_wait_and_writes_nothing(
+    journal: Journal, keys: RunKeys
+) -> None:
+    journal.execute("wf", "r1", lambda run: run.sleep("nap", 60))
+    journal.client.hset(keys.meta, "wait", b'{"kind": "sleep"}')  # no step
+    before = journal.client.hgetall(keys.meta)
+    opening = journal._opening(None)
+
+    found = journal._lease(keys).open(millis(T0), opening)
+
+    assert found == Found(-3, b'{"kind": "sleep"}')
+    assert journal.client.hgetall(keys.meta) == before
+    assert not journal.client.exists(keys.lease)
+
+
+def test_a_renewal_pushes_the_run_due_past_its_new_expiry(journal: Journal, keys: RunKeys) -> None:
+    held = journal._lease(keys)
+    grant = held.open(millis(T0), journal._opening(None))
+    assert isinstance(grant, Grant)
+    first = journal.client.zscore(journal.keyspace.due, keys.run)
+    journal.clock.advance(7)  # type: ignore[attr-defined]
+
+    assert held.renew(grant.holder) == 1
+
+    assert journal.client.zscore(journal.keyspace.due, keys.run) == first + 7_000
+    assert held.renew("1:not-the-token") == 0
+    assert journal.client.zscore(journal.keyspace.due, keys.run) == first + 7_000
 
 
 # -- stalled starts, parking and reset ---------------------------------------------------------
@@ -321,39 +364,56 @@ def test_a_cancel_is_learnt_at_a_renewal_and_stops_the_next_step(
     assert heartbeat.cancelled.is_set() and not heartbeat.lost.is_set()
 
 
-# -- update_meta -----------------------------------------------------------------------------
+# -- close ----------------------------------------------------------------------------------
 
 
-def test_the_meta_script_answers_each_of_its_four_codes(journal: Journal, keys: RunKeys) -> None:
+def close_keys(journal: Journal, keys: RunKeys) -> list[str]:
+    return [keys.lease, keys.meta, keys.signals, journal.keyspace.runs, journal.keyspace.due]
+
+
+def test_the_close_script_answers_each_of_its_four_codes(journal: Journal, keys: RunKeys) -> None:
     grant = lease(journal).acquire(millis(T0))
-    script_keys = [keys.lease, keys.meta, keys.signals]
+    journal.client.zadd(journal.keyspace.due, {keys.run: 5})
 
-    def update(holder: str, signal: str, *fields: str) -> Any:
-        return journal.scripts.update_meta(keys=script_keys, args=[holder, signal, "", *fields])
+    def close(
+        holder: str, signal: str, due: str, *fields: str, delete: tuple[str, ...] = ()
+    ) -> Any:
+        args = [holder, signal, "", keys.run, 7, due, len(fields) // 2, *fields, *delete]
+        return journal.scripts.close(keys=close_keys(journal, keys), args=args)
 
-    assert update(grant.holder, "", "status", "running", "note", "n") == 1
-    assert update(grant.holder, "go", "note", "\0", "wait", "w") == 1
-    assert ("note" in journal.meta(keys), journal.meta(keys)["wait"]) == (False, "w")
     journal.client.hset(keys.signals, "go", b'"payload"')
-    assert update(grant.holder, "go", "status", "waiting") == 3
-    assert update("1:not-the-token", "", "status", "other") == -2
-    journal.client.delete(keys.lease)
-    assert update(grant.holder, "", "status", "expired") == -1
-    assert journal.meta(keys)["status"] == "running"
+    assert close(grant.holder, "go", "", "status", "waiting") == 3
+    assert close("1:not-the-token", "", "", "status", "other") == -2
+    assert journal.client.get(keys.lease) == grant.holder.encode()  # refusals write nothing
+    assert "status" not in journal.meta(keys)
+    assert journal.client.zscore(journal.keyspace.due, keys.run) == 5
+    journal.client.hset(keys.meta, "note", "n")
+    assert close(grant.holder, "", "9", "status", "waiting", delete=("note",)) == 1
+    assert (journal.meta(keys)["status"], "note" in journal.meta(keys)) == ("waiting", False)
+    assert journal.client.zscore(journal.keyspace.due, keys.run) == 9
+    assert journal.client.zscore(journal.keyspace.runs, keys.run) == 7
+    assert not journal.client.exists(keys.lease)  # released in the same script
+    assert close(grant.holder, "", "", "status", "expired") == -1
+    assert journal.meta(keys)["status"] == "waiting"
+    assert journal.client.zscore(journal.keyspace.due, keys.run) == 9
+
+    again = lease(journal).acquire(millis(T0))
+    assert close(again.holder, "", "", "status", "done") == 1
+    assert journal.client.zscore(journal.keyspace.due, keys.run) is None  # "" leaves due
 
 
 def test_a_wait_is_not_saved_over_a_pending_cancel(journal: Journal, keys: RunKeys) -> None:
     grant = lease(journal).acquire(millis(T0))
-    script_keys = [keys.lease, keys.meta, keys.signals]
 
-    def update(unless_cancelled: str, *fields: str) -> Any:
-        args = [grant.holder, "", unless_cancelled, *fields]
-        return journal.scripts.update_meta(keys=script_keys, args=args)
+    def close(unless_cancelled: str, *fields: str) -> Any:
+        args = [grant.holder, "", unless_cancelled, keys.run, 7, "", len(fields) // 2, *fields]
+        return journal.scripts.close(keys=close_keys(journal, keys), args=args)
 
     journal.client.hset(keys.meta, "cancel", "wrong week")
-    assert update("1", "status", "waiting") == 4  # the run is cancelled instead of waiting
+    assert close("1", "status", "waiting") == 4  # the run is cancelled instead of waiting
     assert "status" not in journal.meta(keys)
-    assert update("0", "status", "done") == 1  # a write that does not ask is made
+    assert journal.client.get(keys.lease) == grant.holder.encode()
+    assert close("0", "status", "done") == 1  # a write that does not ask is made
     assert journal.meta(keys)["status"] == "done"
 
 
@@ -622,14 +682,13 @@ def test_the_beat_renews_at_a_third_of_the_ttl_and_stops_when_lost(
 ) -> None:
     journal = make_journal(lease_ttl=0.3)
     held = lease(journal, 300)
-    renewed: list[int] = []
     grant = held.acquire(0)
-    heartbeat = Heartbeat(held, grant.holder, grant.confirmed_at, lambda: renewed.append(1))
+    heartbeat = Heartbeat(held, grant.holder, grant.confirmed_at)
     heartbeat.start()
     try:
         time.sleep(0.35)  # past the first lease's expiry
         assert journal.client.exists(keys.lease)
-        assert 2 <= heartbeat.renewals == len(renewed) <= 5
+        assert 2 <= heartbeat.renewals <= 5
         journal.client.set(keys.lease, "2:winner")
         wait_until(heartbeat.lost.is_set, 1, "the beat to notice the takeover")
         with pytest.raises(LeaseLost):

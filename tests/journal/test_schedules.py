@@ -36,7 +36,7 @@ from hypothesis.stateful import (
 
 from journal import Effect, Journal, Keyspace, LeaseBusy, LeaseLost, ManualClock, Settings
 from journal.clock import millis
-from journal.lease import Heartbeat, Lease
+from journal.lease import Found, Heartbeat, Lease
 from journal.steps import Run, decode_fields
 
 settings.register_profile(
@@ -131,18 +131,13 @@ class Schedules(RuleBasedStateMachine):
             worker.stop()
 
     def _start(self, worker: Worker, _: bool) -> None:
-        if self.journal.meta(self.keys).get("status") == "done":
-            return  # already-done
-        lease = Lease(self.keys, self.journal.scripts, millis(self.journal.settings.lease_ttl))
-        grant = lease.acquire(millis(self.clock.now()))
-        worker.lease, worker.holder, worker.fence = lease, grant.holder, grant.fence
-        self.actor = grant.fence
-        if self.journal.meta(self.keys).get("status") == "done":  # ended meanwhile
-            lease.release(grant.holder)
-            worker.stop()
-            return
-        self.journal._announce(self.keys, grant.holder, {})
-        worker.run, worker.heartbeat = self.journal._open(self.keys, grant, None, lease, None)
+        lease = self.journal._lease(self.keys)
+        taken = lease.open(millis(self.clock.now()), self.journal._opening({}))
+        if isinstance(taken, Found):
+            return  # already-done: the opening found it ended and took nothing
+        worker.lease, worker.holder, worker.fence = lease, taken.holder, taken.fence
+        self.actor = taken.fence
+        worker.run, worker.heartbeat = self.journal._open(self.keys, taken, None, lease, None)
         worker.phase = 1
 
     def _s0(self, worker: Worker, _: bool) -> None:

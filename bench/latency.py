@@ -1,0 +1,106 @@
+"""How long a whole ``digest run`` takes when every model call takes a second.
+
+    python bench/latency.py [--rounds 3]
+
+Eight items, the fake Anthropic API (``tests/fakes/anthropic_server.py``) answering each call
+after 1 s, ``DIGEST_CONCURRENCY=3``: the summaries take ceil(8/3) = 3 latencies and the opening
+paragraph one more, so the floor is 4 s. Target: the command's wall time, process start to
+exit, at most 4.6 s (the floor plus 15%). Each round runs a week no earlier round covered,
+as a whole process in one throwaway state directory (its embedded Valkey started before
+timing); the median and the spread are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+
+_ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench"]
+sys.path.insert(0, str(_ROOT))
+
+from journal.embedded import embedded_url, stop_embedded  # noqa: E402
+from tests.fakes.anthropic_server import FakeAnthropic  # noqa: E402
+
+BIN = Path(sys.executable).parent
+LATENCY = 1.0
+CONCURRENCY = 3
+SLACK = 1.15
+
+
+def items_file(directory: Path, tag: str) -> Path:
+    """The shipped eight updates under ids no earlier round has used."""
+    shipped = json.loads((_ROOT / "data" / "items.json").read_text(encoding="utf-8"))
+    path = directory / f"items-{tag}.json"
+    path.write_text(json.dumps([{**item, "id": f"{tag}-{item['id']}"} for item in shipped]))
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Start the fake API and the server, time the rounds, print the line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    rounds = parser.parse_args(argv).rounds
+    items = len(json.loads((_ROOT / "data" / "items.json").read_text(encoding="utf-8")))
+    floor = (math.ceil(items / CONCURRENCY) + 1) * LATENCY
+    target = floor * SLACK
+    walls: list[float] = []
+    firsts: list[float] = []  # process start to the first model request's arrival
+    arrivals: list[float] = []
+
+    def arrived(line: str) -> None:
+        arrivals.append(time.perf_counter())
+
+    with (
+        tempfile.TemporaryDirectory(prefix="latency-bench-") as scratch,
+        FakeAnthropic(delay=LATENCY, log=arrived) as fake,
+    ):
+        here = Path(scratch)
+        state = here / ".digest"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DIGEST_", "CRASH"))}
+        for name in ("REDIS_URL", "CELERY_BROKER_URL"):
+            env.pop(name, None)
+        env |= fake.env() | {"DIGEST_STATE_DIR": str(state), "DIGEST_CONCURRENCY": "3"}
+        try:
+            embedded_url(state)  # started before timing, as a deployment's server is
+            for round_ in range(rounds):
+                week = f"2027-w{round_ + 1:02d}"
+                fresh = env | {"DIGEST_ITEMS": str(items_file(here, f"r{round_}"))}
+                arrivals.clear()
+                started = time.perf_counter()
+                subprocess.run(
+                    [str(BIN / "digest"), "run", week],
+                    env=fresh,
+                    cwd=here,
+                    check=True,
+                    capture_output=True,
+                )
+                walls.append(time.perf_counter() - started)
+                firsts.append(arrivals[0] - started)
+        finally:
+            stop_embedded(state)
+        calls = fake.calls
+    wall = median(walls)
+    verdict = "met" if wall <= target else "MISSED"
+    print(
+        f"digest run, {items} items, {LATENCY:.0f} s per model call, concurrency {CONCURRENCY}: "
+        f"{wall:.2f} s median of {rounds} (min {min(walls):.2f}, max {max(walls):.2f}), "
+        f"floor {floor:.1f} s; target {target:.1f} s: {verdict} ({calls} model calls)"
+    )
+    first = median(firsts)
+    print(
+        f"  of which: process start to the first model request {first:.2f} s, "
+        f"first request to exit {wall - first:.2f} s (the floor's part: {floor:.1f} s)"
+    )
+
+
+if __name__ == "__main__":
+    main()

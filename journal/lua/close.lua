@@ -1,0 +1,49 @@
+-- End a holder's turn on a run: write its status, index it and give the lease back, fenced,
+-- in one round trip; optionally not when a signal arrived or a cancel is pending.
+-- KEYS[1] - the run's lease key
+-- KEYS[2] - the run's meta hash
+-- KEYS[3] - the run's signals hash
+-- KEYS[4] - the runs index (sorted set: full run id -> last update, ms)
+-- KEYS[5] - the due index (sorted set: full run id -> when to look again, ms)
+-- ARGV[1] - the holder, "<fence>:<token>"
+-- ARGV[2] - a signal name: when that signal is already stored, write nothing ("" to skip the check)
+-- ARGV[3] - "1" to write nothing when a cancel of the run is pending (a run about to wait)
+-- ARGV[4] - the run's full id, "<workflow>:<run_id>", as the indexes hold it
+-- ARGV[5] - now, in milliseconds: the run's score in the runs index
+-- ARGV[6] - when the run is due again, in milliseconds; "" to take it out of the due index
+-- ARGV[7] - how many meta fields to set, n
+-- ARGV[8..7+2n] - field, value pairs to set in meta; the rest, meta fields to delete
+-- returns 1 when written, indexed and released,
+--         3 when the named signal had already arrived (nothing written: the caller goes on),
+--         4 when a cancel is pending (nothing written: the caller cancels the run),
+--         -1 when the lease has expired, -2 when another holder owns it (nothing written:
+--         the indexes belong to whoever holds the run now).
+-- The indexes are outside the run's hash tag: this script needs one server, not Cluster.
+local holder = redis.call('GET', KEYS[1])
+if not holder then
+  return -1
+end
+if holder ~= ARGV[1] then
+  return -2
+end
+if ARGV[3] == '1' and redis.call('HEXISTS', KEYS[2], 'cancel') == 1 then
+  return 4
+end
+if ARGV[2] ~= '' and redis.call('HEXISTS', KEYS[3], ARGV[2]) == 1 then
+  return 3
+end
+local sets = tonumber(ARGV[7])
+if sets > 0 then
+  redis.call('HSET', KEYS[2], unpack(ARGV, 8, 7 + 2 * sets))
+end
+if #ARGV > 7 + 2 * sets then
+  redis.call('HDEL', KEYS[2], unpack(ARGV, 8 + 2 * sets))
+end
+if ARGV[6] == '' then
+  redis.call('ZREM', KEYS[5], ARGV[4])
+else
+  redis.call('ZADD', KEYS[5], ARGV[6], ARGV[4])
+end
+redis.call('ZADD', KEYS[4], ARGV[5], ARGV[4])
+redis.call('DEL', KEYS[1])
+return 1

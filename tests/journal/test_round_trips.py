@@ -1,0 +1,117 @@
+"""What a run costs in client round trips, counted by the server itself with MONITOR.
+
+A run of S new steps is one opening script, one record script per step and one closing
+script: S + 2. Every extra round trip is a wait on the network and, under ``appendfsync
+always``, often an fsync, so the counts are exact: a test here fails when one is added.
+
+MONITOR sees the whole server, so these run on the session's own Valkey (never a server of
+someone else's) and count only between two markers this test sends; commands a script runs
+are the script's, not round trips, and a MULTI ... EXEC is one.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from journal import Journal, Keyspace, Run
+
+STEPS = 10
+
+
+@pytest.fixture
+def own_client(own_redis_url: str, prefix: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(own_redis_url)
+    yield client
+    for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+        client.delete(key)
+    client.close()
+
+
+def round_trips(client: redis.Redis, action: Callable[[], Any]) -> list[str]:
+    """The commands ``action`` sent to the server, one per round trip."""
+    start, end = f"start-{uuid.uuid4().hex}", f"end-{uuid.uuid4().hex}"
+    seen: list[str] = []
+    ready = threading.Event()
+
+    def watch() -> None:
+        with client.monitor() as monitor:
+            ready.set()
+            recording = in_transaction = False
+            for command in monitor.listen():
+                text: str = command["command"]
+                if text == f"ECHO {start}":
+                    recording = True
+                elif text == f"ECHO {end}":
+                    return
+                elif recording and command["client_type"] != "lua":
+                    if text == "MULTI":
+                        in_transaction = True
+                        seen.append(text)
+                    elif text == "EXEC":
+                        in_transaction = False
+                    elif not in_transaction:
+                        seen.append(text)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    assert ready.wait(5)  # MONITOR has answered: every command from here on is streamed
+    client.echo(start)
+    action()
+    client.echo(end)
+    watcher.join(5)
+    assert not watcher.is_alive(), "MONITOR never saw the end marker"
+    return seen
+
+
+def steps(count: int) -> Callable[[Run], str]:
+    def body(run: Run) -> str:
+        for i in range(count):
+            run.step(f"s{i}", lambda i=i: i)
+        return "ok"
+
+    return body
+
+
+@pytest.fixture
+def journal(own_client: redis.Redis, prefix: str) -> Journal:
+    journal = Journal(own_client, keyspace=Keyspace(prefix))
+    journal.execute("wf", "warm-up", steps(1))  # a warm process: its scripts are loaded
+    return journal
+
+
+def test_a_run_of_new_steps_costs_one_round_trip_per_step_plus_two(journal: Journal) -> None:
+    sent = round_trips(journal.client, lambda: journal.execute("wf", "r1", steps(STEPS)))
+    assert len(sent) == STEPS + 2, sent
+    assert [command.split()[0] for command in sent] == ["EVALSHA"] * (STEPS + 2)
+
+
+def test_a_delivery_is_counted_in_the_opening_round_trip(journal: Journal) -> None:
+    def deliver() -> None:
+        journal.execute("wf", "r1", steps(STEPS), args={"to": "a@b"}, delivered=True)
+
+    assert len(round_trips(journal.client, deliver)) == STEPS + 2
+    assert journal.meta(journal.keys("wf", "r1"))["deliveries"] == "1"
+
+
+def test_a_resumed_run_replays_in_its_opening_round_trip(journal: Journal) -> None:
+    def napper(run: Run) -> None:
+        steps(STEPS)(run)
+        run.sleep("nap", 0.05)
+
+    assert journal.execute("wf", "r1", napper).status == "waiting"
+    journal.clock.sleep(0.06)
+    resumed = lambda: journal.execute("wf", "r1", napper)  # noqa: E731
+    sent = round_trips(journal.client, resumed)
+    assert len(sent) == 2, sent  # open (the journal comes with it) and close: nothing recorded
+
+
+def test_a_finished_run_costs_one_round_trip(journal: Journal) -> None:
+    journal.execute("wf", "r1", steps(STEPS))
+    sent = round_trips(journal.client, lambda: journal.execute("wf", "r1", steps(STEPS)))
+    assert len(sent) == 1, sent
