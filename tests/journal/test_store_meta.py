@@ -1,0 +1,201 @@
+"""What ``Journal`` leaves in a run's meta when it cancels, parks, ends or suspends a run.
+
+The console, ``inspect`` and the sweep read these fields: a cancelled run's finish time, a
+parked run's last update, a count reset to zero, a wait cleared once nothing waits. Each test
+moves the clock between phases so every timestamp names the phase that wrote it. Found by
+mutation testing (docs/mutation.md): the statuses were checked, the fields beside them not.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from journal import (
+    CorruptJournal,
+    Journal,
+    LeaseLost,
+    ManualClock,
+    Run,
+    RunParked,
+)
+from journal.cancel import CANCEL_FIELD
+from journal.clock import millis
+from journal.control import cancel
+from journal.store import jitter
+
+T0 = 1_800_000_000.0
+MakeJournal = Callable[..., Journal]
+
+
+def nap(run: Run) -> None:
+    run.sleep("nap", 60)
+
+
+def crash(run: Run) -> None:
+    """A start that dies before recording anything: the process is gone, the lease stays."""
+    raise SystemExit(137)
+
+
+def test_a_run_found_cancelled_at_start_ends_with_its_times_and_no_wait(
+    make_journal: MakeJournal,
+) -> None:
+    """The cancel landed while the last holder was between its wait and its release."""
+    clock = ManualClock(T0)
+    journal = make_journal(clock=clock)
+    keys = journal.keys("wf", "r1")
+    assert journal.execute("wf", "r1", nap).status == "waiting"
+    journal.client.hset(keys.meta, CANCEL_FIELD, "operator")
+    clock.advance(5)
+
+    outcome = journal.execute("wf", "r1", nap)
+    meta = journal.meta(keys)
+    assert (outcome.run, outcome.status) == ("wf:r1", "cancelled")
+    assert (meta["status"], meta["finished_at"], meta["updated_at"]) == (
+        "cancelled",
+        str(millis(T0 + 5)),
+        str(millis(T0 + 5)),
+    )
+    assert meta["starts_without_progress"] == "0"
+    assert "wait" not in meta
+
+
+def test_a_run_cancelled_mid_run_resets_its_count_of_starts(make_journal: MakeJournal) -> None:
+    clock = ManualClock(T0)
+    journal = make_journal(clock=clock)
+    keys = journal.keys("wf", "r1")
+
+    def body(run: Run) -> int:
+        run.step("a", lambda: cancel(journal, "wf", "r1", "stop") and 1)
+        clock.advance(3)
+        return run.step("b", lambda: 2)
+
+    outcome = journal.execute("wf", "r1", body)
+    meta = journal.meta(keys)
+    assert (outcome.run, outcome.status, outcome.ran) == ("wf:r1", "cancelled", 1)
+    assert (meta["finished_at"], meta["updated_at"]) == (str(millis(T0 + 3)),) * 2
+    assert meta["starts_without_progress"] == "0"
+
+
+def test_a_cancel_pending_when_the_run_suspends_cancels_it_instead_of_waiting(
+    make_journal: MakeJournal,
+) -> None:
+    journal = make_journal(clock=ManualClock(T0))
+    keys = journal.keys("wf", "r1")
+
+    def body(run: Run) -> None:
+        run.step("a", lambda: cancel(journal, "wf", "r1", "stop") and 1)
+        run.sleep("nap", 60)  # recorded (the cancel only stops new steps), then suspends
+
+    outcome = journal.execute("wf", "r1", body)
+    assert (outcome.run, outcome.status, outcome.wait) == ("wf:r1", "cancelled", None)
+    assert journal.meta(keys)["status"] == "cancelled"
+    assert "wait" not in journal.meta(keys)
+    assert journal.client.zscore(journal.keyspace.due, keys.run) is None
+
+
+def test_a_suspension_records_when_it_was_written(make_journal: MakeJournal) -> None:
+    clock = ManualClock(T0)
+    journal = make_journal(clock=clock)
+
+    def body(run: Run) -> None:
+        clock.advance(7)
+        nap(run)
+
+    journal.execute("wf", "r1", body)
+    meta = journal.meta(journal.keys("wf", "r1"))
+    assert (meta["status"], meta["updated_at"]) == ("waiting", str(millis(T0 + 7)))
+
+
+def test_a_lease_lost_between_the_wait_and_its_index_is_named(
+    make_journal: MakeJournal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A holder paused after writing ``waiting``, whose lease expired before the index write."""
+    journal = make_journal(clock=ManualClock(T0))
+    keys = journal.keys("wf", "r1")
+    written = journal._update_meta
+
+    def then_pause(*args: Any, **kwargs: Any) -> int:
+        status = written(*args, **kwargs)
+        if args[2].get("status") == "waiting":
+            journal.client.delete(keys.lease)
+        return status
+
+    monkeypatch.setattr(journal, "_update_meta", then_pause)
+    with pytest.raises(LeaseLost) as caught:
+        journal.execute("wf", "r1", nap)
+    assert (caught.value.run, caught.value.detail) == (
+        "wf:r1",
+        "the lease was lost before the run's wait could be indexed",
+    )
+
+
+def test_an_ended_run_delivered_again_names_its_run(make_journal: MakeJournal) -> None:
+    journal = make_journal(clock=ManualClock(T0))
+    journal.execute("wf", "done", lambda run: run.step("a", lambda: "A"))
+    journal.execute("wf", "gone", nap)
+    cancel(journal, "wf", "gone")
+    done = journal.execute("wf", "done", lambda run: "never")
+    gone = journal.execute("wf", "gone", nap)
+    assert (done.run, done.status, done.result) == ("wf:done", "already-done", "A")
+    assert (gone.run, gone.status) == ("wf:gone", "cancelled")
+
+
+def test_parking_records_when_the_run_was_parked(make_journal: MakeJournal) -> None:
+    clock = ManualClock(T0)
+    journal = make_journal(clock=clock, max_stalled_starts=1)
+    keys = journal.keys("wf", "r1")
+    with pytest.raises(SystemExit):
+        journal.execute("wf", "r1", crash)
+    journal.client.delete(keys.lease)  # the dead start's lease expired
+    clock.advance(9)
+    with pytest.raises(RunParked):
+        journal.execute("wf", "r1", crash)
+    meta = journal.meta(keys)
+    assert (meta["parked"], meta["updated_at"]) == ("1", str(millis(T0 + 9)))
+
+
+def test_a_parked_run_with_no_count_is_refused_as_parked_after_none(
+    make_journal: MakeJournal,
+) -> None:
+    journal = make_journal()
+    keys = journal.keys("wf", "r1")
+    journal.client.hset(keys.meta, mapping={"status": "failed", "parked": "1"})
+    with pytest.raises(RunParked) as caught:
+        journal.execute("wf", "r1", crash)
+    assert (caught.value.run, caught.value.starts) == ("wf:r1", 0)
+
+
+def test_a_parked_run_whose_count_is_not_one_names_the_field_and_its_start(
+    make_journal: MakeJournal,
+) -> None:
+    journal = make_journal()
+    keys = journal.keys("wf", "r1")
+    count = "x" * 39 + "yz"  # 41 characters: only the first 40 are quoted
+    journal.client.hset(
+        keys.meta, mapping={"status": "failed", "parked": "1", "starts_without_progress": count}
+    )
+    with pytest.raises(CorruptJournal) as caught:
+        journal.execute("wf", "r1", crash)
+    assert (caught.value.run, caught.value.field, caught.value.detail) == (
+        "wf:r1",
+        "meta.starts_without_progress",
+        f"'{'x' * 39}y' is not a count",
+    )
+
+
+@pytest.mark.parametrize(
+    ("seconds", "widest"),
+    [(0.5, 0.7), (1.0, 1.2), (10.0, 12.0)],
+    ids=["below-a-second", "a-second", "above"],
+)
+def test_jitter_adds_up_to_a_fifth_of_the_delay_and_never_less_than_a_fifth_of_a_second(
+    monkeypatch: pytest.MonkeyPatch, seconds: float, widest: float
+) -> None:
+    monkeypatch.setattr(random, "uniform", lambda low, high: high)
+    assert jitter(seconds) == widest
+    monkeypatch.setattr(random, "uniform", lambda low, high: low)
+    assert jitter(seconds) == seconds
