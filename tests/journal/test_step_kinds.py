@@ -2,7 +2,8 @@
 
 Each helper records a step of its own kind under its own key, reports it to ``on_step`` with
 that key and kind when it runs and when it replays, and counts in ``ran``/``replayed`` exactly
-like a plain step: a dashboard, ``inspect`` and the drift check all rely on it. Found by
+like a plain step: a dashboard, ``inspect`` and the drift check all rely on it. So does an
+effect's record: its kind, its one attempt and its start time. Found by
 mutation testing (docs/mutation.md): the helpers' results were checked, their records not.
 """
 
@@ -14,7 +15,8 @@ from typing import Any, cast
 import orjson
 import pytest
 
-from journal import CorruptJournal, Journal, ManualClock, Run, StepEvent
+from journal import CorruptJournal, Effect, Journal, ManualClock, Run, StepEvent
+from journal.clock import millis
 
 T0 = 1_800_000_000.0
 MakeJournal = Callable[..., Journal]
@@ -149,3 +151,35 @@ def test_a_corrupt_record_met_by_the_drift_check_is_named_by_run_and_step(
         journal.execute("wf", "r1", lambda run: run.step("b", lambda: 2))
     assert (caught.value.run, caught.value.field) == ("wf:r1", "a")
     assert caught.value.detail.startswith("not valid JSON: ")
+
+
+def test_an_effect_records_its_kind_its_single_attempt_and_when_it_started(
+    make_journal: MakeJournal,
+) -> None:
+    clock = ManualClock(T0)
+    journal = make_journal(clock=clock)
+
+    def send(effect: Effect) -> str:
+        clock.advance(2)  # the call itself takes time: started and finished differ
+        effect.confirm()
+        return "sent"
+
+    first: list[StepEvent] = []
+    journal.execute(
+        "wf", "r1", lambda run: run.effect("send", send, timeout=60), on_step=first.append
+    )
+    raw = journal.client.hget(journal.keys("wf", "r1").steps, "send")
+    assert raw is not None
+    stored = orjson.loads(raw)
+    assert (stored["result"], stored["kind"], stored["attempt"]) == ("sent", "effect", 1)
+    assert (stored["started_at"], stored["finished_at"]) == (millis(T0), millis(T0 + 2))
+    rerun(journal)
+    again: list[StepEvent] = []
+    outcome = journal.execute(
+        "wf", "r1", lambda run: run.effect("send", send, timeout=60), on_step=again.append
+    )
+    assert outcome.result == "sent"
+    assert (first, again) == (
+        [StepEvent("send", False, "effect", 1)],
+        [StepEvent("send", True, "effect", 1)],
+    )

@@ -199,3 +199,25 @@ def test_jitter_adds_up_to_a_fifth_of_the_delay_and_never_less_than_a_fifth_of_a
     assert jitter(seconds) == widest
     monkeypatch.setattr(random, "uniform", lambda low, high: low)
     assert jitter(seconds) == seconds
+
+
+def test_the_sweep_claims_a_hundred_runs_at_a_time_by_default(make_journal: MakeJournal) -> None:
+    journal = make_journal(clock=ManualClock(T0))
+    journal.client.zadd(journal.keyspace.due, {f"wf:r{n}": millis(T0) - n for n in range(101)})
+    claimed = journal.claim_due()
+    assert len(claimed) == 100
+    assert claimed[0].run == "wf:r100"  # the longest overdue first
+
+
+def test_an_unreadable_due_entry_is_logged_and_removed_and_the_rest_claimed(
+    make_journal: MakeJournal, caplog: pytest.LogCaptureFixture
+) -> None:
+    journal = make_journal(clock=ManualClock(T0))
+    journal.client.zadd(journal.keyspace.due, {"no-colon": millis(T0) - 2, "wf:ok": millis(T0) - 1})
+    with caplog.at_level("ERROR", logger="journal.store"):
+        claimed = journal.claim_due()
+    assert [keys.run for keys in claimed] == ["wf:ok"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "due index holds an unreadable run b'no-colon'; removing it"
+    ]
+    assert journal.client.zscore(journal.keyspace.due, "no-colon") is None
