@@ -183,3 +183,17 @@ def test_an_effect_records_its_kind_its_single_attempt_and_when_it_started(
         [StepEvent("send", False, "effect", 1)],
         [StepEvent("send", True, "effect", 1)],
     )
+
+
+def test_a_record_from_before_kinds_and_attempts_replays_as_a_first_attempt_step(
+    make_journal: MakeJournal,
+) -> None:
+    journal = make_journal(clock=ManualClock(T0))
+    older = {"result": "A", "seq": 1, "fence": 1, "started_at": 0, "finished_at": 0}
+    journal.client.hset(journal.keys("wf", "r1").steps, "a", orjson.dumps(older))
+    events: list[StepEvent] = []
+    outcome = journal.execute(
+        "wf", "r1", lambda run: run.step("a", lambda: "B"), on_step=events.append
+    )
+    assert outcome.result == "A"
+    assert events == [StepEvent("a", True, "step", 1)]

@@ -221,3 +221,41 @@ def test_an_unreadable_due_entry_is_logged_and_removed_and_the_rest_claimed(
         "due index holds an unreadable run b'no-colon'; removing it"
     ]
     assert journal.client.zscore(journal.keyspace.due, "no-colon") is None
+
+
+def test_a_failed_run_records_when_it_failed_and_clears_its_wait(make_journal: MakeJournal) -> None:
+    clock = ManualClock(T0)
+    journal = make_journal(clock=clock)
+    keys = journal.keys("wf", "r1")
+    journal.execute("wf", "r1", nap)
+    clock.advance(60)  # woken: the nap replays and is over
+
+    def body(run: Run) -> None:
+        nap(run)
+        journal.client.hset(keys.meta, "wait", "left over")  # a write the fenced status must undo
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        journal.execute("wf", "r1", body)
+    meta = journal.meta(keys)
+    assert (meta["status"], meta["last_error"]) == ("failed", "RuntimeError: boom")
+    assert meta["updated_at"] == str(millis(T0 + 60))
+    assert "wait" not in meta
+
+
+def test_a_failure_whose_status_cannot_be_saved_is_logged_naming_run_and_error(
+    make_journal: MakeJournal, caplog: pytest.LogCaptureFixture
+) -> None:
+    journal = make_journal(clock=ManualClock(T0))
+    keys = journal.keys("wf", "r1")
+
+    def body(run: Run) -> None:
+        journal.client.delete(keys.lease)  # lost just before failing: nothing may be written
+        raise RuntimeError("boom")
+
+    with caplog.at_level("WARNING", logger="journal.store"), pytest.raises(RuntimeError):
+        journal.execute("wf", "r1", body)
+    assert [r.getMessage() for r in caplog.records] == [
+        "run wf:r1 failed (boom) and its status could not be saved"
+    ]
+    assert journal.meta(keys)["status"] == "running"

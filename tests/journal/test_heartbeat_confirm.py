@@ -1,0 +1,60 @@
+"""``Heartbeat.confirm``, the check right before an irreversible act, against a silent takeover.
+
+The beat has not noticed anything (its TTL is long, it never ran): only the synchronous renewal
+inside ``confirm`` can learn that another holder took the lease, or that the run was
+cancelled, and it must say which run. Found by mutation testing (docs/mutation.md): with
+``or`` turned into ``and`` confirm stopped renewing at all, and no test noticed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from journal import Cancelled, Journal, LeaseLost
+from journal.cancel import CANCEL_FIELD
+from journal.lease import Heartbeat, Lease
+
+MakeJournal = Callable[..., Journal]
+TTL_MS = 60_000
+
+
+def held(journal: Journal) -> tuple[Lease, Heartbeat]:
+    """The lease of wf:r1 and a heartbeat for it that was never started."""
+    lease = Lease(journal.keys("wf", "r1"), journal.scripts, TTL_MS)
+    grant = lease.acquire(0)
+    return lease, Heartbeat(lease, grant.holder, grant.confirmed_at)
+
+
+def test_confirm_learns_of_a_takeover_the_beat_never_saw(make_journal: MakeJournal) -> None:
+    journal = make_journal()
+    _, heartbeat = held(journal)
+    journal.client.delete(journal.keys("wf", "r1").lease)  # expired while this holder slept
+    Lease(journal.keys("wf", "r1"), journal.scripts, TTL_MS).acquire(0)  # and another took it
+    with pytest.raises(LeaseLost) as caught:
+        heartbeat.confirm()
+    assert (caught.value.run, caught.value.detail) == (
+        "wf:r1",
+        "the lease expired or was taken over",
+    )
+    assert heartbeat.lost.is_set()
+    assert heartbeat.renewals == 0
+
+
+def test_confirm_renews_and_returns_when_the_lease_is_still_ours(make_journal: MakeJournal) -> None:
+    journal = make_journal()
+    _, heartbeat = held(journal)
+    heartbeat.confirm()
+    assert heartbeat.renewals == 1
+    assert not heartbeat.lost.is_set()
+
+
+def test_confirm_refuses_a_cancelled_run_naming_it(make_journal: MakeJournal) -> None:
+    journal = make_journal()
+    _, heartbeat = held(journal)
+    journal.client.hset(journal.keys("wf", "r1").meta, CANCEL_FIELD, "operator")
+    with pytest.raises(Cancelled) as caught:
+        heartbeat.confirm()
+    assert caught.value.run == "wf:r1"
+    assert heartbeat.cancelled.is_set()
