@@ -14,13 +14,11 @@ import pytest
 
 from journal import Cancelled, Journal, LeaseLost
 from journal.cancel import CANCEL_FIELD
-from journal.events import listen
 from journal.lease import Heartbeat, Lease
+from tests.support import recorded_events
 
 MakeJournal = Callable[..., Journal]
 TTL_MS = 60_000
-EVENTS: list[tuple[str, str, float]] = []
-listen(lambda event, label, amount: EVENTS.append((event, label, amount)))
 
 
 def held(journal: Journal) -> tuple[Lease, Heartbeat]:
@@ -35,10 +33,9 @@ def test_confirm_learns_of_a_takeover_the_beat_never_saw(make_journal: MakeJourn
     _, heartbeat = held(journal)
     journal.client.delete(journal.keys("wf", "r1").lease)  # expired while this holder slept
     Lease(journal.keys("wf", "r1"), journal.scripts, TTL_MS).acquire(0)  # and another took it
-    EVENTS.clear()
-    with pytest.raises(LeaseLost) as caught:
+    with recorded_events() as events, pytest.raises(LeaseLost) as caught:
         heartbeat.confirm()
-    assert EVENTS == [("renewal_failed", "", 1.0)]  # what the operator's counter sees
+    assert events == [("renewal_failed", "", 1.0)]  # what the operator's counter sees
     assert (caught.value.run, caught.value.detail) == (
         "wf:r1",
         "the lease expired or was taken over",
