@@ -105,6 +105,12 @@ def test_a_map_item_retries_under_the_maps_policy(make_journal: MakeJournal) -> 
     assert outcome.result == ["A", "B"]
     assert events == [StepEvent("m:a", False, "step", 1), StepEvent("m:b", False, "step", 3)]
     assert len(clock.slept) == 2
+    rerun(journal)
+    events.clear()
+    journal.execute(
+        "wf", "r1", lambda run: run.map("m", ["a", "b"], item, key=str), on_step=events.append
+    )
+    assert events == [StepEvent("m:a", True, "step", 1), StepEvent("m:b", True, "step", 3)]
 
 
 def test_items_waiting_for_their_turn_are_let_through_when_the_map_is_left_behind(

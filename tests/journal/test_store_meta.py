@@ -16,6 +16,7 @@ import pytest
 
 from journal import (
     CorruptJournal,
+    Effect,
     Journal,
     LeaseLost,
     ManualClock,
@@ -259,3 +260,44 @@ def test_a_failure_whose_status_cannot_be_saved_is_logged_naming_run_and_error(
         "run wf:r1 failed (boom) and its status could not be saved"
     ]
     assert journal.meta(keys)["status"] == "running"
+
+
+def test_a_finished_run_records_when_it_finished_and_clears_any_wait(
+    make_journal: MakeJournal,
+) -> None:
+    clock = ManualClock(T0)
+    journal = make_journal(clock=clock)
+    keys = journal.keys("wf", "r1")
+
+    def body(run: Run) -> str:
+        journal.client.hset(keys.meta, "wait", "left over")  # a write the fenced status undoes
+        clock.advance(4)
+        return "ok"
+
+    journal.execute("wf", "r1", body)
+    meta = journal.meta(keys)
+    assert (meta["status"], meta["finished_at"], meta["updated_at"]) == (
+        "done",
+        str(millis(T0 + 4)),
+        str(millis(T0 + 4)),
+    )
+    assert "wait" not in meta
+
+
+def test_each_renewal_pushes_the_runs_due_time_to_its_new_lease_deadline(
+    make_journal: MakeJournal,
+) -> None:
+    clock = ManualClock(T0)
+    journal = make_journal(clock=clock, lease_ttl=30, recovery_grace=5)
+    keys = journal.keys("wf", "r1")
+    due: list[float | None] = []
+
+    def send(effect: Effect) -> str:
+        due.append(journal.client.zscore(journal.keyspace.due, keys.run))
+        clock.advance(100)
+        effect.confirm()  # a synchronous renewal
+        due.append(journal.client.zscore(journal.keyspace.due, keys.run))
+        return "sent"
+
+    journal.execute("wf", "r1", lambda run: run.effect("send", send, timeout=60))
+    assert due == [millis(T0 + 35), millis(T0 + 135)]
