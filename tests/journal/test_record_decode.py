@@ -118,3 +118,22 @@ def test_inspection_shows_each_kind_and_group_as_recorded(make_journal: MakeJour
         ("version:v", "version", None, 3),
         ("m:x", "step", "m", 4),
     ]
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [{"seq": 1, "kind": "step"}, {"result": 1, "seq": "1"}, [1]],
+    ids=["no-result", "seq-not-an-integer", "not-an-object"],
+)
+def test_replay_refuses_a_record_without_its_result_or_seq_naming_run_and_step(
+    make_journal: MakeJournal, stored: Any
+) -> None:
+    journal = make_journal()
+    journal.client.hset(journal.keys("wf", "r1").steps, "a", orjson.dumps(stored))
+    with pytest.raises(CorruptJournal) as caught:
+        journal.execute("wf", "r1", lambda run: run.step("a", lambda: 1))
+    assert (caught.value.run, caught.value.field, caught.value.detail) == (
+        RUN,
+        "a",
+        "not a step record: it lacks 'result' or an integer 'seq'",
+    )

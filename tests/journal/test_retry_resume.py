@@ -91,3 +91,20 @@ def test_a_retry_wait_of_one_step_does_not_resume_another(make_journal: MakeJour
     outcome = journal.execute("wf", "r1", body, on_step=events.append)
     assert outcome.status == "done"
     assert events == [StepEvent("first", False, "step", 1), StepEvent("call", False, "step", 2)]
+
+
+def test_a_back_off_of_exactly_suspend_over_blocks_instead_of_suspending(
+    make_journal: MakeJournal,
+) -> None:
+    clock = ManualClock(T0)
+    journal = make_journal(clock=clock)
+    flaky = Flaky(times=1)
+    policy = RetryPolicy(
+        base_delay=1.0,
+        retryable=lambda error: isinstance(error, ConnectionRefusedError),
+        retry_after=lambda error: 10.0,
+        suspend_over=10.0,
+    )
+    outcome = journal.execute("wf", "r1", lambda run: run.step("call", flaky, retry=policy))
+    assert (outcome.status, outcome.result, flaky.calls) == ("done", "answer", 2)
+    assert clock.slept == [10.0]

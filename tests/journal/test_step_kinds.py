@@ -15,7 +15,15 @@ from typing import Any, cast
 import orjson
 import pytest
 
-from journal import CorruptJournal, Effect, Journal, ManualClock, Run, StepEvent
+from journal import (
+    CorruptJournal,
+    Effect,
+    Journal,
+    ManualClock,
+    Run,
+    StepEvent,
+    UnserializableResult,
+)
 from journal.clock import millis
 
 T0 = 1_800_000_000.0
@@ -197,3 +205,13 @@ def test_a_record_from_before_kinds_and_attempts_replays_as_a_first_attempt_step
     )
     assert outcome.result == "A"
     assert events == [StepEvent("a", True, "step", 1)]
+
+
+def test_a_result_json_cannot_hold_is_refused_naming_run_and_step(
+    make_journal: MakeJournal,
+) -> None:
+    journal = make_journal()
+    with pytest.raises(UnserializableResult) as caught:
+        journal.execute("wf", "r1", lambda run: run.step("a", object))
+    assert (caught.value.run, caught.value.step) == ("wf:r1", "a")
+    assert caught.value.detail == "Type is not JSON serializable: object"
