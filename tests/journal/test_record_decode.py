@@ -137,3 +137,21 @@ def test_replay_refuses_a_record_without_its_result_or_seq_naming_run_and_step(
         "a",
         "not a step record: it lacks 'result' or an integer 'seq'",
     )
+
+
+def test_a_corrupt_record_met_by_a_map_or_a_helper_names_run_and_step(
+    make_journal: MakeJournal,
+) -> None:
+    journal = make_journal()
+    steps = journal.keys("wf", "r1").steps
+    readers: dict[str, Callable[[Run], object]] = {
+        "m:a": lambda run: run.map("m", ["a"], str, key=str),
+        "now:t": lambda run: run.now("t"),
+    }
+    for key, body in readers.items():
+        journal.client.hset(steps, key, b'{"seq": 1}')
+        with pytest.raises(CorruptJournal) as caught:
+            journal.execute("wf", "r1", body)
+        assert (caught.value.run, caught.value.field) == (RUN, key)
+        journal.client.hdel(steps, key)
+        journal.client.hdel(journal.keys("wf", "r1").meta, "status")
