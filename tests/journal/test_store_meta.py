@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 
 from journal import (
     CorruptJournal,
@@ -22,6 +23,7 @@ from journal import (
     ManualClock,
     Run,
     RunParked,
+    StoreUnavailable,
 )
 from journal.cancel import CANCEL_FIELD
 from journal.clock import millis
@@ -76,7 +78,12 @@ def test_a_run_cancelled_mid_run_resets_its_count_of_starts(make_journal: MakeJo
 
     outcome = journal.execute("wf", "r1", body)
     meta = journal.meta(keys)
-    assert (outcome.run, outcome.status, outcome.ran) == ("wf:r1", "cancelled", 1)
+    assert (outcome.run, outcome.status, outcome.ran, outcome.replayed) == (
+        "wf:r1",
+        "cancelled",
+        1,
+        0,
+    )
     assert (meta["finished_at"], meta["updated_at"]) == (str(millis(T0 + 3)),) * 2
     assert meta["starts_without_progress"] == "0"
 
@@ -301,3 +308,44 @@ def test_each_renewal_pushes_the_runs_due_time_to_its_new_lease_deadline(
 
     journal.execute("wf", "r1", lambda run: run.effect("send", send, timeout=60))
     assert due == [millis(T0 + 35), millis(T0 + 135)]
+
+
+def test_a_start_announces_the_run_its_holder_and_clears_the_wait_it_resumes_from(
+    make_journal: MakeJournal,
+) -> None:
+    clock = ManualClock(T0)
+    journal = make_journal(clock=clock)
+    keys = journal.keys("wf", "r1")
+    first = journal.execute("wf", "r1", nap)
+    assert (first.run, first.status) == ("wf:r1", "waiting")
+    clock.advance(60)
+    seen: list[dict[str, str]] = []
+
+    def body(run: Run) -> str:
+        seen.append({**journal.meta(keys), "expected_holder": run.holder})
+        nap(run)
+        return "up"
+
+    journal.execute("wf", "r1", body)
+    meta = seen[0]
+    assert (meta["status"], meta["workflow"], meta["run_id"]) == ("running", "wf", "r1")
+    assert meta["holder"] == meta["expected_holder"]
+    assert "wait" not in meta
+
+
+@pytest.mark.parametrize(
+    ("error", "detail"),
+    [(redis.ConnectionError("server gone"), "server gone"), (redis.TimeoutError(), "TimeoutError")],
+    ids=["with-a-message", "without"],
+)
+def test_a_connection_lost_under_a_step_is_store_unavailable_with_its_reason(
+    make_journal: MakeJournal, error: Exception, detail: str
+) -> None:
+    journal = make_journal()
+
+    def body(run: Run) -> None:
+        raise error
+
+    with pytest.raises(StoreUnavailable) as caught:
+        journal.execute("wf", "r1", body)
+    assert (caught.value.url, caught.value.detail) == ("redis", detail)
