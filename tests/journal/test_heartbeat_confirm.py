@@ -8,6 +8,7 @@ cancelled, and it must say which run. Found by mutation testing (docs/mutation.m
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -60,3 +61,29 @@ def test_confirm_refuses_a_cancelled_run_naming_it(make_journal: MakeJournal) ->
         heartbeat.confirm()
     assert caught.value.run == "wf:r1"
     assert heartbeat.cancelled.is_set()
+
+
+def test_ensure_names_the_run_when_the_lease_is_lost_or_the_run_cancelled(
+    make_journal: MakeJournal,
+) -> None:
+    journal = make_journal()
+    _, heartbeat = held(journal)
+    heartbeat.ensure()  # fresh: nothing to say
+    heartbeat.cancelled.set()  # a record reported a pending cancel
+    with pytest.raises(Cancelled) as cancelled:
+        heartbeat.ensure()
+    assert cancelled.value.run == "wf:r1"
+    heartbeat.lost.set()  # a renewal found the lease gone
+    with pytest.raises(LeaseLost) as lost:
+        heartbeat.ensure()
+    assert (lost.value.run, lost.value.detail) == ("wf:r1", "the lease expired or was taken over")
+
+
+def test_a_stopped_heartbeat_has_no_thread_left_when_stop_returns(
+    make_journal: MakeJournal,
+) -> None:
+    journal = make_journal()
+    _, heartbeat = held(journal)
+    heartbeat.start()
+    heartbeat.stop()
+    assert [t.name for t in threading.enumerate() if t.name == "lease-heartbeat-wf:r1"] == []

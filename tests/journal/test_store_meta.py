@@ -28,7 +28,7 @@ from journal import (
 from journal.cancel import CANCEL_FIELD
 from journal.clock import millis
 from journal.control import cancel
-from journal.store import jitter
+from journal.store import decode_meta, jitter
 
 T0 = 1_800_000_000.0
 MakeJournal = Callable[..., Journal]
@@ -349,3 +349,61 @@ def test_a_connection_lost_under_a_step_is_store_unavailable_with_its_reason(
     with pytest.raises(StoreUnavailable) as caught:
         journal.execute("wf", "r1", body)
     assert (caught.value.url, caught.value.detail) == ("redis", detail)
+
+
+def test_a_lease_lost_before_the_final_status_is_raised_naming_the_run(
+    make_journal: MakeJournal,
+) -> None:
+    journal = make_journal()
+    keys = journal.keys("wf", "r1")
+
+    def body(run: Run) -> str:
+        journal.client.delete(keys.lease)  # expired while the body ran its last line
+        return "done"
+
+    with pytest.raises(LeaseLost) as caught:
+        journal.execute("wf", "r1", body)
+    assert (caught.value.run, caught.value.detail) == (
+        "wf:r1",
+        "the lease was lost before the run's status could be saved",
+    )
+
+
+def test_frozen_args_that_are_not_an_object_are_refused_saying_so(
+    make_journal: MakeJournal,
+) -> None:
+    journal = make_journal()
+    keys = journal.keys("wf", "r1")
+    journal.client.hset(keys.meta, "args", b"[1, 2]")
+    with pytest.raises(CorruptJournal) as caught:
+        journal.execute("wf", "r1", nap)
+    assert (caught.value.run, caught.value.field, caught.value.detail) == (
+        "wf:r1",
+        "meta.args",
+        "not a JSON object",
+    )
+
+
+@pytest.mark.parametrize(
+    ("error", "detail"),
+    [(redis.ConnectionError("refused"), "refused"), (redis.TimeoutError(), "TimeoutError")],
+    ids=["with-a-message", "without"],
+)
+def test_call_turns_a_lost_connection_into_store_unavailable_with_its_reason(
+    make_journal: MakeJournal, error: Exception, detail: str
+) -> None:
+    journal = make_journal()
+
+    def down() -> None:
+        raise error
+
+    with pytest.raises(StoreUnavailable) as caught:
+        journal.call(down)
+    assert (caught.value.url, caught.value.detail) == ("redis", detail)
+
+
+def test_a_meta_field_name_that_is_not_utf8_is_read_with_a_replacement_character() -> None:
+    assert decode_meta("wf:r1", {b"\xffx": b"v", b"status": b"done"}) == {
+        "\ufffdx": "v",
+        "status": "done",
+    }
