@@ -79,11 +79,15 @@ def test_ensure_names_the_run_when_the_lease_is_lost_or_the_run_cancelled(
     assert (lost.value.run, lost.value.detail) == ("wf:r1", "the lease expired or was taken over")
 
 
-def test_a_stopped_heartbeat_has_no_thread_left_when_stop_returns(
+def test_a_heartbeat_is_a_daemon_named_after_its_run_and_gone_when_stop_returns(
     make_journal: MakeJournal,
 ) -> None:
+    """Named, so a thread dump says whose lease it renews; a daemon, so it never holds a
+    crashing process open (the lease must then expire)."""
     journal = make_journal()
     _, heartbeat = held(journal)
     heartbeat.start()
+    beats = [t for t in threading.enumerate() if t.name == "lease-heartbeat-wf:r1"]
+    assert [t.daemon for t in beats] == [True]
     heartbeat.stop()
     assert [t.name for t in threading.enumerate() if t.name == "lease-heartbeat-wf:r1"] == []
