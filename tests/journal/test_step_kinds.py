@@ -18,13 +18,17 @@ import pytest
 from journal import (
     CorruptJournal,
     Effect,
+    Fenced,
     Journal,
+    LeaseLost,
     ManualClock,
     Run,
     StepEvent,
     UnserializableResult,
 )
 from journal.clock import millis
+from journal.lease import Lease
+from tests.support import recorded_events
 
 T0 = 1_800_000_000.0
 MakeJournal = Callable[..., Journal]
@@ -215,3 +219,37 @@ def test_a_result_json_cannot_hold_is_refused_naming_run_and_step(
         journal.execute("wf", "r1", lambda run: run.step("a", object))
     assert (caught.value.run, caught.value.step) == ("wf:r1", "a")
     assert caught.value.detail == "Type is not JSON serializable: object"
+
+
+def test_a_record_refused_for_an_expired_or_moved_lease_names_the_run(
+    make_journal: MakeJournal,
+) -> None:
+    journal = make_journal()
+    lease_key = journal.keys("wf", "r1").lease
+
+    def expired(run: Run) -> int:
+        journal.client.delete(lease_key)
+        return run.step("a", lambda: 1)
+
+    with pytest.raises(LeaseLost) as lost:
+        journal.execute("wf", "r1", expired)
+    assert (lost.value.run, lost.value.detail) == (
+        "wf:r1",
+        "the lease expired before 'a' could be recorded",
+    )
+
+    def moved(run: Run) -> int:
+        journal.client.delete(lease_key)
+        taker = Lease(journal.keys("wf", "r1"), journal.scripts, 60_000).acquire(0)
+        moved_to.append(taker.holder)
+        return run.step("b", lambda: 2)
+
+    moved_to: list[str] = []
+    journal.client.hdel(journal.keys("wf", "r1").meta, "status")
+    with recorded_events() as events, pytest.raises(Fenced) as fenced:
+        journal.execute("wf", "r1", moved)
+    assert (fenced.value.run, fenced.value.detail) == (
+        "wf:r1",
+        f"'b' refused: the run is now held by {moved_to[0]}",
+    )
+    assert [event for event in events if event[0] == "fenced"] == [("fenced", "", 1.0)]

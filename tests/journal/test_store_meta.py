@@ -23,6 +23,7 @@ from journal import (
     ManualClock,
     Run,
     RunParked,
+    StepEvent,
     StoreUnavailable,
 )
 from journal.cancel import CANCEL_FIELD
@@ -241,13 +242,14 @@ def test_a_failed_run_records_when_it_failed_and_clears_its_wait(make_journal: M
     def body(run: Run) -> None:
         nap(run)
         journal.client.hset(keys.meta, "wait", "left over")  # a write the fenced status must undo
+        clock.advance(5)  # after the start's own write of updated_at
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError):
         journal.execute("wf", "r1", body)
     meta = journal.meta(keys)
     assert (meta["status"], meta["last_error"]) == ("failed", "RuntimeError: boom")
-    assert meta["updated_at"] == str(millis(T0 + 60))
+    assert meta["updated_at"] == str(millis(T0 + 65))
     assert "wait" not in meta
 
 
@@ -407,3 +409,21 @@ def test_a_meta_field_name_that_is_not_utf8_is_read_with_a_replacement_character
         "\ufffdx": "v",
         "status": "done",
     }
+
+
+def test_a_cancel_arriving_between_the_waits_record_and_the_wait_cancels_the_run(
+    make_journal: MakeJournal,
+) -> None:
+    """The sleep is recorded, then the cancel lands, then the run writes ``waiting``."""
+    journal = make_journal(clock=ManualClock(T0))
+    keys = journal.keys("wf", "r1")
+
+    def on_step(event: StepEvent) -> None:
+        if event.key == "sleep:nap":
+            cancel(journal, "wf", "r1", "stop")
+
+    outcome = journal.execute("wf", "r1", nap, on_step=on_step)
+    assert (outcome.run, outcome.status, outcome.wait) == ("wf:r1", "cancelled", None)
+    meta = journal.meta(keys)
+    assert meta["status"] == "cancelled"
+    assert "wait" not in meta
