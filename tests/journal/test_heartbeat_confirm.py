@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from journal import Cancelled, Journal, LeaseLost
+from journal import Cancelled, CorruptJournal, Journal, LeaseLost
 from journal.cancel import CANCEL_FIELD
 from journal.lease import Heartbeat, Lease
 from tests.support import recorded_events
@@ -91,3 +91,18 @@ def test_a_heartbeat_is_a_daemon_named_after_its_run_and_gone_when_stop_returns(
     assert [t.daemon for t in beats] == [True]
     heartbeat.stop()
     assert [t.name for t in threading.enumerate() if t.name == "lease-heartbeat-wf:r1"] == []
+
+
+def test_a_fence_counter_that_is_not_an_integer_is_refused_naming_run_and_key(
+    make_journal: MakeJournal,
+) -> None:
+    journal = make_journal()
+    keys = journal.keys("wf", "r1")
+    journal.client.set(keys.fence, "seven")
+    with pytest.raises(CorruptJournal) as caught:
+        Lease(keys, journal.scripts, TTL_MS).acquire(0)
+    assert (caught.value.run, caught.value.field, caught.value.detail) == (
+        "wf:r1",
+        "fence",  # the script names the counter it could not read
+        "not an integer counter",
+    )
