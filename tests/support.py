@@ -382,3 +382,21 @@ class Relay:
                 sink.sendall(data)
         with contextlib.suppress(OSError):
             sink.shutdown(socket.SHUT_RDWR)
+
+
+def schedule_profiles(name: str, ci: tuple[int, int], long: tuple[int, int]) -> str:
+    """Register Hypothesis profiles ``<name>-ci`` and ``<name>-long`` of (examples, steps).
+
+    Returns the one to run: the long one when ``DIGEST_HYPOTHESIS_PROFILE=long``.
+    """
+    from hypothesis import HealthCheck, settings
+
+    for kind, (examples, steps) in (("ci", ci), ("long", long)):
+        settings.register_profile(
+            f"{name}-{kind}",
+            max_examples=examples,
+            stateful_step_count=steps,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        )
+    return f"{name}-{'long' if os.environ.get('DIGEST_HYPOTHESIS_PROFILE') == 'long' else 'ci'}"

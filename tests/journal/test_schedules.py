@@ -15,7 +15,6 @@ the fast suite).
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from typing import Any
 import fakeredis
 import pytest
 import redis
-from hypothesis import HealthCheck, event, settings
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -38,22 +37,9 @@ from journal import Effect, Journal, Keyspace, LeaseBusy, LeaseLost, ManualClock
 from journal.clock import millis
 from journal.lease import Found, Heartbeat, Lease
 from journal.steps import Run, decode_fields
+from tests.support import schedule_profiles
 
-settings.register_profile(
-    "ci",
-    max_examples=1000,
-    stateful_step_count=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile(
-    "long",
-    max_examples=20_000,
-    stateful_step_count=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-PROFILE = os.environ.get("DIGEST_HYPOTHESIS_PROFILE", "ci")
+PROFILE = schedule_profiles("phases", ci=(1000, 30), long=(20_000, 60))
 
 WORKERS = 3
 PHASES = ("start", "s0", "s1", "send", "finish")

@@ -20,7 +20,6 @@ every schedule is driven to its end: the run must finish.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import uuid
@@ -32,7 +31,7 @@ from typing import Any
 import fakeredis
 import pytest
 import redis
-from hypothesis import HealthCheck, currently_in_test_context, event, settings
+from hypothesis import currently_in_test_context, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -57,23 +56,9 @@ from journal import (
 )
 from journal.clock import millis
 from journal.steps import decode_fields
-from tests.support import get_binary_path, wait_until
+from tests.support import get_binary_path, schedule_profiles, wait_until
 
-settings.register_profile(
-    "wait-ci",
-    max_examples=150,
-    stateful_step_count=20,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile(
-    "wait-long",
-    max_examples=5_000,
-    stateful_step_count=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-PROFILE = "wait-long" if os.environ.get("DIGEST_HYPOTHESIS_PROFILE") == "long" else "wait-ci"
+PROFILE = schedule_profiles("waits", ci=(150, 20), long=(5_000, 40))
 
 T0 = 1_800_000_000.0
 WORKFLOW, RUN_ID = "wf", "r1"
