@@ -5,12 +5,19 @@ The block is taken from the page and executed, then driven the way the page says
 ``BaseException`` raised where the process would die: no handler of the journal's runs, so the
 lease and any effect claim stay behind exactly as a kill -9 leaves them. A movable clock stands
 in for the cooling-off day; leases and effect claims expire in real time, as on a server.
+
+The slow test kills real processes running the block (SIGKILL, mid-map and after the provider
+took the money) with the page's own 30 s lease and charge timeout: each resume starts at once,
+because the dead holder is provably gone.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import re
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -23,7 +30,7 @@ import redis
 
 import journal as journal_package
 from journal import Effect, Journal, Keyspace, LeaseBusy, ManualClock, RunKeys, Settings
-from tests.support import ROOT
+from tests.support import ROOT, ThrowawayValkeys
 
 PAGE = ROOT / "docs" / "journal.md"
 HEADING = "## A second workflow: order fulfilment"
@@ -234,3 +241,94 @@ def test_the_example_survives_three_kills_and_charges_once(
         "ship",
         "sleep:cooling-off",
     ]
+
+
+class RedisShop:
+    """The example's ``Shop`` for processes: calls and charges kept in Redis, so they outlive a
+    kill; at the call named ``kill_at`` the process SIGKILLs itself."""
+
+    def __init__(self, client: redis.Redis, prefix: str, kill_at: str = "") -> None:
+        self.client = client
+        self.calls = f"{prefix}:shop:calls"
+        self.charges = f"{prefix}:shop:charges"
+        self.requests = f"{prefix}:shop:requests"
+        self.kill_at = kill_at
+
+    def _called(self, name: str) -> None:
+        self.client.hincrby(self.calls, name, 1)
+        if name == self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def load(self, order_id: str) -> dict[str, Any]:
+        self._called("load")
+        return {"id": order_id, "lines": LINES, "cents": 3150}
+
+    def reserve(self, line: dict[str, Any]) -> str:
+        self._called(f"reserve:{line['sku']}")
+        return f"res_{line['sku']}"
+
+    def charge(self, cents: int, *, idempotency_key: str) -> str:
+        self.client.rpush(self.requests, f"{cents}:{idempotency_key}")
+        self.client.hsetnx(self.charges, idempotency_key, f"ch_{os.getpid()}")
+        self._called("charge")
+        return str(self.client.hget(self.charges, idempotency_key).decode())
+
+    def ship(self, order_id: str, reservations: list[str]) -> str:
+        self._called("ship")
+        return f"trk_{order_id}_{len(reservations)}"
+
+
+# One process running the page's block until the shop kills it.
+HOLDER = """
+import sys
+import redis
+from journal import Journal, Keyspace
+from tests.journal.test_docs_example import RedisShop, load_example
+socket, prefix, kill_at, order = sys.argv[1:]
+client = redis.Redis(unix_socket_path=socket)
+example = load_example()
+shop = RedisShop(client, prefix, kill_at)
+example["fulfil"](Journal(client, keyspace=Keyspace(prefix)), shop, order)
+sys.exit("not killed")
+"""
+
+
+@pytest.mark.slow
+def test_killed_processes_are_taken_over_at_once_with_the_page_s_own_timeouts(
+    throwaway_valkeys: ThrowawayValkeys, prefix: str
+) -> None:
+    sock = throwaway_valkeys.start("--appendonly", "no")
+    client = redis.Redis(unix_socket_path=str(sock))
+    example = load_example()
+    assert (example["CHARGE_TIMEOUT"], Settings().lease_ttl) == (30.0, 30.0)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    started = time.monotonic()
+    for kill_at in ("reserve:lid", "charge"):
+        holder = subprocess.run(
+            [sys.executable, "-c", HOLDER, str(sock), prefix, kill_at, ORDER],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert holder.returncode == -signal.SIGKILL, holder.stderr
+    clock = ManualClock(time.time())
+    journal = Journal(client, keyspace=Keyspace(prefix), clock=clock)
+    shop = RedisShop(client, prefix)
+    waiting = example["fulfil"](journal, shop, ORDER)
+    # Two leases of 30 s and a charge claim of 30 s left behind, none waited for.
+    assert time.monotonic() - started < 20
+    assert waiting.status == "waiting"
+    clock.advance(example["COOLING_OFF"])
+    [done] = example["sweep"](journal, shop)
+    assert done.status == "done"
+    [charge] = client.hvals(shop.charges)
+    assert done.result == {"payment": charge.decode(), "tracking": "trk_A-1001_3"}
+    calls = {k.decode(): int(v) for k, v in client.hgetall(shop.calls).items()}
+    # tea is recorded after mug, once its turn comes: it may still be on its way to Redis when
+    # lid, started on mug's freed thread, kills the process (a map loses at most `concurrency`).
+    assert calls.pop("reserve:tea") in (1, 2)
+    assert calls == {"load": 1, "reserve:mug": 1, "reserve:lid": 2, "charge": 2, "ship": 1}
+    assert client.lrange(shop.requests, 0, -1) == [b"3150:order-A-1001-charge"] * 2
