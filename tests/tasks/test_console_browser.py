@@ -5,7 +5,8 @@ downloaded), a real ``digest console``, a real worker and beat on an isolated de
 offline summarizer in the CLI and the fake Anthropic API on the worker. The operator lists
 runs, opens one, approves a waiting run and sees its email go out, rejects another, cancels a
 running one and forks a finished one from a step. Each page is saved as a screenshot, to
-``DIGEST_SCREENSHOTS`` when set (``DIGEST_SCREENSHOTS=docs`` refreshes the README's).
+``DIGEST_SCREENSHOTS`` when set (``DIGEST_SCREENSHOTS=docs`` refreshes the ones
+docs/operations.md shows).
 """
 
 from __future__ import annotations
