@@ -16,16 +16,14 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import redis
-
 from journal import codec
+from journal.backend import Recorded, RedisBackend
 from journal.clock import Clock, millis
 from journal.effects import Effect, run_effect
 from journal.errors import (
     CorruptJournal,
     Fenced,
     LeaseLost,
-    NotDurable,
     ReplayMismatch,
     UnserializableResult,
 )
@@ -33,7 +31,6 @@ from journal.events import emit
 from journal.keys import RunKeys
 from journal.lease import Heartbeat
 from journal.retry import RetryPolicy
-from journal.scripts import Scripts, status_of
 from journal.waits import SignalResult, Suspend, Wait
 
 T = TypeVar("T")
@@ -166,8 +163,7 @@ class Run:
     def __init__(
         self,
         *,
-        client: redis.Redis,
-        scripts: Scripts,
+        backend: RedisBackend,
         keys: RunKeys,
         holder: str,
         fence: int,
@@ -182,8 +178,7 @@ class Run:
         self.holder = holder
         self.fence = fence
         self.clock = clock
-        self._client = client
-        self._scripts = scripts
+        self._backend = backend
         # Threads share a run (a map's items replay steps of their own) and replay takes no
         # lock, so no loop ever walks a dict another thread changes: loops walk ``_recorded``,
         # which nothing changes, and look the others up one key at a time.
@@ -192,7 +187,6 @@ class Run:
         self._known: dict[str, dict[str, Any]] = {}  # replayed or recorded in this attempt
         self._open_groups: set[str] = set()
         self._next_seq: int | None = None
-        self._record_keys = [keys.lease, keys.steps, keys.meta]
         self._run = keys.run
         self._guard = guard
         self._retry_state = retry_state
@@ -270,7 +264,7 @@ class Run:
         self.check_lease()
         started = millis(self.clock.now())
         handle = Effect(
-            scripts=self._scripts,
+            backend=self._backend,
             keys=self.keys,
             holder=self.holder,
             fence=self.fence,
@@ -436,7 +430,7 @@ class Run:
         if recorded is not None:
             outcome = self._replay(outcome_step, recorded)
             return SignalResult(bool(outcome["received"]), outcome.get("payload"))
-        raw = self._client.hget(self.keys.signals, name)
+        raw = self._backend.signal(self.keys, name)
         if raw is not None:
             payload = codec.loads_field(self._run, f"signals.{name}", raw)
             outcome = {"received": True, "payload": payload}
@@ -562,24 +556,27 @@ class Run:
             encoded = codec.dumps(stored)
         except codec.EncodeError as exc:
             raise UnserializableResult(self.keys.run, key, str(exc)) from None
-        reply = self._write(key, encoded)
-        status = status_of("record", reply, (1, 2, 3, -1, -2))
-        if status == 3:  # recorded; an operator cancelled the run: no step starts after this
-            self._guard.cancelled.set()
-        if status == -1:
+        status, found = self._backend.record(
+            self.keys, self.holder, key, encoded, self._fsync_records
+        )
+        if status is Recorded.RECORDED_CANCEL_PENDING:  # an operator cancelled the run:
+            self._guard.cancelled.set()  # no step starts after this one
+        if status is Recorded.LEASE_EXPIRED:
             raise LeaseLost(self.keys.run, f"the lease expired before {key!r} could be recorded")
-        if status == -2:
+        if status is Recorded.FENCED:
             emit("fenced")
-            holder = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+            holder = found.decode() if isinstance(found, bytes) else str(found)
             raise Fenced(self.keys.run, f"{key!r} refused: the run is now held by {holder}")
         # The result as replay will see it (JSON types), so every attempt computes alike.
-        raw = reply[1] if status == 2 else encoded
+        raw = found if status is Recorded.ALREADY else encoded
         record = decode_fields(self._run, key, raw)
         with self._lock:
             self._known[key] = record
             self.ran += 1
         if self._on_step is not None:
-            self._on_step(StepEvent(key, status == 2, kind, record.get("attempt", 1)))
+            self._on_step(
+                StepEvent(key, status is Recorded.ALREADY, kind, record.get("attempt", 1))
+            )
         return record["result"]
 
     def _take_seq(self) -> int:
@@ -595,36 +592,6 @@ class Run:
             seq = self._next_seq
             self._next_seq += 1
             return seq
-
-    def _write(self, key: str, encoded: bytes) -> Any:
-        args: list[bytes | str | int] = [self.holder, key, encoded]
-        if self._fsync_records:
-            return self._write_synced(args)
-        try:  # EVALSHA straight away: the hot path of every new step
-            return self._client.evalsha(self._scripts.record.sha, 3, *self._record_keys, *args)
-        except redis.exceptions.NoScriptError:  # flushed or restarted: EVAL sends the source
-            return self._scripts.record(keys=self._record_keys, args=args)
-
-    def _write_synced(self, args: list[bytes | str | int]) -> Any:
-        """The record script and WAITAOF in one round trip, with a checked fsync.
-
-        EVALSHA goes on the pipeline by hand: a Script on a pipeline makes redis-py send
-        SCRIPT EXISTS first, a second round trip per record. On NOSCRIPT, EVAL with the source.
-        """
-        record = self._scripts.record
-        for command, script in (("EVALSHA", record.sha), ("EVAL", record.script)):
-            pipe = self._client.pipeline(transaction=False)
-            pipe.execute_command(command, script, 3, *self._record_keys, *args)  # type: ignore[no-untyped-call]
-            pipe.execute_command("WAITAOF", 1, 0, 1000)  # type: ignore[no-untyped-call]
-            reply, synced = pipe.execute(raise_on_error=False)
-            if isinstance(reply, redis.exceptions.NoScriptError):
-                continue
-            if isinstance(reply, Exception):
-                raise reply
-            if isinstance(synced, Exception) or int(synced[0]) < 1:
-                raise NotDurable(self.keys.run, str(args[1]), repr(synced))
-            return reply
-        raise NotDurable(self.keys.run, str(args[1]), "the server refused the record script")
 
 
 def ordered(records: Iterable[Record]) -> list[Record]:
