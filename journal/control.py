@@ -16,7 +16,7 @@ from journal.cancel import CANCEL_FIELD
 from journal.clock import millis
 from journal.errors import ControlRefused
 from journal.keys import RunKeys
-from journal.steps import decode_fields
+from journal.records import decode_fields
 from journal.store import Journal
 
 # Statuses a retry applies to: failed for now (parked or not), or failed and due for an

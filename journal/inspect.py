@@ -9,7 +9,7 @@ from typing import Any
 
 from journal import codec
 from journal.cancel import CANCEL_FIELD
-from journal.steps import Record, decode_journal, ordered
+from journal.records import Record, decode_journal, ordered
 from journal.store import Journal, decode_meta
 from journal.waits import Wait
 

@@ -382,10 +382,10 @@ MUTANTS = (
         "        started = millis(self.clock.now())\n        attempt,",
     ),
     python(
-        "steps",
+        "retry",
         "a retry after a back-off skips the boundary check",
-        "self.clock.sleep(delay)\n                self.check_lease()",
-        "self.clock.sleep(delay)",
+        "clock.sleep(delay)\n            check_lease()",
+        "clock.sleep(delay)",
     ),
     python(
         "steps",

@@ -21,8 +21,8 @@ import redis
 from journal import Journal, Keyspace, LeaseBusy, Run, Settings, StepEvent
 from journal.keys import RunKeys
 from journal.lease import Lease
+from journal.records import Record
 from journal.scripts import Scripts
-from journal.steps import Record
 
 RACERS = 20
 TTL_S = 10.0

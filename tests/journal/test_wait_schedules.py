@@ -55,7 +55,7 @@ from journal import (
     codec,
 )
 from journal.clock import millis
-from journal.steps import decode_fields
+from journal.records import decode_fields
 from tests.support import get_binary_path, schedule_profiles, wait_until
 
 PROFILE = schedule_profiles("waits", ci=(150, 20), long=(5_000, 40))
