@@ -17,11 +17,12 @@ from journal.clock import millis
 from journal.errors import ControlRefused
 from journal.keys import RunKeys
 from journal.records import decode_fields
+from journal.status import RunStatus
 from journal.store import Journal
 
 # Statuses a retry applies to: failed for now (parked or not), or failed and due for an
 # automatic retry later.
-RETRYABLE = ("failed", "retrying")
+RETRYABLE = (RunStatus.FAILED, RunStatus.RETRYING)
 
 
 @dataclass(frozen=True)

@@ -10,20 +10,21 @@ from typing import Any
 from journal import codec
 from journal.cancel import CANCEL_FIELD
 from journal.records import Record, decode_journal, ordered
+from journal.status import RunStatus
 from journal.store import Journal, decode_meta
 from journal.waits import Wait
 
 # What an operator filters on: the stored status, refined where one word would mislead.
 STATES = (
     "new",
-    "running",
+    RunStatus.RUNNING,
     "cancelling",
-    "waiting",
-    "retrying",
-    "failed",
+    RunStatus.WAITING,
+    RunStatus.RETRYING,
+    RunStatus.FAILED,
     "parked",
-    "done",
-    "cancelled",
+    RunStatus.DONE,
+    RunStatus.CANCELLED,
 )
 
 
@@ -36,7 +37,7 @@ def state_of(meta: dict[str, str]) -> str:
     status = meta.get("status", "new")
     if meta.get("parked"):
         return "parked"
-    if status == "running" and CANCEL_FIELD in meta:
+    if status == RunStatus.RUNNING and CANCEL_FIELD in meta:
         return "cancelling"
     return status
 

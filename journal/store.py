@@ -32,6 +32,7 @@ from journal.keys import Keyspace, RunKeys
 from journal.lease import Found, Grant, Heartbeat, Lease
 from journal.redact import redact
 from journal.retry import RunRetry
+from journal.status import RunStatus
 from journal.steps import Run, StepEvent
 from journal.waits import Suspend, Wait
 
@@ -205,7 +206,7 @@ class Journal:
             )
         # Ended: the opening took it out of the due index, whatever had put it back there (an
         # older version, a hand-made ZADD), so the sweep stops delivering it.
-        if meta.get("status") == "cancelled":
+        if meta.get("status") == RunStatus.CANCELLED:
             return Outcome(keys.run, "cancelled")
         return Outcome(keys.run, "already-done", self._decode_meta(keys, meta, "outcome"))
 
@@ -321,7 +322,7 @@ class Journal:
     def _suspend(self, keys: RunKeys, holder: str, wait: Wait, heartbeat: Heartbeat) -> bool:
         now = millis(self.clock.now())
         fields = {
-            "status": "waiting",
+            "status": RunStatus.WAITING,
             "wait": codec.dumps(wait.to_json()),
             "starts_without_progress": 0,
             "updated_at": now,
@@ -345,7 +346,7 @@ class Journal:
     def _finish(self, keys: RunKeys, holder: str, result: Any) -> None:
         now = millis(self.clock.now())
         fields = {
-            "status": "done",
+            "status": RunStatus.DONE,
             "outcome": codec.dumps(result),
             "finished_at": now,
             "updated_at": now,
@@ -366,7 +367,7 @@ class Journal:
         now = self.clock.now()
         described = redact(f"{type(error).__name__}: {error}")
         fields: dict[str, Any] = {
-            "status": "failed",
+            "status": RunStatus.FAILED,
             "last_error": described,
             "updated_at": millis(now),
             "starts_without_progress": 0,
@@ -384,7 +385,7 @@ class Journal:
                 if now < deadline:
                     retry_at = min(now + policy.delay(failures), deadline)
                     fields |= {
-                        "status": "retrying",
+                        "status": RunStatus.RETRYING,
                         "retry_at": millis(retry_at),
                         "retry_until": millis(deadline),
                     }
@@ -419,7 +420,7 @@ class Journal:
     def _cancel(self, keys: RunKeys, holder: str) -> None:
         now = millis(self.clock.now())
         fields = {
-            "status": "cancelled",
+            "status": RunStatus.CANCELLED,
             "finished_at": now,
             "updated_at": now,
             "starts_without_progress": 0,
@@ -430,7 +431,7 @@ class Journal:
     def _park(self, keys: RunKeys, holder: str, starts: int) -> None:
         now = millis(self.clock.now())
         fields = {
-            "status": "failed",
+            "status": RunStatus.FAILED,
             "parked": "1",
             "last_error": str(RunParked(keys.run, starts, self.hints.parked)),
             # The parking start itself ran nothing: count only the ones that died, so every
@@ -494,7 +495,7 @@ class Journal:
         stored = bool(self.call(self.backend.store_signal, keys, name, codec.dumps(payload)))
         meta = self.meta(keys)
         wait = meta.get("wait")
-        if meta.get("status") == "waiting" and wait:
+        if meta.get("status") == RunStatus.WAITING and wait:
             waiting_for = Wait.from_meta(keys.run, wait)
             if waiting_for.signal == name:
                 self.call(self.backend.make_due, keys, millis(self.clock.now()))
