@@ -240,7 +240,9 @@ def measure_writes(journal: Journal, run_id: str) -> list[Row]:
             client.hset(raw_hash, f"s{i}", encoded)
             hset.append(clock() - started)
             started = clock()
-            journal.scripts.record(keys=record_keys, args=[run.holder, f"direct:{i}", encoded])
+            journal.backend.scripts.record(
+                keys=record_keys, args=[run.holder, f"direct:{i}", encoded]
+            )
             script.append(clock() - started)
             started = clock()
             run.step(f"s{i}", lambda r=result: r)

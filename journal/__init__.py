@@ -28,8 +28,9 @@ from journal.errors import (
     UnserializableResult,
 )
 from journal.keys import Keyspace, RunKeys, validate_run_id
+from journal.records import Record
 from journal.retry import RetryPolicy, RunRetry
-from journal.steps import Record, Run, StepEvent
+from journal.steps import Run, StepEvent
 from journal.store import Journal, Outcome, Settings
 from journal.waits import SignalResult, Suspend, Wait
 

@@ -11,17 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from journal.backend import Cancelling
 from journal.cancel import CANCEL_FIELD
 from journal.clock import millis
 from journal.errors import ControlRefused
 from journal.keys import RunKeys
-from journal.scripts import status_of
-from journal.steps import decode_fields
+from journal.records import decode_fields
+from journal.status import RunStatus
 from journal.store import Journal
 
 # Statuses a retry applies to: failed for now (parked or not), or failed and due for an
 # automatic retry later.
-RETRYABLE = ("failed", "retrying")
+RETRYABLE = (RunStatus.FAILED, RunStatus.RETRYING)
 
 
 @dataclass(frozen=True)
@@ -46,23 +47,12 @@ def cancel(journal: Journal, workflow: str, run_id: str, reason: str = "") -> Ca
     """
     keys = journal.keys(workflow, run_id)
     now = millis(journal.clock.now())
-    reply = journal.call(
-        journal.scripts.cancel, keys=[keys.lease, keys.meta], args=[now, reason or "cancelled"]
-    )
-    status = status_of("cancel", reply, (0, 1, 2, 3))
-    if status == 0:
+    status, ended = journal.call(journal.backend.cancel, keys, now, reason or "cancelled")
+    if status is Cancelling.NO_SUCH_RUN:
         raise ControlRefused(keys.run, "no such run")
-    if status == 1:
-        ended = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+    if status is Cancelling.ENDED:
         raise ControlRefused(keys.run, f"it is {ended} already; there is nothing to cancel")
-    if status == 3:
-        # Out of the due index: a sweep must not wake it; a delivery already queued finds it
-        # cancelled and returns without running anything.
-        pipe = journal.client.pipeline(transaction=False)
-        pipe.zrem(journal.keyspace.due, keys.run)
-        pipe.zadd(journal.keyspace.runs, {keys.run: now})
-        journal.call(pipe.execute)
-    return Cancellation(keys.run, immediate=status == 3)
+    return Cancellation(keys.run, immediate=status is Cancelling.CANCELLED)
 
 
 def retry(journal: Journal, workflow: str, run_id: str) -> dict[str, Any]:
@@ -100,10 +90,7 @@ def fork(
         ControlRefused: no such run or step, or the new run id is taken.
     """
     source = journal.keys(workflow, run_id)
-    pipe = journal.client.pipeline(transaction=True)
-    pipe.hgetall(source.meta)
-    pipe.hgetall(source.steps)
-    raw_meta, raw_steps = journal.call(pipe.execute)
+    raw_meta, raw_steps = journal.call(journal.backend.journal, source)
     if not raw_meta:
         raise ControlRefused(source.run, "no such run")
     steps = {field.decode(): value for field, value in raw_steps.items()}
@@ -126,12 +113,7 @@ def fork(
     }
     if b"args" in raw_meta:
         fields["args"] = raw_meta[b"args"]
-    pipe = journal.client.pipeline(transaction=True)
-    if kept:
-        pipe.hset(target.steps, mapping=kept)
-    pipe.hset(target.meta, mapping=fields)
-    pipe.zadd(journal.keyspace.runs, {target.run: now})
-    journal.call(pipe.execute)
+    journal.call(journal.backend.write_copy, target, kept, fields, now)
     return target
 
 
@@ -142,8 +124,7 @@ def _claim(
     for n in range(1, 1000):
         name = wanted or f"{run_id}-fork{n}"
         keys = journal.keys(workflow, name)
-        taken = journal.call(journal.client.exists, keys.steps)
-        if not taken and journal.call(journal.client.hsetnx, keys.meta, "forked_from", origin):
+        if journal.call(journal.backend.reserve, keys, origin):
             return keys
         if wanted:
             raise ControlRefused(keys.run, "that run exists already; choose another --as")

@@ -37,12 +37,12 @@ from typing import Any
 import redis
 
 from journal import codec
+from journal.backend import EffectClaimed, RedisBackend, Settled
 from journal.errors import Fenced, LeaseLost
 from journal.events import emit
 from journal.holder import ProcessIdentity
 from journal.keys import RunKeys
 from journal.lease import Heartbeat
-from journal.scripts import Scripts, status_of
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class Effect:
     def __init__(
         self,
         *,
-        scripts: Scripts,
+        backend: RedisBackend,
         keys: RunKeys,
         holder: str,
         fence: int,
@@ -74,7 +74,7 @@ class Effect:
         self.timeout = timeout
         self.resumed = False
         self.earlier: Any = None
-        self._scripts = scripts
+        self._backend = backend
         self._keys = keys
         self._holder = holder
         self._fence = fence
@@ -89,32 +89,29 @@ class Effect:
             LeaseLost: the lease was lost (``Fenced`` when another holder owns it).
         """
         me = ProcessIdentity.current()
-        proved_dead = ""
+        proved_dead = False
         while True:
             self._claimed_at = time.monotonic()  # before the request: a deadline never grows
-            reply = self._scripts.effect_claim(
-                keys=[self._keys.lease, self._keys.effects],
-                args=[
-                    self._holder,
-                    self.key,
-                    self._fence,
-                    int(self.timeout * 1000),
-                    me.encode(),
-                    proved_dead,
-                ],
+            claim = self._backend.effect_claim(
+                self._keys,
+                self._holder,
+                self.key,
+                self._fence,
+                int(self.timeout * 1000),
+                me.encode(),
+                proved_dead,
             )
-            status = status_of("effect_claim", reply, (1, 3, -1, -2))
-            if status == 1:
-                self.resumed = bool(reply[1])
-                self.earlier = codec.loads(reply[2]) if reply[2] else None
+            if claim.status is EffectClaimed.CLAIMED:
+                self.resumed = claim.resumed
+                self.earlier = codec.loads(claim.receipt) if claim.receipt else None
                 return
-            if status < 0:
-                raise self._lost(status, "could be claimed")
-            claimant = ProcessIdentity.decode(reply[2])
+            if claim.status is not EffectClaimed.CLAIMED_BY_EARLIER:
+                raise self._lost(claim.status is EffectClaimed.FENCED, "could be claimed")
+            claimant = ProcessIdentity.decode(claim.process)
             if claimant is not None and claimant.provably_gone(me):
-                proved_dead = "1"
+                proved_dead = True
                 continue
-            remaining = int(reply[1]) / 1000
+            remaining = claim.remaining_ms / 1000
             log.info(
                 "run %s: effect %r was claimed by an earlier holder that may still act; "
                 "waiting %.1fs for its timeout",
@@ -163,17 +160,15 @@ class Effect:
             log.info("run %s: effect %r left claimed", self._keys.run, self.key)
 
     def _settle(self, state: str, receipt: bytes) -> None:
-        reply = self._scripts.effect_settle(
-            keys=[self._keys.lease, self._keys.effects],
-            args=[self._holder, self.key, self._fence, state, receipt],
+        status = self._backend.effect_settle(
+            self._keys, self._holder, self.key, self._fence, state, receipt
         )
-        status = status_of("effect_settle", reply, (1, -1, -2, -3))
-        if status < 0:
-            raise self._lost(status, "could be settled")
+        if status is not Settled.SETTLED:
+            raise self._lost(status is not Settled.LEASE_EXPIRED, "could be settled")
         self._settled = True
 
-    def _lost(self, status: int, what: str) -> LeaseLost:
-        if status == -1:
+    def _lost(self, fenced: bool, what: str) -> LeaseLost:
+        if not fenced:
             return LeaseLost(self._keys.run, f"the lease expired before effect {self.key!r} {what}")
         emit("fenced")
         return Fenced(self._keys.run, f"effect {self.key!r} refused: the run has a newer holder")

@@ -9,21 +9,22 @@ from typing import Any
 
 from journal import codec
 from journal.cancel import CANCEL_FIELD
-from journal.steps import Record, decode_journal, ordered
+from journal.records import Record, decode_journal, ordered
+from journal.status import RunStatus
 from journal.store import Journal, decode_meta
 from journal.waits import Wait
 
 # What an operator filters on: the stored status, refined where one word would mislead.
 STATES = (
     "new",
-    "running",
+    RunStatus.RUNNING,
     "cancelling",
-    "waiting",
-    "retrying",
-    "failed",
+    RunStatus.WAITING,
+    RunStatus.RETRYING,
+    RunStatus.FAILED,
     "parked",
-    "done",
-    "cancelled",
+    RunStatus.DONE,
+    RunStatus.CANCELLED,
 )
 
 
@@ -36,7 +37,7 @@ def state_of(meta: dict[str, str]) -> str:
     status = meta.get("status", "new")
     if meta.get("parked"):
         return "parked"
-    if status == "running" and CANCEL_FIELD in meta:
+    if status == RunStatus.RUNNING and CANCEL_FIELD in meta:
         return "cancelling"
     return status
 
@@ -81,25 +82,20 @@ class RunView:
 def inspect_run(journal: Journal, workflow: str, run_id: str) -> RunView:
     """One consistent read of a run (a MULTI of reads: one round trip, one snapshot)."""
     keys = journal.keys(workflow, run_id)
-    pipe = journal.client.pipeline(transaction=True)
-    pipe.hgetall(keys.meta)
-    pipe.hgetall(keys.steps)
-    pipe.get(keys.lease)
-    pipe.pttl(keys.lease)
-    pipe.hgetall(keys.signals)
-    raw_meta, raw_steps, holder, ttl, raw_signals = journal.call(pipe.execute)
-    meta = decode_meta(keys.run, raw_meta)
+    seen = journal.call(journal.backend.snapshot, keys)
+    holder, ttl = seen.holder, seen.lease_ttl_ms
+    meta = decode_meta(keys.run, seen.meta)
     wait = Wait.from_meta(keys.run, meta["wait"]) if meta.get("wait") else None
     return RunView(
         run=keys.run,
         meta=meta,
-        steps=ordered(decode_journal(keys.run, raw_steps).values()),
+        steps=ordered(decode_journal(keys.run, seen.steps).values()),
         lease_holder=holder.decode(errors="replace") if holder else None,
         lease_ttl_ms=int(ttl) if holder and ttl > 0 else None,
         wait=wait,
         signals={
             name: codec.loads_field(keys.run, f"signals.{name}", value)
-            for name, value in ((k.decode(errors="replace"), v) for k, v in raw_signals.items())
+            for name, value in ((k.decode(errors="replace"), v) for k, v in seen.signals.items())
         },
     )
 
@@ -140,23 +136,12 @@ def _rows(
 ) -> Iterator[RunRow]:
     start = 0
     while True:
-        members: list[tuple[bytes, float]] = journal.call(
-            journal.client.zrevrange,
-            journal.keyspace.runs,
-            start,
-            start + page - 1,
-            withscores=True,
-        )
+        members = journal.call(journal.backend.runs_page, start, page)
         if not members:
             return
         start += page
         keys = [journal.keyspace.parse_run(member.decode()) for member, _ in members]
-        pipe = journal.client.pipeline(transaction=False)
-        for run_keys in keys:
-            pipe.hgetall(run_keys.meta)
-            if with_steps:
-                pipe.hgetall(run_keys.steps)
-        replies = iter(journal.call(pipe.execute))
+        replies = iter(journal.call(journal.backend.metas, keys, with_steps))
         for run_keys, (_, score) in zip(keys, members, strict=True):
             meta = decode_meta(run_keys.run, next(replies))
             records = (

@@ -12,7 +12,6 @@ its pid gone or reused) is not waited for: its lease is taken over at once, with
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import secrets
@@ -22,12 +21,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from journal.backend import Opened, Opening, OpenReply, RedisBackend, Renewed
 from journal.cancel import Cancelled
 from journal.errors import CorruptJournal, LeaseBusy, LeaseLost
 from journal.events import emit
 from journal.holder import ProcessIdentity
 from journal.keys import RunKeys
-from journal.scripts import Scripts, status_of
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +41,9 @@ class Grant:
     confirmed_at: float
     """``time.monotonic()`` taken before the acquire request: the lease is held until at
     least this plus the TTL, whenever the reply arrived."""
-    status: int = 1
-    """1 acquired (and, for an opening, announced); 3 acquired but stalled too often, to be
-    parked; 4 acquired with a cancel pending, to be cancelled (see ``open.lua``)."""
+    status: Opened = Opened.ACQUIRED
+    """Acquired; or acquired but stalled too often, to be parked; or acquired with a cancel
+    pending, to be cancelled."""
     meta: list[Any] = field(default_factory=list)
     """For an opening: the meta hash as it was before this start, flat (field, value, ...)."""
     steps: list[Any] = field(default_factory=list)
@@ -56,47 +55,26 @@ class Found:
     """An opening that took no lease: the run has ended, is parked, or has an unreadable wait.
 
     Attributes:
-        status: 2 ended, 5 parked, -3 unreadable wait (see ``open.lua``).
-        detail: the meta hash, flat, for 2 and 5; the stored wait for -3.
+        status: ended, parked, or a bad wait.
+        detail: the meta hash, flat, when ended or parked; the stored wait for a bad wait.
     """
 
-    status: int
+    status: Opened
     detail: Any
-
-
-@dataclass(frozen=True)
-class Opening:
-    """What opening a run adds to taking its lease, in the same script (see ``open.lua``).
-
-    Attributes:
-        runs: the runs index key; due: the due index key.
-        max_stalled_starts: starts that died without recording anything before parking.
-        due_at_ms: when the run is due again should this holder die (lease expiry + grace).
-        args: the run's arguments as JSON, frozen unless an earlier start froze some.
-        count_delivery: count this start in ``meta.deliveries`` (a queue delivered it).
-    """
-
-    runs: str
-    due: str
-    max_stalled_starts: int
-    due_at_ms: int
-    args: bytes
-    count_delivery: bool = False
 
 
 @dataclass
 class Lease:
     """One holder's claim on one run.
 
-    ``due`` names the due index when the lease belongs to an opened run: each renewal then
-    pushes the run's due time past the new expiry (``due_after_ms`` from the renewal on).
+    ``due_after_ms`` is set when the lease belongs to an opened run: each renewal then pushes
+    the run's due time past the new expiry (``due_after_ms()`` from the renewal on).
     """
 
     keys: RunKeys
-    scripts: Scripts
+    backend: RedisBackend
     ttl_ms: int
     token: str = field(default_factory=lambda: secrets.token_hex(8))
-    due: str = ""
     due_after_ms: Callable[[], int] | None = None
 
     def acquire(self, now_ms: int) -> Grant:
@@ -127,13 +105,12 @@ class Lease:
         me = ProcessIdentity.current()
         asked = time.monotonic()
         reply = self._acquire(now_ms, me, "", opening)
-        if reply[0] == 0:
-            holder = _text(reply[2])
-            process = ProcessIdentity.decode(reply[3])
+        if reply.status is Opened.BUSY:
+            process = ProcessIdentity.decode(reply.process)
             if process is not None and process.provably_gone(me):
                 asked = time.monotonic()
-                reply = self._acquire(now_ms, me, holder, opening)
-                if reply[0] in (1, 3, 4):
+                holder, reply = reply.holder, self._acquire(now_ms, me, reply.holder, opening)
+                if reply.status.acquired:
                     emit("takeover")
                     log.info(
                         "run %s: lease holder %s (pid %d on %s) is gone; taken over at once",
@@ -142,56 +119,35 @@ class Lease:
                         process.pid,
                         process.host,
                     )
-        status = reply[0]
-        if status == 0:
-            holder = _text(reply[2])
-            raise LeaseBusy(self.keys.run, max(int(reply[1]), 0), holder.split(":", 1)[0])
-        if status in (2, 5, -3):
-            return Found(status, reply[1])
-        fence = int(reply[1])
-        grant = Grant(f"{fence}:{self.token}", fence, int(reply[2]), asked, status)
-        if len(reply) > 3:
-            return dataclasses.replace(grant, meta=reply[3], steps=reply[4])
-        return grant
+        if reply.status is Opened.BUSY:
+            holder = reply.holder
+            raise LeaseBusy(self.keys.run, max(reply.remaining_ms, 0), holder.split(":", 1)[0])
+        if reply.status is Opened.BAD_WAIT:
+            return Found(reply.status, reply.detail)
+        if not reply.status.acquired:
+            return Found(reply.status, reply.meta)
+        holder = f"{reply.fence}:{self.token}"
+        fence, stalled = reply.fence, reply.stalled
+        return Grant(holder, fence, stalled, asked, reply.status, reply.meta, reply.steps)
 
     def _acquire(
         self, now_ms: int, me: ProcessIdentity, dead_holder: str, opening: Opening | None
-    ) -> Any:
-        keys = [self.keys.lease, self.keys.fence, self.keys.meta, self.keys.steps]
-        args: list[Any] = [self.token, self.ttl_ms, now_ms, me.encode(), dead_holder]
-        known: tuple[int, ...] = (0, 1, -1)
-        if opening is not None:
-            keys += [opening.runs, opening.due]
-            args += [opening.max_stalled_starts, opening.due_at_ms, self.keys.run]
-            args += [self.keys.workflow, self.keys.run_id, opening.args]
-            args.append("1" if opening.count_delivery else "")
-            known = (0, 1, 2, 3, 4, 5, -1, -3)
-        reply = self.scripts.open(keys=keys, args=args)
-        if status_of("open", reply, known) == -1:
-            raise CorruptJournal(self.keys.run, _text(reply[1]), "not an integer counter")
+    ) -> OpenReply:
+        reply = self.backend.open(
+            self.keys, self.token, self.ttl_ms, now_ms, me.encode(), dead_holder, opening
+        )
+        if reply.status is Opened.BAD_COUNTER:
+            raise CorruptJournal(self.keys.run, reply.detail, "not an integer counter")
         return reply
 
-    def renew(self, holder: str) -> int:
-        """Extend the lease if we still hold it (compare-and-PEXPIRE), pushing the run's due time.
-
-        Returns:
-            1 extended, 2 extended and a cancel of the run is pending, 0 lost.
-        """
-        keys = [self.keys.lease, self.keys.meta]
-        args: list[Any] = [holder, self.ttl_ms]
-        if self.due and self.due_after_ms is not None:
-            keys.append(self.due)
-            args += [self.due_after_ms(), self.keys.run]
-        return status_of("renew", self.scripts.renew(keys=keys, args=args), (0, 1, 2))
+    def renew(self, holder: str) -> Renewed:
+        """Extend the lease if we still hold it (compare-and-PEXPIRE), pushing its due time."""
+        due_at = None if self.due_after_ms is None else self.due_after_ms()
+        return self.backend.renew(self.keys, holder, self.ttl_ms, due_at)
 
     def release(self, holder: str) -> bool:
         """Give the lease back if we still hold it (compare-and-DEL)."""
-        reply = self.scripts.release(keys=[self.keys.lease], args=[holder])
-        return status_of("release", reply, (0, 1)) == 1
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+        return self.backend.release(self.keys, holder)
 
 
 class _Beats:
@@ -339,11 +295,11 @@ class Heartbeat:
     def _renew(self, asked: float | None = None) -> bool:
         asked = time.monotonic() if asked is None else asked
         status = self._lease.renew(self._holder)
-        if status == 0:
+        if status is Renewed.LOST:
             self.lost.set()
             emit("renewal_failed")
             return False
-        if status == 2:
+        if status is Renewed.CANCEL_PENDING:
             self.cancelled.set()
         with self._confirm_lock:  # the beat and a step boundary may both renew
             self._confirmed_at = max(self._confirmed_at, asked)

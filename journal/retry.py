@@ -15,6 +15,13 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
+
+from journal.clock import Clock
+from journal.events import emit
+from journal.waits import Suspend, Wait
+
+T = TypeVar("T")
 
 
 def _never(_: BaseException) -> bool:
@@ -112,3 +119,45 @@ class RunRetry:
         """
         ceiling = min(self.max_delay, self.first_delay * 2.0 ** min(failures - 1, 64))
         return (rng or random).uniform(ceiling * 0.9, ceiling)
+
+
+def attempt(
+    key: str,
+    fn: Callable[[], T],
+    retry: RetryPolicy | None,
+    resumed: Wait | None,
+    clock: Clock,
+    check_lease: Callable[[], None],
+) -> tuple[int, T]:
+    """Call ``fn`` for step ``key`` until it succeeds or ``retry`` gives up; (attempt, result).
+
+    ``resumed`` is the retry wait the run was suspended in, if it was this step's: its
+    attempts count on. The lease is checked again after every back-off slept here.
+
+    Raises:
+        Suspend: a back-off longer than ``retry.suspend_over``, or a delivery that came
+            before a suspended back-off ended: the run waits durably instead.
+        Exception: what ``fn`` raised, once it is not retryable or out of attempts.
+    """
+    attempts = 0
+    if resumed is not None and resumed.step == key:
+        if resumed.until is not None and clock.now() < resumed.until:
+            # Delivered before the back-off ended (a duplicate, a manual run): calling now
+            # would only earn another 429 and spend an attempt, so wait out the rest.
+            raise Suspend(resumed)
+        attempts = resumed.attempt
+    while True:
+        attempts += 1
+        try:
+            return attempts, fn()
+        except Exception as error:
+            if retry is None or not retry.retryable(error) or attempts >= retry.max_attempts:
+                raise
+            emit("retry", type(error).__name__)
+            delay = retry.delay(attempts, error)
+            if delay > retry.suspend_over:
+                until = clock.now() + delay
+                wait = Wait("retry", key, until=until, attempt=attempts, reason=str(error))
+                raise Suspend(wait) from error
+            clock.sleep(delay)
+            check_lease()

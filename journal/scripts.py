@@ -16,8 +16,6 @@ from typing import Any
 
 import redis
 
-from journal.errors import UnknownScriptStatus
-
 SCRIPT_NAMES = (
     "open",
     "renew",
@@ -78,15 +76,3 @@ class Scripts:
     def register(cls, client: redis.Redis) -> Scripts:
         """Register every script on ``client``; call once per client, not per call."""
         return cls(**{name: Script(client, _source(name)) for name in SCRIPT_NAMES})
-
-
-def status_of(script: str, reply: object, known: tuple[int, ...]) -> int:
-    """The status code at the head of a script's reply, refusing codes we do not know.
-
-    Raises:
-        UnknownScriptStatus: the script and this code disagree; that is a bug, not a retry.
-    """
-    code = reply[0] if isinstance(reply, list) and reply else reply
-    if isinstance(code, int) and code in known:
-        return code
-    raise UnknownScriptStatus(script, reply)

@@ -11,29 +11,25 @@ from __future__ import annotations
 import functools
 import threading
 import uuid as uuid_module
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import redis
-
-from journal import codec
+from journal import codec, records
+from journal.backend import Recorded, RedisBackend
 from journal.clock import Clock, millis
 from journal.effects import Effect, run_effect
 from journal.errors import (
-    CorruptJournal,
     Fenced,
     LeaseLost,
-    NotDurable,
-    ReplayMismatch,
-    UnserializableResult,
 )
 from journal.events import emit
 from journal.keys import RunKeys
 from journal.lease import Heartbeat
+from journal.replay import ReplayCursor
 from journal.retry import RetryPolicy
-from journal.scripts import Scripts, status_of
+from journal.retry import attempt as retry_loop
 from journal.waits import SignalResult, Suspend, Wait
 
 T = TypeVar("T")
@@ -48,74 +44,6 @@ class StepEvent:
     replayed: bool
     kind: str = "step"
     attempt: int = 1
-
-
-@dataclass(frozen=True)
-class Record:
-    """One completed step, as stored in the steps hash."""
-
-    key: str
-    result: Any
-    seq: int
-    attempt: int
-    fence: int
-    started_at: int
-    finished_at: int
-    kind: str = "step"
-    group: str | None = None
-
-    @classmethod
-    def decode(cls, run: str, key: str, raw: bytes) -> Record:
-        """Read one stored record, refusing anything this library did not write.
-
-        Raises:
-            CorruptJournal: a record that is not JSON or lacks its fields. Never treated as a
-                missing step: silently running it again could repeat a paid call.
-        """
-        try:
-            data = codec.loads(raw)
-            return cls(
-                key=key,
-                result=data["result"],
-                seq=int(data["seq"]),
-                attempt=int(data["attempt"]),
-                fence=int(data["fence"]),
-                started_at=int(data["started_at"]),
-                finished_at=int(data["finished_at"]),
-                kind=str(data.get("kind", "step")),
-                group=data.get("group"),
-            )
-        except codec.DecodeError as exc:
-            raise CorruptJournal(run, key, f"not valid JSON: {exc}") from None
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CorruptJournal(run, key, f"not a step record: {exc!r}") from None
-
-
-def decode_fields(run: str, key: str, raw: bytes) -> dict[str, Any]:
-    """One stored record as a dict, checked for the fields replay needs.
-
-    Replay decodes each record once, when the workflow asks for it, with one ``orjson.loads``
-    and no object per record: that keeps replaying 10,000 steps close to the HGETALL itself.
-
-    Raises:
-        CorruptJournal: not JSON, or not a step record. Never treated as a missing step.
-    """
-    try:
-        data = codec.loads(raw)
-    except codec.DecodeError as exc:
-        raise CorruptJournal(run, key, f"not valid JSON: {exc}") from None
-    if not isinstance(data, dict) or "result" not in data or not isinstance(data.get("seq"), int):
-        raise CorruptJournal(run, key, "not a step record: it lacks 'result' or an integer 'seq'")
-    return data
-
-
-def decode_journal(run: str, raw: dict[bytes, bytes]) -> dict[str, Record]:
-    """Decode a whole HGETALL reply."""
-    records: dict[str, Record] = {}
-    for field, value in raw.items():
-        key = field.decode("utf-8", errors="replace")
-        records[key] = Record.decode(run, key, value)
-    return records
 
 
 class _NotStarted(Exception):
@@ -166,8 +94,7 @@ class Run:
     def __init__(
         self,
         *,
-        client: redis.Redis,
-        scripts: Scripts,
+        backend: RedisBackend,
         keys: RunKeys,
         holder: str,
         fence: int,
@@ -182,30 +109,20 @@ class Run:
         self.holder = holder
         self.fence = fence
         self.clock = clock
-        self._client = client
-        self._scripts = scripts
-        # Threads share a run (a map's items replay steps of their own) and replay takes no
-        # lock, so no loop ever walks a dict another thread changes: loops walk ``_recorded``,
-        # which nothing changes, and look the others up one key at a time.
-        self._recorded = recorded  # raw JSON recorded by earlier attempts; never changed
-        self._pending = dict(recorded)  # of those, not taken yet; shrinks one pop at a time
-        self._known: dict[str, dict[str, Any]] = {}  # replayed or recorded in this attempt
-        self._open_groups: set[str] = set()
-        self._next_seq: int | None = None
-        self._record_keys = [keys.lease, keys.steps, keys.meta]
-        self._run = keys.run
+        self._backend = backend
+        self._cursor = ReplayCursor(keys.run, recorded)
         self._guard = guard
         self._retry_state = retry_state
         self._on_step = on_step
         self._fsync_records = fsync_records
-        self._lock = threading.Lock()
+        self._lock = self._cursor.lock
         self.ran = 0
         self.args: dict[str, Any] = {}
 
     @property
     def replayed(self) -> int:
         """Distinct steps this attempt took from the journal instead of running them."""
-        return len(self._known) - self.ran
+        return self._cursor.seen - self.ran
 
     @property
     def run_id(self) -> str:
@@ -228,8 +145,7 @@ class Run:
 
     def has(self, key: str) -> bool:
         """Whether the journal holds ``key`` (recorded in an earlier attempt or this one)."""
-        with self._lock:
-            return key in self._recorded or key in self._known
+        return self._cursor.has(key)
 
     def step(self, key: str, fn: Callable[[], T], *, retry: RetryPolicy | None = None) -> T:
         """Run ``fn`` once for this run: replay its recorded result, or call and record it.
@@ -240,11 +156,9 @@ class Run:
             UnserializableResult: ``fn`` returned something JSON cannot hold.
         """
         recorded: dict[str, Any] | None
-        raw = self._pending.pop(key, None)  # one atomic dict operation: one taker per record
-        if raw is not None:  # the hot path of a resumed run, kept free of the lock
-            recorded = self._known[key] = decode_fields(self._run, key, raw)
-        else:
-            recorded = self._take(key)
+        recorded = self._cursor.take_next(key)  # the hot path of a resumed run: no lock
+        if recorded is None:
+            recorded = self._cursor.take(key)
             if recorded is None:
                 return self._execute(key, fn, retry, kind="step", group=None)
         if self._on_step is not None:
@@ -264,13 +178,13 @@ class Run:
         Raises:
             LeaseLost: the lease was lost before the claim, at ``confirm`` or at the record.
         """
-        recorded = self._take(key)
+        recorded = self._cursor.take(key)
         if recorded is not None:
             return self._replay(key, recorded)  # type: ignore[no-any-return]
         self.check_lease()
         started = millis(self.clock.now())
         handle = Effect(
-            scripts=self._scripts,
+            backend=self._backend,
             keys=self.keys,
             holder=self.holder,
             fence=self.fence,
@@ -309,11 +223,11 @@ class Run:
             raise ValueError(f"map {prefix!r}: item keys are not unique")
         results: list[Any] = [None] * len(items)
         with self._lock:
-            recorded = [self._consume(k) for k in keys]
+            recorded = [self._cursor.consume(k) for k in keys]
             if keys and not any(recorded):
-                self._check_drift(keys[0])
+                self._cursor.check_drift(keys[0])
             todo = [index for index, record in enumerate(recorded) if record is None]
-            self._open_groups.add(prefix)
+            self._cursor.open_group(prefix)
         order = _ItemOrder(len(keys))
         stop = threading.Event()
 
@@ -348,8 +262,7 @@ class Run:
             pool.shutdown(wait=False, cancel_futures=True)
             raise
         finally:
-            with self._lock:
-                self._open_groups.discard(prefix)
+            self._cursor.close_group(prefix)
         pool.shutdown()
         first_error: BaseException | None = None
         for future, index in futures.items():
@@ -366,14 +279,14 @@ class Run:
 
     def now(self, key: str) -> float:
         """The wall time, recorded once: a replay sees the time of the first attempt."""
-        recorded = self._take(f"now:{key}")
+        recorded = self._cursor.take(f"now:{key}")
         if recorded is not None:
             return float(self._replay(f"now:{key}", recorded))
         return self._execute(f"now:{key}", self.clock.now, None, kind="now", group=None)
 
     def uuid(self, key: str) -> str:
         """A random id, recorded once, for values that must not change on replay."""
-        recorded = self._take(f"uuid:{key}")
+        recorded = self._cursor.take(f"uuid:{key}")
         if recorded is not None:
             return str(self._replay(f"uuid:{key}", recorded))
         return self._execute(
@@ -387,12 +300,10 @@ class Run:
         recorded before the gate existed gets 0 and records nothing, so it keeps the old path
         to its end; new steps go behind ``if run.version(key, N) >= N``.
         """
-        recorded = self._take(f"version:{key}", drift_check=False)
+        recorded = self._cursor.take(f"version:{key}", drift_check=False)
         if recorded is not None:
             return int(self._replay(f"version:{key}", recorded))
-        with self._lock:
-            older_history = bool(self._pending) and bool(self._pending_outside_groups())
-        if older_history:
+        if self._cursor.older_history():
             return 0
         return self._execute(f"version:{key}", lambda: current, None, kind="version", group=None)
 
@@ -403,7 +314,7 @@ class Run:
         recorded time.
         """
         step = f"sleep:{key}"
-        recorded = self._take(step)
+        recorded = self._cursor.take(step)
         if recorded is not None:
             wake_at = float(self._replay(step, recorded))
         else:
@@ -421,7 +332,7 @@ class Run:
         """
         deadline_step = f"wait:{name}"
         outcome_step = f"signal:{name}"
-        recorded = self._take(deadline_step)
+        recorded = self._cursor.take(deadline_step)
         if recorded is not None:
             deadline = self._replay(deadline_step, recorded)
         else:
@@ -432,13 +343,13 @@ class Run:
                 kind="wait",
                 group=None,
             )
-        recorded = self._take(outcome_step)
+        recorded = self._cursor.take(outcome_step)
         if recorded is not None:
             outcome = self._replay(outcome_step, recorded)
             return SignalResult(bool(outcome["received"]), outcome.get("payload"))
-        raw = self._client.hget(self.keys.signals, name)
+        raw = self._backend.signal(self.keys, name)
         if raw is not None:
-            payload = codec.loads_field(self._run, f"signals.{name}", raw)
+            payload = codec.loads_field(self.keys.run, f"signals.{name}", raw)
             outcome = {"received": True, "payload": payload}
         elif deadline is not None and self.clock.now() >= float(deadline):
             outcome = {"received": False, "payload": None}
@@ -459,43 +370,6 @@ class Run:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _take(self, key: str, *, drift_check: bool = True) -> dict[str, Any] | None:
-        """The recorded step, counted as replayed; or None after checking for drift."""
-        with self._lock:
-            record = self._consume(key)
-            if record is None and drift_check:
-                self._check_drift(key)
-            return record
-
-    def _consume(self, key: str) -> dict[str, Any] | None:
-        """The record of ``key`` if the journal holds it, marking it replayed (lock held)."""
-        raw = self._pending.pop(key, None)  # the common case first: replaying a past attempt
-        if raw is None:
-            record = self._known.get(key)
-            if record is not None or key not in self._recorded:
-                return record
-            raw = self._recorded[key]  # another thread took it and has not decoded it yet
-        record = self._known[key] = decode_fields(self._run, key, raw)
-        return record
-
-    def _pending_outside_groups(self) -> list[tuple[int, str]]:
-        """(seq, key) of recorded steps not replayed yet, other than open map groups'."""
-        pending = []
-        for key, raw in self._recorded.items():
-            if key not in self._pending:
-                continue
-            record = decode_fields(self._run, key, raw)
-            if record.get("group") not in self._open_groups:
-                pending.append((int(record["seq"]), key))
-        return pending
-
-    def _check_drift(self, requested: str) -> None:
-        if self._pending:
-            pending = self._pending_outside_groups()
-            if pending:
-                seq, recorded = min(pending)
-                raise ReplayMismatch(self.keys.run, recorded, requested, seq)
-
     def _replay(self, key: str, record: dict[str, Any]) -> Any:
         if self._on_step is not None:
             kind = record.get("kind", "step")
@@ -513,120 +387,47 @@ class Run:
     ) -> T:
         self.check_lease()
         started = millis(self.clock.now())
-        attempt, result = self._attempt(key, fn, retry)
+        attempt, result = retry_loop(
+            key, fn, retry, self._retry_state, self.clock, self.check_lease
+        )
         if turn is not None:
             turn()  # a map item waits until the items before it are recorded
         return self._record(key, result, attempt, started, kind, group)  # type: ignore[no-any-return]
 
-    def _attempt(self, key: str, fn: Callable[[], T], retry: RetryPolicy | None) -> tuple[int, T]:
-        attempt = 0
-        if self._retry_state is not None and self._retry_state.step == key:
-            resumed = self._retry_state
-            if resumed.until is not None and self.clock.now() < resumed.until:
-                # Delivered before the back-off ended (a duplicate, a manual run): calling now
-                # would only earn another 429 and spend an attempt, so wait out the rest.
-                raise Suspend(resumed)
-            attempt = resumed.attempt
-        while True:
-            attempt += 1
-            try:
-                return attempt, fn()
-            except Exception as error:
-                if retry is None or not retry.retryable(error) or attempt >= retry.max_attempts:
-                    raise
-                emit("retry", type(error).__name__)
-                delay = retry.delay(attempt, error)
-                if delay > retry.suspend_over:
-                    until = self.clock.now() + delay
-                    wait = Wait("retry", key, until=until, attempt=attempt, reason=str(error))
-                    raise Suspend(wait) from error
-                self.clock.sleep(delay)
-                self.check_lease()
-
     def _record(
         self, key: str, result: Any, attempt: int, started: int, kind: str, group: str | None
     ) -> Any:
-        finished = millis(self.clock.now())
-        stored: dict[str, Any] = {
-            "result": result,
-            "seq": self._take_seq(),
-            "attempt": attempt,
-            "fence": self.fence,
-            "started_at": started,
-            "finished_at": finished,
-            "kind": kind,
-        }
-        if group is not None:
-            stored["group"] = group
-        try:
-            encoded = codec.dumps(stored)
-        except codec.EncodeError as exc:
-            raise UnserializableResult(self.keys.run, key, str(exc)) from None
-        reply = self._write(key, encoded)
-        status = status_of("record", reply, (1, 2, 3, -1, -2))
-        if status == 3:  # recorded; an operator cancelled the run: no step starts after this
-            self._guard.cancelled.set()
-        if status == -1:
+        encoded = records.encode(
+            self.keys.run,
+            key,
+            result,
+            seq=self._cursor.next_seq(),
+            attempt=attempt,
+            fence=self.fence,
+            started_at=started,
+            finished_at=millis(self.clock.now()),
+            kind=kind,
+            group=group,
+        )
+        status, found = self._backend.record(
+            self.keys, self.holder, key, encoded, self._fsync_records
+        )
+        if status is Recorded.RECORDED_CANCEL_PENDING:  # an operator cancelled the run:
+            self._guard.cancelled.set()  # no step starts after this one
+        if status is Recorded.LEASE_EXPIRED:
             raise LeaseLost(self.keys.run, f"the lease expired before {key!r} could be recorded")
-        if status == -2:
+        if status is Recorded.FENCED:
             emit("fenced")
-            holder = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+            holder = found.decode() if isinstance(found, bytes) else str(found)
             raise Fenced(self.keys.run, f"{key!r} refused: the run is now held by {holder}")
         # The result as replay will see it (JSON types), so every attempt computes alike.
-        raw = reply[1] if status == 2 else encoded
-        record = decode_fields(self._run, key, raw)
+        raw = found if status is Recorded.ALREADY else encoded
+        record = records.decode_fields(self.keys.run, key, raw)
         with self._lock:
-            self._known[key] = record
+            self._cursor.recorded(key, record)
             self.ran += 1
         if self._on_step is not None:
-            self._on_step(StepEvent(key, status == 2, kind, record.get("attempt", 1)))
+            self._on_step(
+                StepEvent(key, status is Recorded.ALREADY, kind, record.get("attempt", 1))
+            )
         return record["result"]
-
-    def _take_seq(self) -> int:
-        """The next sequence number; found once, at the first record of this attempt."""
-        with self._lock:
-            if self._next_seq is None:
-                # Nothing of this attempt is recorded yet: the earlier attempts hold the highest.
-                seqs = (
-                    int((self._known.get(key) or decode_fields(self._run, key, raw))["seq"])
-                    for key, raw in self._recorded.items()
-                )
-                self._next_seq = max(seqs, default=0) + 1
-            seq = self._next_seq
-            self._next_seq += 1
-            return seq
-
-    def _write(self, key: str, encoded: bytes) -> Any:
-        args: list[bytes | str | int] = [self.holder, key, encoded]
-        if self._fsync_records:
-            return self._write_synced(args)
-        try:  # EVALSHA straight away: the hot path of every new step
-            return self._client.evalsha(self._scripts.record.sha, 3, *self._record_keys, *args)
-        except redis.exceptions.NoScriptError:  # flushed or restarted: EVAL sends the source
-            return self._scripts.record(keys=self._record_keys, args=args)
-
-    def _write_synced(self, args: list[bytes | str | int]) -> Any:
-        """The record script and WAITAOF in one round trip, with a checked fsync.
-
-        EVALSHA goes on the pipeline by hand: a Script on a pipeline makes redis-py send
-        SCRIPT EXISTS first, a second round trip per record. On NOSCRIPT, EVAL with the source.
-        """
-        record = self._scripts.record
-        for command, script in (("EVALSHA", record.sha), ("EVAL", record.script)):
-            pipe = self._client.pipeline(transaction=False)
-            pipe.execute_command(command, script, 3, *self._record_keys, *args)  # type: ignore[no-untyped-call]
-            pipe.execute_command("WAITAOF", 1, 0, 1000)  # type: ignore[no-untyped-call]
-            reply, synced = pipe.execute(raise_on_error=False)
-            if isinstance(reply, redis.exceptions.NoScriptError):
-                continue
-            if isinstance(reply, Exception):
-                raise reply
-            if isinstance(synced, Exception) or int(synced[0]) < 1:
-                raise NotDurable(self.keys.run, str(args[1]), repr(synced))
-            return reply
-        raise NotDurable(self.keys.run, str(args[1]), "the server refused the record script")
-
-
-def ordered(records: Iterable[Record]) -> list[Record]:
-    """Records in the order they were written."""
-    return sorted(records, key=lambda r: r.seq)

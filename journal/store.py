@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import redis
 
 from journal import codec
+from journal.backend import DELETE, Closed, Opened, Opening, RedisBackend
 from journal.cancel import Cancelled
 from journal.clock import Clock, SystemClock, millis
 from journal.errors import (
@@ -26,13 +27,12 @@ from journal.errors import (
     RetryScheduled,
     RunParked,
     StoreUnavailable,
-    StoreUnsupported,
 )
 from journal.keys import Keyspace, RunKeys
-from journal.lease import Found, Grant, Heartbeat, Lease, Opening
+from journal.lease import Found, Grant, Heartbeat, Lease
 from journal.redact import redact
 from journal.retry import RunRetry
-from journal.scripts import Scripts, status_of
+from journal.status import RunStatus
 from journal.steps import Run, StepEvent
 from journal.waits import Suspend, Wait
 
@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 
 R = TypeVar("R")
 
-DELETE = "\0"  # a field value that means: remove the field (close.lua deletes it)
 # A run's streak of transient failures, in its meta: kept until it succeeds or fails otherwise.
 STREAK = ("retry_at", "retry_until", "failing_since", "failures", "gave_up_at")
 
@@ -108,19 +107,9 @@ class Journal:
     hints: Hints = field(default_factory=Hints)
 
     def __post_init__(self) -> None:
-        self.scripts = Scripts.register(self.client)
+        self.backend = RedisBackend(self.client, self.keyspace)
         if self.settings.fsync_records:
-            self._require_waitaof()
-
-    def _require_waitaof(self) -> None:
-        """Refuse ``fsync_records`` at start on a server that cannot honour it."""
-        try:
-            self.call(self.client.execute_command, "WAITAOF", 1, 0, 100)
-        except redis.ResponseError as exc:
-            raise StoreUnsupported(
-                self.url,
-                f"fsync_records needs WAITAOF (Redis 7.2+ or Valkey with appendonly yes): {exc}",
-            ) from None
+            self.call(self.backend.require_waitaof, self.url)
 
     def keys(self, workflow: str, run_id: str) -> RunKeys:
         """The validated keys of one run."""
@@ -128,7 +117,7 @@ class Journal:
 
     def meta(self, keys: RunKeys) -> dict[str, str]:
         """The run's meta hash, decoded."""
-        return decode_meta(keys.run, self.call(self.client.hgetall, keys.meta))
+        return decode_meta(keys.run, self.call(self.backend.meta, keys))
 
     def execute(
         self,
@@ -170,9 +159,9 @@ class Journal:
             return self._found(keys, taken)
         grant = taken
         try:
-            if grant.status == 3:
+            if grant.status is Opened.STALLED:
                 self._park(keys, grant.holder, grant.starts_without_progress - 1)
-            if grant.status == 4:  # a holder that died before it could stop
+            if grant.status is Opened.CANCEL_PENDING:  # its holder died before it could stop
                 self._cancel(keys, grant.holder)
                 return Outcome(keys.run, "cancelled")
             current = decode_meta(keys.run, _pairs(grant.meta))
@@ -189,13 +178,11 @@ class Journal:
     def _lease(self, keys: RunKeys) -> Lease:
         """A new holder's lease on the run; its renewals keep the run due past its expiry."""
         ttl = millis(self.settings.lease_ttl)
-        return Lease(keys, self.scripts, ttl, due=self.keyspace.due, due_after_ms=self._due_ms)
+        return Lease(keys, self.backend, ttl, due_after_ms=self._due_ms)
 
     def _opening(self, args: dict[str, Any] | None, delivered: bool = False) -> Opening:
         """What ``open.lua`` does besides taking the lease, for these arguments."""
         return Opening(
-            runs=self.keyspace.runs,
-            due=self.keyspace.due,
             max_stalled_starts=self.settings.max_stalled_starts,
             due_at_ms=self._due_ms(),
             args=b"" if args is None else codec.dumps(args),
@@ -209,17 +196,17 @@ class Journal:
             RunParked: the run kept dying at start and was set aside.
             CorruptJournal: its stored wait is not one this library wrote.
         """
-        if found.status == -3:
-            Wait.from_meta(keys.run, found.detail.decode(errors="replace"))
+        if found.status is Opened.BAD_WAIT:
+            Wait.from_meta(keys.run, found.detail)
             raise CorruptJournal(keys.run, "meta.wait", "not a wait this library wrote")
         meta = decode_meta(keys.run, _pairs(found.detail))
-        if found.status == 5:
+        if found.status is Opened.PARKED:
             raise RunParked(
                 keys.run, _count(keys, meta, "starts_without_progress"), self.hints.parked
             )
         # Ended: the opening took it out of the due index, whatever had put it back there (an
         # older version, a hand-made ZADD), so the sweep stops delivering it.
-        if meta.get("status") == "cancelled":
+        if meta.get("status") == RunStatus.CANCELLED:
             return Outcome(keys.run, "cancelled")
         return Outcome(keys.run, "already-done", self._decode_meta(keys, meta, "outcome"))
 
@@ -236,8 +223,7 @@ class Journal:
         recorded = {field.decode(): value for field, value in zip(flat, flat, strict=True)}
         heartbeat = Heartbeat(lease, holder, grant.confirmed_at)
         run = Run(
-            client=self.client,
-            scripts=self.scripts,
+            backend=self.backend,
             keys=keys,
             holder=holder,
             fence=grant.fence,
@@ -308,40 +294,23 @@ class Journal:
         due_ms: int | None,
         unless_signal: str = "",
         unless_cancelled: bool = False,
-    ) -> int:
+    ) -> Closed:
         """Save the run's status, index it and give the lease back, in one round trip.
 
         ``due_ms`` is when the run is due again (a wake-up, a retry); None takes it out of the
         due index. ``now_ms`` is its score in the runs index.
 
         Returns:
-            1 closed; 3 the signal ``unless_signal`` had arrived, 4 a cancel is pending (for
+            Closed; or the signal ``unless_signal`` had arrived, or a cancel is pending (for
             ``unless_cancelled``): nothing written, the lease still held.
 
         Raises:
             LeaseLost: the lease had expired or passed on; nothing was written.
         """
-        sets: list[Any] = []
-        deletes = [name for name, value in fields.items() if value == DELETE]
-        for name, value in fields.items():
-            if value != DELETE:
-                sets += [name, value]
-        reply = self.call(
-            self.scripts.close,
-            keys=[keys.lease, keys.meta, keys.signals, self.keyspace.runs, self.keyspace.due],
-            args=[
-                holder,
-                unless_signal,
-                "1" if unless_cancelled else "0",
-                keys.run,
-                now_ms,
-                "" if due_ms is None else due_ms,
-                len(sets) // 2,
-                *sets,
-                *deletes,
-            ],
+        close = self.backend.close
+        status: Closed = self.call(
+            close, keys, holder, fields, now_ms, due_ms, unless_signal, unless_cancelled
         )
-        status = status_of("close", reply, (1, 3, 4, -1, -2))
         if status < 0:
             raise LeaseLost(keys.run, "the lease was lost before the run's status could be saved")
         return status
@@ -353,7 +322,7 @@ class Journal:
     def _suspend(self, keys: RunKeys, holder: str, wait: Wait, heartbeat: Heartbeat) -> bool:
         now = millis(self.clock.now())
         fields = {
-            "status": "waiting",
+            "status": RunStatus.WAITING,
             "wait": codec.dumps(wait.to_json()),
             "starts_without_progress": 0,
             "updated_at": now,
@@ -365,11 +334,11 @@ class Journal:
             written = self._close(
                 keys, holder, fields, now, due, unless_signal=signal, unless_cancelled=True
             )
-            if written == 1:
+            if written is Closed.CLOSED:
                 heartbeat.stop(join=False)
-        if written == 4:
+        if written is Closed.CANCEL_PENDING:
             raise Cancelled(keys.run)  # cancelled while about to wait: not worth waiting for
-        if written == 3:
+        if written is Closed.SIGNAL_ARRIVED:
             return False
         heartbeat.stop()
         return True
@@ -377,7 +346,7 @@ class Journal:
     def _finish(self, keys: RunKeys, holder: str, result: Any) -> None:
         now = millis(self.clock.now())
         fields = {
-            "status": "done",
+            "status": RunStatus.DONE,
             "outcome": codec.dumps(result),
             "finished_at": now,
             "updated_at": now,
@@ -398,7 +367,7 @@ class Journal:
         now = self.clock.now()
         described = redact(f"{type(error).__name__}: {error}")
         fields: dict[str, Any] = {
-            "status": "failed",
+            "status": RunStatus.FAILED,
             "last_error": described,
             "updated_at": millis(now),
             "starts_without_progress": 0,
@@ -416,7 +385,7 @@ class Journal:
                 if now < deadline:
                     retry_at = min(now + policy.delay(failures), deadline)
                     fields |= {
-                        "status": "retrying",
+                        "status": RunStatus.RETRYING,
                         "retry_at": millis(retry_at),
                         "retry_until": millis(deadline),
                     }
@@ -451,7 +420,7 @@ class Journal:
     def _cancel(self, keys: RunKeys, holder: str) -> None:
         now = millis(self.clock.now())
         fields = {
-            "status": "cancelled",
+            "status": RunStatus.CANCELLED,
             "finished_at": now,
             "updated_at": now,
             "starts_without_progress": 0,
@@ -462,7 +431,7 @@ class Journal:
     def _park(self, keys: RunKeys, holder: str, starts: int) -> None:
         now = millis(self.clock.now())
         fields = {
-            "status": "failed",
+            "status": RunStatus.FAILED,
             "parked": "1",
             "last_error": str(RunParked(keys.run, starts, self.hints.parked)),
             # The parking start itself ran nothing: count only the ones that died, so every
@@ -496,26 +465,12 @@ class Journal:
         """
         keys = self.keys(workflow, run_id)
 
-        def un_park(pipe: redis.client.Pipeline) -> bool:
-            if not pipe.hexists(keys.meta, "parked"):
-                return False
-            pipe.multi()
-            pipe.hdel(keys.meta, "parked", "last_error")
-            pipe.hset(keys.meta, "starts_without_progress", 0)
-            return True
-
-        return bool(
-            self.call(self.client.transaction, un_park, keys.meta, value_from_callable=True)
-        )
+        return bool(self.call(self.backend.un_park, keys))
 
     def delete(self, workflow: str, run_id: str) -> int:
         """Remove every key of one run and its index entries (a dry run's scratch journal)."""
         keys = self.keys(workflow, run_id)
-        pipe = self.client.pipeline(transaction=False)
-        pipe.delete(*keys.all())
-        pipe.zrem(self.keyspace.runs, keys.run)
-        pipe.zrem(self.keyspace.due, keys.run)
-        return int(self.call(pipe.execute)[0])
+        return int(self.call(self.backend.delete, keys))
 
     def send_signal(
         self,
@@ -537,13 +492,13 @@ class Journal:
             True if this payload was stored; False if a signal of that name was already there.
         """
         keys = self.keys(workflow, run_id)
-        stored = bool(self.call(self.client.hsetnx, keys.signals, name, codec.dumps(payload)))
+        stored = bool(self.call(self.backend.store_signal, keys, name, codec.dumps(payload)))
         meta = self.meta(keys)
         wait = meta.get("wait")
-        if meta.get("status") == "waiting" and wait:
+        if meta.get("status") == RunStatus.WAITING and wait:
             waiting_for = Wait.from_meta(keys.run, wait)
             if waiting_for.signal == name:
-                self.call(self.client.zadd, self.keyspace.due, {keys.run: millis(self.clock.now())})
+                self.call(self.backend.make_due, keys, millis(self.clock.now()))
                 if on_wake is not None:
                     on_wake(keys)
         return stored
@@ -552,9 +507,7 @@ class Journal:
         """Claim runs whose wake-up or lease-expiry time has passed (atomic across sweepers)."""
         now = self.clock.now()
         reply = self.call(
-            self.scripts.claim_due,
-            keys=[self.keyspace.due],
-            args=[millis(now), limit, millis(now + self.settings.rearm_after)],
+            self.backend.claim_due, millis(now), limit, millis(now + self.settings.rearm_after)
         )
         claimed: list[RunKeys] = []
         for raw in reply:
@@ -562,7 +515,7 @@ class Journal:
                 claimed.append(self.keyspace.parse_run(raw.decode()))
             except Exception:
                 log.error("due index holds an unreadable run %r; removing it", raw)
-                self.client.zrem(self.keyspace.due, raw)
+                self.backend.forget_due(raw)
         return claimed
 
     def run_args(self, keys: RunKeys) -> dict[str, Any]:

@@ -30,8 +30,8 @@ from flask import Flask, Response, abort, flash, redirect, render_template, requ
 from journal import ControlRefused, JournalError, validate_run_id
 from journal.errors import InvalidRunId
 from journal.inspect import STATES, RunRow, RunView, inspect_run, list_runs, state_of
+from journal.records import Record
 from journal.redact import redact
-from journal.steps import Record
 from tasks import control
 from tasks.cost import dollars, is_call, usage_of
 from tasks.errors import BadInput, DigestError

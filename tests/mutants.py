@@ -358,8 +358,8 @@ MUTANTS = (
     python(
         "lease",
         "a failed renewal is not marked lost",
-        "        if status == 0:\n            self.lost.set()\n",
-        "        if status == 0:\n",
+        "        if status is Renewed.LOST:\n            self.lost.set()\n",
+        "        if status is Renewed.LOST:\n",
     ),
     python("lease", "the beat skips its renewal", "renewed = self._renew()", "renewed = True"),
     python(
@@ -371,8 +371,8 @@ MUTANTS = (
     python(
         "lease",
         "a cancel learnt at a renewal is dropped",
-        "        if status == 2:\n            self.cancelled.set()",
-        "        if status == 2:\n            pass",
+        "        if status is Renewed.CANCEL_PENDING:\n            self.cancelled.set()",
+        "        if status is Renewed.CANCEL_PENDING:\n            pass",
     ),
     # -- the record path
     python(
@@ -382,16 +382,22 @@ MUTANTS = (
         "        started = millis(self.clock.now())\n        attempt,",
     ),
     python(
-        "steps",
+        "retry",
         "a retry after a back-off skips the boundary check",
-        "self.clock.sleep(delay)\n                self.check_lease()",
-        "self.clock.sleep(delay)",
+        "clock.sleep(delay)\n            check_lease()",
+        "clock.sleep(delay)",
     ),
     python(
-        "steps", "an expired lease is taken for a record", "if status == -1:", "if status == -9:"
+        "steps",
+        "an expired lease is taken for a record",
+        "if status is Recorded.LEASE_EXPIRED:",
+        "if False:",
     ),
     python(
-        "steps", "a fenced record is taken for a record", "if status == -2:", "if status == -9:"
+        "steps",
+        "a fenced record is taken for a record",
+        "if status is Recorded.FENCED:",
+        "if False:",
     ),
     # -- the store: status writes, parking, Redis lost
     python(
@@ -404,7 +410,7 @@ MUTANTS = (
         '"wait": codec.dumps(wait.to_json()),',
     ),
     python(
-        "store",
+        "backend",
         "reset keeps the stall count",
         '            pipe.hset(keys.meta, "starts_without_progress", 0)\n',
         "",

@@ -104,7 +104,7 @@ def test_a_run_about_to_wait_is_cancelled_instead(journal: Journal) -> None:
 def test_a_dead_holders_successor_cancels_before_its_first_step(journal: Journal) -> None:
     keys = journal.keys("wf", "r")
     journal.client.hset(keys.meta, mapping={"status": "running"})
-    Lease(keys, journal.scripts, 60_000).acquire(0)  # a holder that will never come back
+    Lease(keys, journal.backend, 60_000).acquire(0)  # a holder that will never come back
 
     assert cancel(journal, "wf", "r").immediate is False
     journal.client.delete(keys.lease)  # its lease expires

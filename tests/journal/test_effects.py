@@ -184,7 +184,7 @@ def test_confirm_after_the_claims_timeout_refuses_to_act(make_journal) -> None: 
 def test_a_lease_is_trusted_from_before_its_request_not_after_the_reply(make_journal) -> None:  # type: ignore[no-untyped-def]
     """A pause between acquiring and the first step outlives the lease: the step finds out."""
     journal = make_journal(lease_ttl=0.4)
-    plain = journal.scripts.open
+    plain = journal.backend.scripts.open
     ran: list[str] = []
 
     def slow_opening(**kwargs: Any) -> Any:
@@ -192,7 +192,7 @@ def test_a_lease_is_trusted_from_before_its_request_not_after_the_reply(make_jou
         threading.Event().wait(0.5)  # the lease (0.4 s) expires while the reply is late
         return reply
 
-    journal.scripts = dataclasses.replace(journal.scripts, open=slow_opening)
+    journal.backend.scripts = dataclasses.replace(journal.backend.scripts, open=slow_opening)
     with pytest.raises(LeaseLost):
         journal.execute("wf", "r1", lambda run: run.step("a", lambda: ran.append("a")))
     assert ran == []
@@ -204,7 +204,7 @@ def test_a_holder_that_lost_its_lease_never_re_arms_a_run_another_finished(
     """Paused right after its opening, while its lease expired and another finished the run."""
     first = make_journal(lease_ttl=30.0)
     keys = first.keys("wf", "r1")
-    plain = first.scripts.open
+    plain = first.backend.scripts.open
     paused: list[bool] = []
 
     def pause_once(**kwargs: Any) -> Any:
@@ -218,7 +218,7 @@ def test_a_holder_that_lost_its_lease_never_re_arms_a_run_another_finished(
             )
         return reply
 
-    first.scripts = dataclasses.replace(first.scripts, open=pause_once)
+    first.backend.scripts = dataclasses.replace(first.backend.scripts, open=pause_once)
     with pytest.raises(LeaseLost):
         first.execute("wf", "r1", lambda run: run.step("a", lambda: "A"))
     assert paused

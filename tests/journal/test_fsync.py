@@ -78,7 +78,7 @@ def three_steps(calls: list[str]) -> Callable[[Run], list[str]]:
 
 def record_packets(journal: Journal, packets: Packets) -> list[list[bytes]]:
     """The name of every command sent with each record script call, packet by packet."""
-    sha = journal.scripts.record.sha.encode()
+    sha = journal.backend.scripts.record.sha.encode()
     return [
         [command[0].upper() for command in packet]
         for packet in packets

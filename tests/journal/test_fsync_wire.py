@@ -90,7 +90,7 @@ def test_each_record_sends_the_script_and_waitaof_in_one_packet_and_replays(
         list("abc"),
     )
     keys = journal.keys("wf", "r1")
-    sha = journal.scripts.record.sha.encode()
+    sha = journal.backend.scripts.record.sha.encode()
     evals = [command for command in sent(packets, b"EVALSHA") if command[1] == sha]
     assert [command[:6] for command in evals] == [
         [b"EVALSHA", sha, b"3", keys.lease.encode(), keys.steps.encode(), keys.meta.encode()]
@@ -118,9 +118,9 @@ def test_a_flushed_script_is_sent_with_its_source_and_the_record_still_waits_for
     packets.clear()
     outcome = journal.execute("wf", "r1", lambda run: run.step("a", lambda: "A"))
     assert (outcome.status, outcome.result) == ("done", "A")
-    record = journal.scripts.record.script.encode()
+    record = journal.backend.scripts.record.script.encode()
     assert [c for c in sent(packets, b"SCRIPT") if c[2:] == [record]] == []  # no SCRIPT LOAD
-    sha = journal.scripts.record.sha.encode()
+    sha = journal.backend.scripts.record.sha.encode()
     calls_record = [
         [command[0] for command in packet]
         for packet in packets

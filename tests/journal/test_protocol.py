@@ -10,6 +10,7 @@ is where each break must be caught, so every test here is fast and exact.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import time
@@ -41,11 +42,11 @@ from journal import (
     StoreUnavailable,
     UnknownScriptStatus,
 )
+from journal.backend import Opened, Recorded, code
 from journal.clock import millis
 from journal.holder import ProcessIdentity
 from journal.keys import RunKeys
 from journal.lease import Found, Grant, Heartbeat, Lease
-from journal.scripts import status_of
 from tests.support import Relay, wait_until
 
 T0 = 1_800_000_000.0
@@ -64,7 +65,7 @@ def keys(journal: Journal) -> RunKeys:
 
 
 def lease(journal: Journal, ttl_ms: int = TTL_MS) -> Lease:
-    return Lease(journal.keys("wf", "r1"), journal.scripts, ttl_ms)
+    return Lease(journal.keys("wf", "r1"), journal.backend, ttl_ms)
 
 
 def record_of(result: object, fence: int = 1) -> bytes:
@@ -119,7 +120,7 @@ def test_only_the_holder_proved_dead_is_taken_over(journal: Journal, keys: RunKe
     script_keys = [keys.lease, keys.fence, keys.meta, keys.steps]
 
     def take_over(dead: str) -> Any:
-        return journal.scripts.open(keys=script_keys, args=["t2", TTL_MS, 1, me, dead])
+        return journal.backend.scripts.open(keys=script_keys, args=["t2", TTL_MS, 1, me, dead])
 
     busy = take_over("1:someone-else")
     assert busy[:1] == [0] and busy[2] == grant.holder.encode()
@@ -152,7 +153,7 @@ def test_an_opening_refuses_an_unreadable_wait_and_writes_nothing(
 
     found = journal._lease(keys).open(millis(T0), opening)
 
-    assert found == Found(-3, b'{"kind": "sleep"}')
+    assert found == Found(Opened.BAD_WAIT, '{"kind": "sleep"}')
     assert journal.client.hgetall(keys.meta) == before
     assert not journal.client.exists(keys.lease)
 
@@ -250,7 +251,9 @@ def test_the_record_script_answers_each_of_its_four_codes(journal: Journal, keys
     script_keys = [keys.lease, keys.steps, keys.meta]
 
     def record(holder: str, value: object) -> Any:
-        return journal.scripts.record(keys=script_keys, args=[holder, "a", record_of(value)])
+        return journal.backend.scripts.record(
+            keys=script_keys, args=[holder, "a", record_of(value)]
+        )
 
     assert record(grant.holder, "first") == 1
     assert record(grant.holder, "second") == [2, record_of("first")]
@@ -379,7 +382,7 @@ def test_the_close_script_answers_each_of_its_four_codes(journal: Journal, keys:
         holder: str, signal: str, due: str, *fields: str, delete: tuple[str, ...] = ()
     ) -> Any:
         args = [holder, signal, "", keys.run, 7, due, len(fields) // 2, *fields, *delete]
-        return journal.scripts.close(keys=close_keys(journal, keys), args=args)
+        return journal.backend.scripts.close(keys=close_keys(journal, keys), args=args)
 
     journal.client.hset(keys.signals, "go", b'"payload"')
     assert close(grant.holder, "go", "", "status", "waiting") == 3
@@ -407,7 +410,7 @@ def test_a_wait_is_not_saved_over_a_pending_cancel(journal: Journal, keys: RunKe
 
     def close(unless_cancelled: str, *fields: str) -> Any:
         args = [grant.holder, "", unless_cancelled, keys.run, 7, "", len(fields) // 2, *fields]
-        return journal.scripts.close(keys=close_keys(journal, keys), args=args)
+        return journal.backend.scripts.close(keys=close_keys(journal, keys), args=args)
 
     journal.client.hset(keys.meta, "cancel", "wrong week")
     assert close("1", "status", "waiting") == 4  # the run is cancelled instead of waiting
@@ -450,11 +453,11 @@ def test_the_effect_scripts_answer_each_of_their_codes(journal: Journal, keys: R
 
     def claim(holder: str, fence: int, proved_dead: str = "") -> Any:
         args = [holder, "send", fence, 60_000, me, proved_dead]
-        return journal.scripts.effect_claim(keys=script_keys, args=args)
+        return journal.backend.scripts.effect_claim(keys=script_keys, args=args)
 
     def settle(holder: str, fence: int, state: str = "done", receipt: bytes = b"{}") -> Any:
         args = [holder, "send", fence, state, receipt]
-        return journal.scripts.effect_settle(keys=script_keys, args=args)
+        return journal.backend.scripts.effect_settle(keys=script_keys, args=args)
 
     assert claim("1:not-the-token", 1) == [-2, first.holder.encode()]
     assert settle("1:not-the-token", 1) == -2
@@ -514,7 +517,7 @@ def test_a_receipt_after_a_takeover_is_refused(journal: Journal, keys: RunKeys) 
 @pytest.mark.parametrize("reply", [7, [9, b"x"], [], b"1", None])
 def test_a_status_nobody_knows_is_refused(reply: object) -> None:
     with pytest.raises(UnknownScriptStatus) as unknown:
-        status_of("record", reply, (1, 2, -1, -2))
+        code("record", reply, Recorded)
     assert str(unknown.value) == f"script record returned unknown status {reply!r}"
 
 
@@ -522,13 +525,15 @@ def test_a_script_answering_an_unknown_status_stops_the_run(
     journal: Journal, keys: RunKeys
 ) -> None:
     foreign = journal.client.register_script("return {5}")
-    lease_with = Lease(keys, dataclasses.replace(journal.scripts, renew=foreign), TTL_MS)
+    backend = copy.copy(journal.backend)
+    backend.scripts = dataclasses.replace(journal.backend.scripts, renew=foreign)
+    lease_with = Lease(keys, backend, TTL_MS)
     grant = lease_with.acquire(millis(T0))
     with pytest.raises(UnknownScriptStatus, match="script renew returned unknown status"):
         lease_with.renew(grant.holder)
     assert lease_with.release(grant.holder)
 
-    journal.scripts = dataclasses.replace(journal.scripts, record=foreign)
+    journal.backend.scripts = dataclasses.replace(journal.backend.scripts, record=foreign)
     with pytest.raises(UnknownScriptStatus, match="script record returned unknown status"):
         journal.execute("wf", "r1", lambda run: run.step("a", lambda: "A"))
     assert journal.client.hlen(keys.steps) == 0

@@ -21,8 +21,8 @@ import redis
 from journal import Journal, Keyspace, LeaseBusy, Run, Settings, StepEvent
 from journal.keys import RunKeys
 from journal.lease import Lease
+from journal.records import Record
 from journal.scripts import Scripts
-from journal.steps import Record
 
 RACERS = 20
 TTL_S = 10.0
@@ -148,8 +148,8 @@ def test_processes_with_one_holder_record_one_value_and_all_get_it_back(
     journal: Journal, shared_redis_url: str
 ) -> None:
     keys = journal.keys("wf", "r1")
-    grant = Lease(keys, journal.scripts, 10_000).acquire(0)
-    journal.client.script_load(journal.scripts.record.script)  # no racer pays a NOSCRIPT
+    grant = Lease(keys, journal.backend, 10_000).acquire(0)
+    journal.client.script_load(journal.backend.scripts.record.script)  # no racer pays a NOSCRIPT
     barrier = PROCESSES.Barrier(RACERS)
     results = PROCESSES.Queue()
     script_keys = [keys.lease, keys.steps, keys.meta]

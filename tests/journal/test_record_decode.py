@@ -16,7 +16,7 @@ import pytest
 
 from journal import CorruptJournal, Journal, ManualClock, Run
 from journal.inspect import inspect_run
-from journal.steps import Record, decode_journal, ordered
+from journal.records import Record, decode_journal, ordered
 
 MakeJournal = Callable[..., Journal]
 RUN = "wf:r1"

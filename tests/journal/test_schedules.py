@@ -36,7 +36,8 @@ from hypothesis.stateful import (
 from journal import Effect, Journal, Keyspace, LeaseBusy, LeaseLost, ManualClock, Settings
 from journal.clock import millis
 from journal.lease import Found, Heartbeat, Lease
-from journal.steps import Run, decode_fields
+from journal.records import decode_fields
+from journal.steps import Run
 from tests.support import schedule_profiles
 
 PROFILE = schedule_profiles("phases", ci=(1000, 30), long=(20_000, 60))

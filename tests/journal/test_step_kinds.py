@@ -240,7 +240,7 @@ def test_a_record_refused_for_an_expired_or_moved_lease_names_the_run(
 
     def moved(run: Run) -> int:
         journal.client.delete(lease_key)
-        taker = Lease(journal.keys("wf", "r1"), journal.scripts, 60_000).acquire(0)
+        taker = Lease(journal.keys("wf", "r1"), journal.backend, 60_000).acquire(0)
         moved_to.append(taker.holder)
         return run.step("b", lambda: 2)
 

@@ -1,0 +1,514 @@
+"""The storage seam: every Redis command and script the journal sends, and nothing else.
+
+The rest of the library speaks in run operations (open, record, renew, close, cancel, claim
+an effect, claim due runs, read a snapshot) and typed replies; only this module holds a
+client. Each operation is one round trip, which is what a run's cost (steps + 2) is counted
+in, and each touches one run's keys plus, where it must stay atomic with them, the two global
+indexes: the one place a Cluster backend has to place differently.
+
+Reply codes are the scripts' own numbers (see each ``journal/lua/*.lua`` header), named here;
+a code a script does not document raises ``UnknownScriptStatus``, never a guess.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any, TypeVar, cast
+
+import redis
+
+from journal.errors import NotDurable, StoreUnsupported, UnknownScriptStatus
+from journal.keys import Keyspace, RunKeys
+from journal.scripts import KeyOrArg, Scripts
+
+DELETE = "\0"
+"""A field value ``close`` removes instead of writing."""
+
+E = TypeVar("E", bound=IntEnum)
+
+
+class Opened(IntEnum):
+    """How ``open.lua`` answered."""
+
+    BUSY = 0
+    ACQUIRED = 1
+    ENDED = 2
+    STALLED = 3  # acquired, but the run died at start too often: park it
+    CANCEL_PENDING = 4  # acquired with a cancel pending: cancel it
+    PARKED = 5
+    BAD_COUNTER = -1
+    BAD_WAIT = -3
+
+    @property
+    def acquired(self) -> bool:
+        """Whether the lease was taken (whatever the run then does with it)."""
+        return self in (Opened.ACQUIRED, Opened.STALLED, Opened.CANCEL_PENDING)
+
+
+class Renewed(IntEnum):
+    """How ``renew.lua`` answered."""
+
+    LOST = 0
+    EXTENDED = 1
+    CANCEL_PENDING = 2
+
+
+class Released(IntEnum):
+    """How ``release.lua`` answered."""
+
+    NOT_HOLDER = 0
+    RELEASED = 1
+
+
+class Recorded(IntEnum):
+    """How ``record.lua`` answered."""
+
+    RECORDED = 1
+    ALREADY = 2
+    RECORDED_CANCEL_PENDING = 3
+    LEASE_EXPIRED = -1
+    FENCED = -2
+
+
+class Closed(IntEnum):
+    """How ``close.lua`` answered."""
+
+    CLOSED = 1
+    SIGNAL_ARRIVED = 3
+    CANCEL_PENDING = 4
+    LEASE_EXPIRED = -1
+    FENCED = -2
+
+
+class Cancelling(IntEnum):
+    """How ``cancel.lua`` answered."""
+
+    NO_SUCH_RUN = 0
+    ENDED = 1
+    AT_NEXT_STEP = 2
+    CANCELLED = 3
+
+
+class EffectClaimed(IntEnum):
+    """How ``effect_claim.lua`` answered."""
+
+    CLAIMED = 1
+    CLAIMED_BY_EARLIER = 3
+    LEASE_EXPIRED = -1
+    FENCED = -2
+
+
+class Settled(IntEnum):
+    """How ``effect_settle.lua`` answered."""
+
+    SETTLED = 1
+    LEASE_EXPIRED = -1
+    FENCED = -2
+    NOT_THIS_CLAIM = -3
+
+
+def code(script: str, reply: object, codes: type[E]) -> E:
+    """The status code at the head of a script's reply, as its enum.
+
+    Raises:
+        UnknownScriptStatus: the script and this code disagree; that is a bug, not a retry.
+    """
+    head = reply[0] if isinstance(reply, list) and reply else reply
+    if isinstance(head, int):
+        try:
+            return codes(head)
+        except ValueError:
+            pass
+    raise UnknownScriptStatus(script, reply)
+
+
+@dataclass(frozen=True)
+class Opening:
+    """What opening a run adds to taking its lease, in the same script (see ``open.lua``).
+
+    Attributes:
+        max_stalled_starts: starts that died without recording anything before parking.
+        due_at_ms: when the run is due again should this holder die (lease expiry + grace).
+        args: the run's arguments as JSON, frozen unless an earlier start froze some.
+        count_delivery: count this start in ``meta.deliveries`` (a queue delivered it).
+    """
+
+    max_stalled_starts: int
+    due_at_ms: int
+    args: bytes
+    count_delivery: bool = False
+
+
+@dataclass(frozen=True)
+class OpenReply:
+    """``open.lua``'s reply, by field.
+
+    Attributes:
+        status: what happened.
+        fence: the new fence, when acquired.
+        stalled: starts without progress, when acquired.
+        meta: for an opening, the meta hash before this start (acquired), or all of it (ended,
+            parked); flat field, value pairs.
+        steps: for an opening that acquired, the steps hash, flat.
+        remaining_ms, holder, process: for a busy lease, the live holder's.
+        detail: the counter (bad counter) or the stored wait (bad wait).
+    """
+
+    status: Opened
+    fence: int = 0
+    stalled: int = 0
+    meta: list[Any] = field(default_factory=list)
+    steps: list[Any] = field(default_factory=list)
+    remaining_ms: int = 0
+    holder: str = ""
+    process: bytes = b""
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class EffectClaim:
+    """``effect_claim.lua``'s reply: a claim, or how long an earlier claimant still has."""
+
+    status: EffectClaimed
+    resumed: bool = False
+    receipt: bytes = b""
+    remaining_ms: int = 0
+    process: bytes = b""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One run as one MULTI of reads saw it."""
+
+    meta: dict[bytes, bytes]
+    steps: dict[bytes, bytes]
+    holder: bytes | None
+    lease_ttl_ms: int
+    signals: dict[bytes, bytes]
+
+
+class RedisBackend:
+    """The journal's storage on one Redis (or Valkey) database, standalone or Sentinel-fed."""
+
+    def __init__(self, client: redis.Redis, keyspace: Keyspace) -> None:
+        self.client = client
+        self.keyspace = keyspace
+        self.scripts = Scripts.register(client)
+
+    # -- a run's lease -------------------------------------------------------------------
+
+    def open(
+        self,
+        keys: RunKeys,
+        token: str,
+        ttl_ms: int,
+        now_ms: int,
+        process: str,
+        dead_holder: str,
+        opening: Opening | None,
+    ) -> OpenReply:
+        """Take the lease (with a new fence) and, with ``opening``, open the run too."""
+        run_keys = [keys.lease, keys.fence, keys.meta, keys.steps]
+        args: list[KeyOrArg] = [token, ttl_ms, now_ms, process, dead_holder]
+        if opening is not None:
+            run_keys += [self.keyspace.runs, self.keyspace.due]
+            args += [opening.max_stalled_starts, opening.due_at_ms, keys.run]
+            args += [keys.workflow, keys.run_id, opening.args]
+            args.append("1" if opening.count_delivery else "")
+        reply = self.scripts.open(keys=run_keys, args=args)
+        status = code("open", reply, Opened)
+        if status is Opened.BUSY:
+            return OpenReply(
+                status, remaining_ms=int(reply[1]), holder=_text(reply[2]), process=reply[3]
+            )
+        if status in (Opened.ENDED, Opened.PARKED):
+            return OpenReply(status, meta=reply[1])
+        if status in (Opened.BAD_COUNTER, Opened.BAD_WAIT):
+            return OpenReply(status, detail=_text(reply[1]))
+        if len(reply) > 3:
+            return OpenReply(status, int(reply[1]), int(reply[2]), reply[3], reply[4])
+        return OpenReply(status, int(reply[1]), int(reply[2]))
+
+    def renew(self, keys: RunKeys, holder: str, ttl_ms: int, due_at_ms: int | None) -> Renewed:
+        """Extend the lease if ``holder`` still has it; ``due_at_ms`` also pushes the due time."""
+        run_keys = [keys.lease, keys.meta]
+        args: list[KeyOrArg] = [holder, ttl_ms]
+        if due_at_ms is not None:
+            run_keys.append(self.keyspace.due)
+            args += [due_at_ms, keys.run]
+        return code("renew", self.scripts.renew(keys=run_keys, args=args), Renewed)
+
+    def release(self, keys: RunKeys, holder: str) -> bool:
+        """Give the lease back if ``holder`` still has it (compare-and-DEL)."""
+        reply = self.scripts.release(keys=[keys.lease], args=[holder])
+        return code("release", reply, Released) is Released.RELEASED
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def record(
+        self, keys: RunKeys, holder: str, step: str, encoded: bytes, fsync: bool = False
+    ) -> tuple[Recorded, Any]:
+        """Write a step's record under the fence (HSETNX); what the script found besides.
+
+        Returns:
+            The status and, for ``ALREADY``, the record already there; for ``FENCED``, the
+            holder that owns the run now.
+
+        Raises:
+            NotDurable: with ``fsync``, the server did not confirm the record on disk.
+        """
+        run_keys = (keys.lease, keys.steps, keys.meta)
+        args = (holder, step, encoded)
+        if fsync:
+            reply = self._record_synced(keys, run_keys, args)
+        else:
+            try:  # EVALSHA straight away: the hot path of every new step
+                reply = self.client.evalsha(self.scripts.record.sha, 3, *run_keys, *args)
+            except redis.exceptions.NoScriptError:  # flushed or restarted: EVAL sends the source
+                reply = self.scripts.record(keys=run_keys, args=args)
+        status = code("record", reply, Recorded)
+        return status, reply[1] if isinstance(reply, list) and len(reply) > 1 else None
+
+    def _record_synced(
+        self, keys: RunKeys, run_keys: Sequence[KeyOrArg], args: Sequence[KeyOrArg]
+    ) -> Any:
+        """The record script and WAITAOF in one round trip, with a checked fsync.
+
+        EVALSHA goes on the pipeline by hand: a Script on a pipeline makes redis-py send
+        SCRIPT EXISTS first, a second round trip per record. On NOSCRIPT, EVAL with the source.
+        """
+        record = self.scripts.record
+        for command, script in (("EVALSHA", record.sha), ("EVAL", record.script)):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.execute_command(command, script, 3, *run_keys, *args)  # type: ignore[no-untyped-call]
+            pipe.execute_command("WAITAOF", 1, 0, 1000)  # type: ignore[no-untyped-call]
+            reply, synced = pipe.execute(raise_on_error=False)
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                continue
+            if isinstance(reply, Exception):
+                raise reply
+            if isinstance(synced, Exception) or int(synced[0]) < 1:
+                raise NotDurable(keys.run, str(args[1]), repr(synced))
+            return reply
+        raise NotDurable(keys.run, str(args[1]), "the server refused the record script")
+
+    def require_waitaof(self, url: str) -> None:
+        """Refuse record fsyncs at start on a server that cannot honour them.
+
+        Raises:
+            StoreUnsupported: the server has no WAITAOF or no append-only file.
+        """
+        try:
+            self.client.execute_command("WAITAOF", 1, 0, 100)  # type: ignore[no-untyped-call]
+        except redis.ResponseError as exc:
+            raise StoreUnsupported(
+                url,
+                f"fsync_records needs WAITAOF (Redis 7.2+ or Valkey with appendonly yes): {exc}",
+            ) from None
+
+    # -- a run's status ------------------------------------------------------------------
+
+    def close(
+        self,
+        keys: RunKeys,
+        holder: str,
+        fields: dict[str, Any],
+        now_ms: int,
+        due_ms: int | None,
+        unless_signal: str = "",
+        unless_cancelled: bool = False,
+    ) -> Closed:
+        """Save the run's status fields, index it and give the lease back (see ``close.lua``).
+
+        A field whose value is ``DELETE`` is removed. ``due_ms`` is when the run is due again;
+        None takes it out of the due index. ``now_ms`` is its score in the runs index.
+        """
+        sets: list[Any] = []
+        deletes = [name for name, value in fields.items() if value == DELETE]
+        for name, value in fields.items():
+            if value != DELETE:
+                sets += [name, value]
+        reply = self.scripts.close(
+            keys=[keys.lease, keys.meta, keys.signals, self.keyspace.runs, self.keyspace.due],
+            args=[
+                holder,
+                unless_signal,
+                "1" if unless_cancelled else "0",
+                keys.run,
+                now_ms,
+                "" if due_ms is None else due_ms,
+                len(sets) // 2,
+                *sets,
+                *deletes,
+            ],
+        )
+        return code("close", reply, Closed)
+
+    def cancel(self, keys: RunKeys, now_ms: int, reason: str) -> tuple[Cancelling, str]:
+        """Cancel now if nobody holds the run, else ask its holder; the ended status, if so.
+
+        A run cancelled now leaves the due index (a sweep must not wake it) and is re-scored
+        in the runs index.
+        """
+        reply = self.scripts.cancel(keys=[keys.lease, keys.meta], args=[now_ms, reason])
+        status = code("cancel", reply, Cancelling)
+        if status is Cancelling.CANCELLED:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zrem(self.keyspace.due, keys.run)
+            pipe.zadd(self.keyspace.runs, {keys.run: now_ms})
+            pipe.execute()
+        return status, _text(reply[1]) if status is Cancelling.ENDED else ""
+
+    def un_park(self, keys: RunKeys) -> bool:
+        """Clear a parked run's mark and stall count, if it is parked (WATCH, then MULTI)."""
+
+        def un_park(pipe: redis.client.Pipeline) -> bool:
+            if not pipe.hexists(keys.meta, "parked"):
+                return False
+            pipe.multi()
+            pipe.hdel(keys.meta, "parked", "last_error")
+            pipe.hset(keys.meta, "starts_without_progress", 0)
+            return True
+
+        parked = self.client.transaction(un_park, keys.meta, value_from_callable=True)  # type: ignore[arg-type]
+        return bool(parked)
+
+    def delete(self, keys: RunKeys) -> int:
+        """Remove every key of one run and its index entries; how many keys there were."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.delete(*keys.all())
+        pipe.zrem(self.keyspace.runs, keys.run)
+        pipe.zrem(self.keyspace.due, keys.run)
+        return int(pipe.execute()[0])
+
+    # -- effects ---------------------------------------------------------------------------
+
+    def effect_claim(
+        self,
+        keys: RunKeys,
+        holder: str,
+        effect: str,
+        fence: int,
+        timeout_ms: int,
+        process: str,
+        proved_dead: bool,
+    ) -> EffectClaim:
+        """Claim ``effect`` for this fence, unless an earlier claimant may still be acting."""
+        reply = self.scripts.effect_claim(
+            keys=[keys.lease, keys.effects],
+            args=[holder, effect, fence, timeout_ms, process, "1" if proved_dead else ""],
+        )
+        status = code("effect_claim", reply, EffectClaimed)
+        if status is EffectClaimed.CLAIMED:
+            return EffectClaim(status, resumed=bool(reply[1]), receipt=reply[2] or b"")
+        if status is EffectClaimed.CLAIMED_BY_EARLIER:
+            return EffectClaim(status, remaining_ms=int(reply[1]), process=reply[2])
+        return EffectClaim(status)
+
+    def effect_settle(
+        self, keys: RunKeys, holder: str, effect: str, fence: int, state: str, receipt: bytes
+    ) -> Settled:
+        """Settle this fence's claim: ``done`` with its receipt, or ``released``."""
+        reply = self.scripts.effect_settle(
+            keys=[keys.lease, keys.effects], args=[holder, effect, fence, state, receipt]
+        )
+        return code("effect_settle", reply, Settled)
+
+    # -- signals and the due index ----------------------------------------------------------
+
+    def signal(self, keys: RunKeys, name: str) -> bytes | None:
+        """The payload of signal ``name``, if it has arrived."""
+        return cast(bytes | None, self.client.hget(keys.signals, name))
+
+    def store_signal(self, keys: RunKeys, name: str, payload: bytes) -> bool:
+        """Store a signal, first wins; whether this payload was the one stored."""
+        return bool(self.client.hsetnx(keys.signals, name, payload))
+
+    def make_due(self, keys: RunKeys, at_ms: int) -> None:
+        """Put the run in the due index at ``at_ms`` (now, for a wake-up)."""
+        self.client.zadd(self.keyspace.due, {keys.run: at_ms})
+
+    def claim_due(self, now_ms: int, limit: int, rearm_at_ms: int) -> list[bytes]:
+        """Claim up to ``limit`` due runs, re-armed at ``rearm_at_ms`` (atomic across sweepers)."""
+        claimed: list[bytes] = self.scripts.claim_due(
+            keys=[self.keyspace.due], args=[now_ms, limit, rearm_at_ms]
+        )
+        return claimed
+
+    def forget_due(self, member: bytes) -> None:
+        """Drop an unreadable member from the due index."""
+        self.client.zrem(self.keyspace.due, member)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def meta(self, keys: RunKeys) -> dict[bytes, bytes]:
+        """The run's meta hash, raw."""
+        return cast(dict[bytes, bytes], self.client.hgetall(keys.meta))
+
+    def snapshot(self, keys: RunKeys) -> Snapshot:
+        """One consistent read of a run: meta, steps, lease and signals in one MULTI."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hgetall(keys.meta)
+        pipe.hgetall(keys.steps)
+        pipe.get(keys.lease)
+        pipe.pttl(keys.lease)
+        pipe.hgetall(keys.signals)
+        meta, steps, holder, ttl, signals = pipe.execute()
+        return Snapshot(meta, steps, holder, int(ttl), signals)
+
+    def journal(self, keys: RunKeys) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
+        """The run's meta and steps hashes, read together in one MULTI."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hgetall(keys.meta)
+        pipe.hgetall(keys.steps)
+        meta, steps = pipe.execute()
+        return meta, steps
+
+    def runs_page(self, start: int, count: int) -> list[tuple[bytes, float]]:
+        """Members of the runs index, newest first, from ``start``, with their scores."""
+        members = self.client.zrevrange(
+            self.keyspace.runs, start, start + count - 1, withscores=True
+        )
+        return cast(list[tuple[bytes, float]], members)
+
+    def metas(self, runs: Iterable[RunKeys], with_steps: bool) -> list[dict[bytes, bytes]]:
+        """Each run's meta (and, when asked, steps right after it), in one pipelined trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for keys in runs:
+            pipe.hgetall(keys.meta)
+            if with_steps:
+                pipe.hgetall(keys.steps)
+        replies: list[dict[bytes, bytes]] = pipe.execute()
+        return replies
+
+    # -- new runs from old ones -------------------------------------------------------------
+
+    def reserve(self, keys: RunKeys, origin: str) -> bool:
+        """Take a new run id for a copy of ``origin``: free if it has no steps and no meta."""
+        if self.client.exists(keys.steps):
+            return False
+        return bool(self.client.hsetnx(keys.meta, "forked_from", origin))
+
+    def write_copy(
+        self, keys: RunKeys, steps: dict[str, bytes], meta: dict[Any, Any], now_ms: int
+    ) -> None:
+        """Write a copied run's kept steps and its meta, and index it, in one MULTI."""
+        pipe = self.client.pipeline(transaction=True)
+        if steps:
+            pipe.hset(keys.steps, mapping=steps)  # type: ignore[arg-type]
+        pipe.hset(keys.meta, mapping=meta)
+        pipe.zadd(self.keyspace.runs, {keys.run: now_ms})
+        pipe.execute()
+
+    # -- the server ------------------------------------------------------------------------
+
+    def server_time(self) -> float:
+        """The server's clock (``TIME``), in seconds."""
+        seconds, micros = self.client.time()
+        return int(seconds) + int(micros) / 1e6
+
+
+def _text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
