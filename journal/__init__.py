@@ -30,8 +30,9 @@ from journal.errors import (
 from journal.keys import Keyspace, RunKeys, validate_run_id
 from journal.records import Record
 from journal.retry import RetryPolicy, RunRetry
+from journal.runner import Outcome, Settings
 from journal.steps import Run, StepEvent
-from journal.store import Journal, Outcome, Settings
+from journal.store import Journal
 from journal.waits import SignalResult, Suspend, Wait
 
 __all__ = [

@@ -37,8 +37,9 @@ from journal.errors import (
 )
 from journal.keys import RunKeys
 from journal.redact import redact_exception
+from journal.runner import Outcome
 from journal.steps import StepEvent
-from journal.store import Journal, Outcome, jitter
+from journal.store import Journal, jitter
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,9 @@ from typing import Any
 from journal import codec
 from journal.cancel import CANCEL_FIELD
 from journal.records import Record, decode_journal, ordered
+from journal.runner import decode_meta
 from journal.status import RunStatus
-from journal.store import Journal, decode_meta
+from journal.store import Journal
 from journal.waits import Wait
 
 # What an operator filters on: the stored status, refined where one word would mislead.

@@ -1,7 +1,9 @@
-"""The journal store: opens runs under a lease, runs workflows, and keeps the indexes.
+"""The journal: a handle on the runs kept in one Redis database, and what can be done to them.
 
 ``Journal.execute`` is the one way a workflow body runs, whether a Celery worker or a command
-line calls it, so both take the same lease, replay the same journal and leave the same meta.
+line calls it, so both take the same lease, replay the same journal and leave the same meta
+(the delivery itself is ``journal.runner``'s). The rest acts on runs from outside: signals,
+the due sweep's claim, un-parking, deleting.
 """
 
 from __future__ import annotations
@@ -15,84 +17,18 @@ from typing import Any, TypeVar
 import redis
 
 from journal import codec
-from journal.backend import DELETE, Closed, Opened, Opening, RedisBackend
-from journal.cancel import Cancelled
+from journal.backend import RedisBackend
 from journal.clock import Clock, SystemClock, millis
-from journal.errors import (
-    CorruptJournal,
-    GaveUp,
-    Hints,
-    JournalError,
-    LeaseLost,
-    RetryScheduled,
-    RunParked,
-    StoreUnavailable,
-)
+from journal.errors import Hints, StoreUnavailable
 from journal.keys import Keyspace, RunKeys
-from journal.lease import Found, Grant, Heartbeat, Lease
-from journal.redact import redact
-from journal.retry import RunRetry
+from journal.runner import Outcome, Runner, Settings, decode_meta, frozen_args
 from journal.status import RunStatus
 from journal.steps import Run, StepEvent
-from journal.waits import Suspend, Wait
+from journal.waits import Wait
 
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
-
-# A run's streak of transient failures, in its meta: kept until it succeeds or fails otherwise.
-STREAK = ("retry_at", "retry_until", "failing_since", "failures", "gave_up_at")
-
-
-@dataclass(frozen=True)
-class Settings:
-    """How runs are held and recovered.
-
-    Attributes:
-        lease_ttl: seconds a lease lives without renewal; a crashed holder's run is taken
-            over this long after it died.
-        recovery_grace: seconds after a lease's expiry before the due sweep re-enqueues the run.
-        rearm_after: seconds before the sweep looks again at a run it enqueued, in case that
-            message was lost.
-        max_stalled_starts: starts that died without recording anything before a run is parked.
-        fsync_records: wait for the local AOF fsync of every record (WAITAOF; Redis 7.2+, Valkey).
-        run_retry: which failures the due sweep retries, how often and for how long; by
-            default none.
-    """
-
-    lease_ttl: float = 30.0
-    recovery_grace: float = 5.0
-    rearm_after: float = 300.0
-    max_stalled_starts: int = 5
-    fsync_records: bool = False
-    run_retry: RunRetry = field(default_factory=RunRetry)
-
-    def __post_init__(self) -> None:
-        if self.lease_ttl < 0.3:
-            raise ValueError(f"lease_ttl={self.lease_ttl}: must be at least 0.3 s")
-        if self.max_stalled_starts < 1:
-            raise ValueError("max_stalled_starts must be at least 1")
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How one execution ended (failures raise instead).
-
-    Attributes:
-        status: ``done`` (the body returned now), ``already-done`` (it had returned before and
-            did not run), ``waiting`` (the run suspended), or ``cancelled`` (an operator
-            cancelled it, now or before).
-        result: the body's return value (for ``already-done``, the one it returned then).
-        wait: what a waiting run waits for.
-        ran: steps executed in this attempt; replayed: steps replayed from the journal.
-    """
-
-    run: str
-    status: str
-    result: Any = None
-    wait: Wait | None = None
-    ran: int = 0
-    replayed: int = 0
 
 
 @dataclass
@@ -108,6 +44,7 @@ class Journal:
 
     def __post_init__(self) -> None:
         self.backend = RedisBackend(self.client, self.keyspace)
+        self.runner = Runner(self)
         if self.settings.fsync_records:
             self.call(self.backend.require_waitaof, self.url)
 
@@ -151,306 +88,7 @@ class Journal:
             GaveUp: the same, once the retry deadline has passed: the run is failed for good.
             Exception: whatever else ``body`` raised, after the run was marked failed.
         """
-        keys = self.keys(workflow, run_id)
-        lease = self._lease(keys)
-        opening = self._opening(args, delivered)
-        taken = self.call(lease.open, millis(self.clock.now()), opening)
-        if isinstance(taken, Found):
-            return self._found(keys, taken)
-        grant = taken
-        try:
-            if grant.status is Opened.STALLED:
-                self._park(keys, grant.holder, grant.starts_without_progress - 1)
-            if grant.status is Opened.CANCEL_PENDING:  # its holder died before it could stop
-                self._cancel(keys, grant.holder)
-                return Outcome(keys.run, "cancelled")
-            current = decode_meta(keys.run, _pairs(grant.meta))
-            frozen = self._frozen_args(keys, current)
-            # As it was before the start cleared it: a retry wait carries its attempt count.
-            waited = Wait.from_meta(keys.run, current["wait"]) if current.get("wait") else None
-            run, heartbeat = self._open(keys, grant, on_step, lease, waited)
-            run.args = dict(frozen if frozen is not None else args or {})
-        except BaseException:
-            self.call(lease.release, grant.holder)
-            raise
-        return self._drive(keys, grant.holder, run, heartbeat, body)
-
-    def _lease(self, keys: RunKeys) -> Lease:
-        """A new holder's lease on the run; its renewals keep the run due past its expiry."""
-        ttl = millis(self.settings.lease_ttl)
-        return Lease(keys, self.backend, ttl, due_after_ms=self._due_ms)
-
-    def _opening(self, args: dict[str, Any] | None, delivered: bool = False) -> Opening:
-        """What ``open.lua`` does besides taking the lease, for these arguments."""
-        return Opening(
-            max_stalled_starts=self.settings.max_stalled_starts,
-            due_at_ms=self._due_ms(),
-            args=b"" if args is None else codec.dumps(args),
-            count_delivery=delivered,
-        )
-
-    def _found(self, keys: RunKeys, found: Found) -> Outcome:
-        """The outcome of an opening that found the run not to be started.
-
-        Raises:
-            RunParked: the run kept dying at start and was set aside.
-            CorruptJournal: its stored wait is not one this library wrote.
-        """
-        if found.status is Opened.BAD_WAIT:
-            Wait.from_meta(keys.run, found.detail)
-            raise CorruptJournal(keys.run, "meta.wait", "not a wait this library wrote")
-        meta = decode_meta(keys.run, _pairs(found.detail))
-        if found.status is Opened.PARKED:
-            raise RunParked(
-                keys.run, _count(keys, meta, "starts_without_progress"), self.hints.parked
-            )
-        # Ended: the opening took it out of the due index, whatever had put it back there (an
-        # older version, a hand-made ZADD), so the sweep stops delivering it.
-        if meta.get("status") == RunStatus.CANCELLED:
-            return Outcome(keys.run, "cancelled")
-        return Outcome(keys.run, "already-done", self._decode_meta(keys, meta, "outcome"))
-
-    def _open(
-        self,
-        keys: RunKeys,
-        grant: Grant,
-        on_step: Callable[[StepEvent], None] | None,
-        lease: Lease,
-        wait: Wait | None,
-    ) -> tuple[Run, Heartbeat]:
-        holder = grant.holder
-        flat = iter(grant.steps)  # one pass, one dict: a journal may hold 10,000 steps
-        recorded = {field.decode(): value for field, value in zip(flat, flat, strict=True)}
-        heartbeat = Heartbeat(lease, holder, grant.confirmed_at)
-        run = Run(
-            backend=self.backend,
-            keys=keys,
-            holder=holder,
-            fence=grant.fence,
-            clock=self.clock,
-            recorded=recorded,
-            guard=heartbeat,
-            retry_state=wait if wait is not None and wait.kind == "retry" else None,
-            on_step=on_step,
-            fsync_records=self.settings.fsync_records,
-        )
-        heartbeat.start()
-        return run, heartbeat
-
-    def _drive(
-        self,
-        keys: RunKeys,
-        holder: str,
-        run: Run,
-        heartbeat: Heartbeat,
-        body: Callable[[Run], R],
-    ) -> Outcome:
-        try:
-            while True:
-                try:
-                    result = body(run)
-                except Suspend as suspend:
-                    if self._suspend(keys, holder, suspend.wait, heartbeat):
-                        return Outcome(
-                            keys.run, "waiting", None, suspend.wait, run.ran, run.replayed
-                        )
-                    continue  # the signal it waits for arrived meanwhile: replay and go on
-                break
-        except Cancelled:
-            heartbeat.stop()
-            self._cancel(keys, holder)
-            return Outcome(keys.run, "cancelled", None, None, run.ran, run.replayed)
-        except (LeaseLost, StoreUnavailable):
-            heartbeat.stop()
-            raise
-        except (redis.ConnectionError, redis.TimeoutError) as down:
-            # The store went away under a step: not the run's failure, and nothing could be
-            # saved anyway. StoreUnavailable lets the delivery retry once the store is back.
-            heartbeat.stop()
-            raise StoreUnavailable(
-                self.url, str(down) or type(down).__name__, self.hints.store_down
-            ) from down
-        except Exception as error:
-            heartbeat.stop()
-            verdict = self._fail(keys, holder, error)
-            if verdict is not None:
-                raise verdict from error
-            raise
-        except BaseException:
-            heartbeat.stop()  # interpreter exit: behave like a crash, the lease expires
-            raise
-        heartbeat.stop()
-        self._finish(keys, holder, result)
-        return Outcome(keys.run, "done", result, None, run.ran, run.replayed)
-
-    # -- closing transitions, each one fenced script that also indexes and releases ---------
-
-    def _close(
-        self,
-        keys: RunKeys,
-        holder: str,
-        fields: dict[str, Any],
-        now_ms: int,
-        due_ms: int | None,
-        unless_signal: str = "",
-        unless_cancelled: bool = False,
-    ) -> Closed:
-        """Save the run's status, index it and give the lease back, in one round trip.
-
-        ``due_ms`` is when the run is due again (a wake-up, a retry); None takes it out of the
-        due index. ``now_ms`` is its score in the runs index.
-
-        Returns:
-            Closed; or the signal ``unless_signal`` had arrived, or a cancel is pending (for
-            ``unless_cancelled``): nothing written, the lease still held.
-
-        Raises:
-            LeaseLost: the lease had expired or passed on; nothing was written.
-        """
-        close = self.backend.close
-        status: Closed = self.call(
-            close, keys, holder, fields, now_ms, due_ms, unless_signal, unless_cancelled
-        )
-        if status < 0:
-            raise LeaseLost(keys.run, "the lease was lost before the run's status could be saved")
-        return status
-
-    def _due_ms(self) -> int:
-        """When a running run is due again should its holder die: lease expiry plus a grace."""
-        return millis(self.clock.now() + self.settings.lease_ttl + self.settings.recovery_grace)
-
-    def _suspend(self, keys: RunKeys, holder: str, wait: Wait, heartbeat: Heartbeat) -> bool:
-        now = millis(self.clock.now())
-        fields = {
-            "status": RunStatus.WAITING,
-            "wait": codec.dumps(wait.to_json()),
-            "starts_without_progress": 0,
-            "updated_at": now,
-        }
-        due = None if wait.until is None else millis(wait.until)
-        # No renewal in between: once the lease is given back, one would report it lost.
-        with heartbeat.paused():
-            signal = wait.signal or ""
-            written = self._close(
-                keys, holder, fields, now, due, unless_signal=signal, unless_cancelled=True
-            )
-            if written is Closed.CLOSED:
-                heartbeat.stop(join=False)
-        if written is Closed.CANCEL_PENDING:
-            raise Cancelled(keys.run)  # cancelled while about to wait: not worth waiting for
-        if written is Closed.SIGNAL_ARRIVED:
-            return False
-        heartbeat.stop()
-        return True
-
-    def _finish(self, keys: RunKeys, holder: str, result: Any) -> None:
-        now = millis(self.clock.now())
-        fields = {
-            "status": RunStatus.DONE,
-            "outcome": codec.dumps(result),
-            "finished_at": now,
-            "updated_at": now,
-            "starts_without_progress": 0,
-            "wait": DELETE,
-            "last_error": DELETE,
-            **dict.fromkeys(STREAK, DELETE),
-        }
-        self._close(keys, holder, fields, now, None)
-
-    def _fail(self, keys: RunKeys, holder: str, error: BaseException) -> JournalError | None:
-        """Record a failure; a transient one stays in the due index for the sweep to retry.
-
-        Returns:
-            ``RetryScheduled`` or ``GaveUp``, for the caller to raise in the error's place; or
-            None when the error itself is the run's final word.
-        """
-        now = self.clock.now()
-        described = redact(f"{type(error).__name__}: {error}")
-        fields: dict[str, Any] = {
-            "status": RunStatus.FAILED,
-            "last_error": described,
-            "updated_at": millis(now),
-            "starts_without_progress": 0,
-            "wait": DELETE,
-            **dict.fromkeys(STREAK, DELETE),
-        }
-        verdict: JournalError | None = None
-        retry_at: float | None = None
-        policy = self.settings.run_retry
-        try:
-            if policy.retries(error):
-                since, failures = self._streak(keys, now)
-                deadline = since + policy.give_up_after
-                fields |= {"failing_since": millis(since), "failures": failures}
-                if now < deadline:
-                    retry_at = min(now + policy.delay(failures), deadline)
-                    fields |= {
-                        "status": RunStatus.RETRYING,
-                        "retry_at": millis(retry_at),
-                        "retry_until": millis(deadline),
-                    }
-                    verdict = RetryScheduled(keys.run, described, retry_at, deadline)
-                else:
-                    fields["gave_up_at"] = millis(now)
-                    verdict = GaveUp(keys.run, described, failures, since)
-            due = None if retry_at is None else millis(retry_at)
-            self._close(keys, holder, fields, millis(now), due)
-        except (LeaseLost, StoreUnavailable):
-            log.warning("run %s failed (%s) and its status could not be saved", keys.run, error)
-            return None
-        # Not logged here: the caller reports it (a worker logs it, a command line prints it).
-        return verdict
-
-    def _streak(self, keys: RunKeys, now: float) -> tuple[float, int]:
-        """When the run's streak of transient failures began, and its length with this one.
-
-        A run that gave up, or whose streak fields are unreadable, starts a new streak: a
-        deliberate start after giving up earns a full retry window again.
-        """
-        meta = self.meta(keys)
-        if "gave_up_at" in meta:
-            return now, 1
-        try:
-            since = int(meta["failing_since"]) / 1000
-            failures = int(meta["failures"])
-        except (KeyError, ValueError):
-            return now, 1
-        return since, failures + 1
-
-    def _cancel(self, keys: RunKeys, holder: str) -> None:
-        now = millis(self.clock.now())
-        fields = {
-            "status": RunStatus.CANCELLED,
-            "finished_at": now,
-            "updated_at": now,
-            "starts_without_progress": 0,
-            "wait": DELETE,
-        }
-        self._close(keys, holder, fields, now, None)
-
-    def _park(self, keys: RunKeys, holder: str, starts: int) -> None:
-        now = millis(self.clock.now())
-        fields = {
-            "status": RunStatus.FAILED,
-            "parked": "1",
-            "last_error": str(RunParked(keys.run, starts, self.hints.parked)),
-            # The parking start itself ran nothing: count only the ones that died, so every
-            # later refusal (read back from here) names the same number as last_error.
-            "starts_without_progress": starts,
-            "updated_at": now,
-        }
-        self._close(keys, holder, fields, now, None)
-        raise RunParked(keys.run, starts, self.hints.parked)
-
-    def _decode_meta(self, keys: RunKeys, meta: dict[str, str], name: str) -> Any:
-        raw = meta.get(name)
-        return None if raw is None else codec.loads_field(keys.run, f"meta.{name}", raw)
-
-    def _frozen_args(self, keys: RunKeys, meta: dict[str, str]) -> dict[str, Any] | None:
-        args = self._decode_meta(keys, meta, "args")
-        if args is not None and not isinstance(args, dict):
-            raise CorruptJournal(keys.run, "meta.args", "not a JSON object")
-        return args
+        return self.runner.execute(self.keys(workflow, run_id), body, args, on_step, delivered)
 
     # -- operations on runs from outside ---------------------------------------------------
 
@@ -520,7 +158,7 @@ class Journal:
 
     def run_args(self, keys: RunKeys) -> dict[str, Any]:
         """The arguments a run was delivered with, for re-enqueueing it."""
-        return self._frozen_args(keys, self.meta(keys)) or {}
+        return frozen_args(keys, self.meta(keys)) or {}
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call a Redis operation, turning a lost connection into ``StoreUnavailable``."""
@@ -530,35 +168,6 @@ class Journal:
             raise StoreUnavailable(
                 self.url, str(exc) or type(exc).__name__, self.hints.store_down
             ) from exc
-
-
-def _pairs(flat: list[Any]) -> dict[Any, Any]:
-    """A hash a script returned as a flat field, value list, as a dict."""
-    return dict(zip(flat[::2], flat[1::2], strict=True))
-
-
-def decode_meta(run: str, raw: dict[bytes, bytes]) -> dict[str, str]:
-    """A meta hash as text; a field that is not UTF-8 was not written by this library.
-
-    Raises:
-        CorruptJournal: naming the field, so the operator can repair or delete just that one.
-    """
-    meta: dict[str, str] = {}
-    for name, value in raw.items():
-        field = name.decode("utf-8", errors="replace")
-        try:
-            meta[field] = value.decode()
-        except UnicodeDecodeError as exc:
-            raise CorruptJournal(run, f"meta.{field}", f"not UTF-8: {exc}") from None
-    return meta
-
-
-def _count(keys: RunKeys, meta: dict[str, str], name: str) -> int:
-    """A counter kept in meta, refused by name when it is not one."""
-    raw = meta.get(name, "0")
-    if not raw.isdigit():
-        raise CorruptJournal(keys.run, f"meta.{name}", f"{raw[:40]!r} is not a count")
-    return int(raw)
 
 
 def jitter(seconds: float, spread: float = 0.2) -> float:

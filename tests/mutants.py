@@ -401,10 +401,10 @@ MUTANTS = (
     ),
     # -- the store: status writes, parking, Redis lost
     python(
-        "store", "a lost lease at a status write is ignored", "if status < 0:", "if status < -2:"
+        "runner", "a lost lease at a status write is ignored", "if status < 0:", "if status < -2:"
     ),
     python(
-        "store",
+        "runner",
         "a suspension keeps the stall count",
         '"wait": codec.dumps(wait.to_json()),\n            "starts_without_progress": 0,',
         '"wait": codec.dumps(wait.to_json()),',
@@ -416,7 +416,7 @@ MUTANTS = (
         "",
     ),
     python(
-        "store",
+        "runner",
         "Redis lost under a step fails the run",
         "except (redis.ConnectionError, redis.TimeoutError) as down:",
         "except redis.TimeoutError as down:",

@@ -149,9 +149,9 @@ def test_an_opening_refuses_an_unreadable_wait_and_writes_nothing(
     journal.execute("wf", "r1", lambda run: run.sleep("nap", 60))
     journal.client.hset(keys.meta, "wait", b'{"kind": "sleep"}')  # no step
     before = journal.client.hgetall(keys.meta)
-    opening = journal._opening(None)
+    opening = journal.runner._opening(None)
 
-    found = journal._lease(keys).open(millis(T0), opening)
+    found = journal.runner._lease(keys).open(millis(T0), opening)
 
     assert found == Found(Opened.BAD_WAIT, '{"kind": "sleep"}')
     assert journal.client.hgetall(keys.meta) == before
@@ -159,8 +159,8 @@ def test_an_opening_refuses_an_unreadable_wait_and_writes_nothing(
 
 
 def test_a_renewal_pushes_the_run_due_past_its_new_expiry(journal: Journal, keys: RunKeys) -> None:
-    held = journal._lease(keys)
-    grant = held.open(millis(T0), journal._opening(None))
+    held = journal.runner._lease(keys)
+    grant = held.open(millis(T0), journal.runner._opening(None))
     assert isinstance(grant, Grant)
     first = journal.client.zscore(journal.keyspace.due, keys.run)
     journal.clock.advance(7)  # type: ignore[attr-defined]

@@ -15,7 +15,7 @@ import pytest
 from journal import GaveUp, Journal, ManualClock, RetryScheduled, Run, RunRetry
 from journal.clock import millis
 from journal.inspect import inspect_run
-from journal.store import STREAK
+from journal.runner import STREAK
 
 T0 = 1_800_000_000.0
 MakeJournal = Callable[..., Journal]

@@ -118,13 +118,15 @@ class Schedules(RuleBasedStateMachine):
             worker.stop()
 
     def _start(self, worker: Worker, _: bool) -> None:
-        lease = self.journal._lease(self.keys)
-        taken = lease.open(millis(self.clock.now()), self.journal._opening({}))
+        lease = self.journal.runner._lease(self.keys)
+        taken = lease.open(millis(self.clock.now()), self.journal.runner._opening({}))
         if isinstance(taken, Found):
             return  # already-done: the opening found it ended and took nothing
         worker.lease, worker.holder, worker.fence = lease, taken.holder, taken.fence
         self.actor = taken.fence
-        worker.run, worker.heartbeat = self.journal._open(self.keys, taken, None, lease, None)
+        worker.run, worker.heartbeat = self.journal.runner._open(
+            self.keys, taken, None, lease, None
+        )
         worker.phase = 1
 
     def _s0(self, worker: Worker, _: bool) -> None:
@@ -167,7 +169,7 @@ class Schedules(RuleBasedStateMachine):
     def _finish(self, worker: Worker, _: bool) -> None:
         assert worker.heartbeat is not None
         worker.heartbeat.stop()
-        self.journal._finish(self.keys, worker.holder, "done")
+        self.journal.runner._finish(self.keys, worker.holder, "done")
         worker.stop()
 
     @rule(w=st.integers(0, WORKERS - 1))

@@ -28,7 +28,8 @@ from journal import (
 from journal.cancel import CANCEL_FIELD
 from journal.clock import millis
 from journal.control import cancel
-from journal.store import decode_meta, jitter
+from journal.runner import decode_meta
+from journal.store import jitter
 
 T0 = 1_800_000_000.0
 MakeJournal = Callable[..., Journal]

@@ -18,6 +18,7 @@ from journal import Journal, ManualClock, Run, SignalResult, Suspend, Wait
 from journal.clock import millis
 from journal.inspect import inspect_run
 from journal.keys import RunKeys
+from journal.runner import Runner
 
 T0 = 1_800_000_000.0
 MakeJournal = Callable[..., Journal]
@@ -303,7 +304,7 @@ def test_a_signal_between_the_check_and_the_suspension_is_taken_at_once(
     assert due_ms(journal, keys) is None
 
 
-class SignalAfterWaitIsRecorded(Journal):
+class SignalAfterWaitIsRecorded(Runner):
     """Delivers the signal right after the wait is recorded and the lease given back."""
 
     def _close(
@@ -313,7 +314,7 @@ class SignalAfterWaitIsRecorded(Journal):
             keys, holder, fields, now_ms, due_ms, unless_signal, unless_cancelled
         )
         if fields.get("status") == "waiting":
-            assert self.send_signal(keys.workflow, keys.run_id, "approval", "late") is True
+            assert self.journal.send_signal(keys.workflow, keys.run_id, "approval", "late") is True
         return status
 
 
@@ -321,9 +322,10 @@ class SignalAfterWaitIsRecorded(Journal):
 def test_a_signal_right_after_the_wait_is_recorded_still_wakes_the_run(
     journal: Journal, clock: ManualClock, timeout: float | None
 ) -> None:
-    racy = SignalAfterWaitIsRecorded(
+    racy = Journal(
         journal.client, keyspace=journal.keyspace, settings=journal.settings, clock=clock
     )
+    racy.runner = SignalAfterWaitIsRecorded(racy)
     keys = journal.keys("wf", "r1")
     _, body = waiter(timeout=timeout)
 
