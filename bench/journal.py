@@ -214,6 +214,11 @@ def appendfsync(client: redis.Redis) -> str:
     return config.get("appendfsync", "unknown")
 
 
+def returning(value: object) -> Callable[[], object]:
+    """A step body that returns ``value``; a lambda made in a loop would see the last value."""
+    return lambda: value
+
+
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -243,7 +248,7 @@ def measure_writes(journal: Journal, run_id: str) -> list[Row]:
             journal.scripts.record(keys=record_keys, args=[run.holder, f"direct:{i}", encoded])
             script.append(clock() - started)
             started = clock()
-            run.step(f"s{i}", lambda r=result: r)
+            run.step(f"s{i}", returning(result))
             step.append(clock() - started)
 
     before = command_stats(client)
@@ -297,8 +302,10 @@ def populate(journal: Journal, run_id: str, steps: int) -> list[str]:
     keys = journal.keys("bench", run_id)
     order = [f"s{i}" for i in range(steps)]
     for start in range(0, steps, 1000):
-        chunk = {f"s{i}": stored_record(i) for i in range(start, min(start + 1000, steps))}
-        journal.client.hset(keys.steps, mapping=chunk)
+        journal.client.hset(
+            keys.steps,
+            mapping={f"s{i}": stored_record(i) for i in range(start, min(start + 1000, steps))},
+        )
     return order
 
 
@@ -357,7 +364,7 @@ def profile(journal: Journal) -> str:
     def body(run: Run) -> None:
         profiler.enable()
         for i, result in enumerate(results):
-            run.step(f"s{i}", lambda r=result: r)
+            run.step(f"s{i}", returning(result))
         profiler.disable()
 
     journal.execute("bench", "profile-record", body)
