@@ -214,6 +214,11 @@ def appendfsync(client: redis.Redis) -> str:
     return config.get("appendfsync", "unknown")
 
 
+def returning(value: object) -> Callable[[], object]:
+    """A step body that returns ``value``; a lambda made in a loop would see the last value."""
+    return lambda: value
+
+
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -245,7 +250,7 @@ def measure_writes(journal: Journal, run_id: str) -> list[Row]:
             )
             script.append(clock() - started)
             started = clock()
-            run.step(f"s{i}", lambda r=result: r)
+            run.step(f"s{i}", returning(result))
             step.append(clock() - started)
 
     before = command_stats(client)
@@ -299,8 +304,10 @@ def populate(journal: Journal, run_id: str, steps: int) -> list[str]:
     keys = journal.keys("bench", run_id)
     order = [f"s{i}" for i in range(steps)]
     for start in range(0, steps, 1000):
-        chunk = {f"s{i}": stored_record(i) for i in range(start, min(start + 1000, steps))}
-        journal.client.hset(keys.steps, mapping=chunk)
+        journal.client.hset(
+            keys.steps,
+            mapping={f"s{i}": stored_record(i) for i in range(start, min(start + 1000, steps))},
+        )
     return order
 
 
@@ -310,10 +317,10 @@ def open_and_replay(
     """What opening a run does (the opening script, which returns its journal), then every
     step replayed; and how to give the lease back, outside what is timed."""
     keys = journal.keys("bench", run_id)
-    lease = journal._lease(keys)
-    grant = lease.open(millis(journal.clock.now()), journal._opening(None))
+    lease = journal.runner._lease(keys)
+    grant = lease.open(millis(journal.clock.now()), journal.runner._opening(None))
     assert isinstance(grant, Grant) and grant.status == 1, grant
-    run, heartbeat = journal._open(keys, grant, None, lease, None)
+    run, heartbeat = journal.runner._open(keys, grant, None, lease, None)
     for key in order:
         run.step(key, _never)
     heartbeat.stop()
@@ -359,7 +366,7 @@ def profile(journal: Journal) -> str:
     def body(run: Run) -> None:
         profiler.enable()
         for i, result in enumerate(results):
-            run.step(f"s{i}", lambda r=result: r)
+            run.step(f"s{i}", returning(result))
         profiler.disable()
 
     journal.execute("bench", "profile-record", body)

@@ -27,6 +27,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from statistics import median
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 _ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench"]
@@ -78,11 +82,11 @@ def worker(concurrency: int) -> Iterator[subprocess.Popen[bytes]]:
                 proc.wait()
 
 
-def run_batch(app: object, client: redis.Redis, kind: str, runs: int) -> float:
+def run_batch(app: Celery, client: redis.Redis, kind: str, runs: int) -> float:
     """Enqueue ``runs`` runs of ``kind`` and wait for every result; runs per second."""
     ids = [f"{kind}-{uuid.uuid4().hex[:12]}" for _ in range(runs)]
     started = time.perf_counter()
-    results = [app.send_task(TASKS[kind], args=[run_id]) for run_id in ids]  # type: ignore[attr-defined]
+    results = [app.send_task(TASKS[kind], args=[run_id]) for run_id in ids]
     keys = [f"celery-task-meta-{result.id}" for result in results]
     deadline = time.monotonic() + 300
     pending = keys
@@ -135,7 +139,7 @@ def dbos_workflow(directory: Path) -> Callable[[int], float] | None:
     return batch
 
 
-def _final(state: bytes | None) -> bool:
+def _final(state: bytes | str | None) -> bool:
     return state is not None and orjson.loads(state)["status"] in ("SUCCESS", "FAILURE")
 
 
@@ -208,9 +212,9 @@ def main(argv: list[str] | None = None) -> None:
     started = time.monotonic()
     with throwaway_server() as urls:
         info = redis.Redis.from_url(urls[0]).info("server")
-        parser = "hiredis" if HIREDIS_AVAILABLE else "pure-Python parser"
+        reader = "hiredis" if HIREDIS_AVAILABLE else "pure-Python parser"
         version = info.get("valkey_version", info["redis_version"])
-        print(f"valkey {version}, one throwaway server; redis-py with {parser}")
+        print(f"valkey {version}, one throwaway server; redis-py with {reader}")
         print(f"{args.rounds} rounds x {args.runs} runs of each kind, {args.concurrency} processes")
         report(measure(urls, args.rounds, args.runs, args.concurrency))
     print(f"\n{time.monotonic() - started:.1f}s")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -99,6 +100,11 @@ def hand(run_id: str) -> int:
     return STEPS
 
 
+def returning(value: int) -> Callable[[], int]:
+    """A step body that returns ``value``; a lambda made in a loop would see the last value."""
+    return lambda: value
+
+
 durable = Durable(app, journal)
 
 
@@ -106,5 +112,5 @@ durable = Durable(app, journal)
 def ten_steps(run: Run) -> int:
     """The same ten steps through the journal: replayable, indexed, fenced."""
     for i in range(STEPS):
-        run.step(f"s{i}", lambda i=i: i)
+        run.step(f"s{i}", returning(i))
     return STEPS

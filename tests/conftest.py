@@ -17,13 +17,17 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 
 import fakeredis
 import pytest
 import redis
 
-from journal import Journal, Keyspace, Settings
+from journal import Clock, Journal, Keyspace, RunRetry, Settings, SystemClock
+
+if TYPE_CHECKING:
+    from tests.support import Deployment, ThrowawayValkeys
 
 pytest_plugins = ["tests.fakes.anthropic_server", "tests.fakes.gated"]
 
@@ -64,6 +68,25 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     _watch["on"] = False
     if _spawned:
         pytest.fail(f"this test started a process ({_spawned[0]}): mark it slow", pytrace=False)
+
+
+class SettingsFields(TypedDict, total=False):
+    """The fields of ``Settings`` a test may set; the rest keep their defaults."""
+
+    lease_ttl: float
+    recovery_grace: float
+    rearm_after: float
+    max_stalled_starts: int
+    fsync_records: bool
+    run_retry: RunRetry
+
+
+class MakeJournal(Protocol):
+    """The ``make_journal`` fixture: a journal on the test's store and prefix."""
+
+    def __call__(
+        self, *, clock: Clock | None = None, **settings: Unpack[SettingsFields]
+    ) -> Journal: ...
 
 
 def _drop_prefix(client: redis.Redis, prefix: str) -> None:
@@ -122,22 +145,20 @@ def store(request: pytest.FixtureRequest, prefix: str) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def make_journal(store: redis.Redis, prefix: str):  # type: ignore[no-untyped-def]
-    def make(**settings: object) -> Journal:
-        clock = settings.pop("clock", None)
-        kwargs = {"clock": clock} if clock is not None else {}
+def make_journal(store: redis.Redis, prefix: str) -> MakeJournal:
+    def make(*, clock: Clock | None = None, **settings: Unpack[SettingsFields]) -> Journal:
         return Journal(
             store,
             keyspace=Keyspace(prefix),
             settings=Settings(**settings),
-            **kwargs,  # type: ignore[arg-type]
+            clock=clock if clock is not None else SystemClock(),
         )
 
     return make
 
 
 @pytest.fixture
-def deployment(tmp_path):  # type: ignore[no-untyped-def]
+def deployment(tmp_path: Path) -> Iterator[Deployment]:
     """An isolated deployment (own embedded server, own prefix), torn down after the test."""
     from tests.support import Deployment
 
@@ -147,7 +168,7 @@ def deployment(tmp_path):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def throwaway_valkeys(tmp_path):  # type: ignore[no-untyped-def]
+def throwaway_valkeys(tmp_path: Path) -> Iterator[ThrowawayValkeys]:
     """Valkey servers configured by the test, killed after it."""
     from tests.support import ThrowawayValkeys
 

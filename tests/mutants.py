@@ -47,7 +47,8 @@ WAIT_TESTS = (
     "::test_one_interruption_before_any_command_keeps_the_invariants_on_fakeredis",
 )
 # Stop at the first failure and name it; a mutant that hangs a test fails it in 30 s.
-PYTEST = ("-m", "pytest", "-x", "-q", "-rf", "-m", "not slow", "-p", "no:cacheprovider")
+PYTEST: tuple[str, ...] = ("-m", "pytest", "-x", "-q", "-rf", "-m", "not slow")
+PYTEST += ("-p", "no:cacheprovider")
 PYTEST += ("-o", "timeout=30")
 
 

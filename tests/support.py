@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import redis
@@ -52,6 +52,25 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, every: f
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(every)
+
+
+T = TypeVar("T")
+
+
+def returning(value: T) -> Callable[[], T]:
+    """A step body that returns ``value``; a lambda made in a loop would see the last value."""
+    return lambda: value
+
+
+def as_bytes(value: bytes | str | None) -> bytes:
+    """A value read back by a test's client, which never decodes replies: bytes, or fail."""
+    assert isinstance(value, bytes), f"expected bytes from Redis, got {value!r}"
+    return value
+
+
+def as_text(value: bytes | str | None) -> str:
+    """A key, field or value read back by a test's client, as text."""
+    return as_bytes(value).decode()
 
 
 Event = tuple[str, str, float]

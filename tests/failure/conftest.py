@@ -1,7 +1,8 @@
 """The failure suite's shared pieces: a deployment wired to the fake model API, and readers
 of what a run left behind (journal, outbox, Celery results, worker logs).
 
-Other failure tests import these names; they stay stable.
+Other failure tests import these names, and the constants re-exported (``name as name``)
+from ``tests.support``; they stay stable.
 """
 
 from __future__ import annotations
@@ -12,21 +13,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.support import (  # noqa: F401 - re-exported to the scenarios
-    CALLS,
-    JOURNAL,
-    ROOT,
-    RUN,
-    TITLES,
-    WEEK,
-    Deployment,
-    Worker,
-    wait_until,
-)
+from tests.support import CALLS as CALLS
+from tests.support import JOURNAL as JOURNAL
+from tests.support import ROOT as ROOT
+from tests.support import RUN as RUN
+from tests.support import TITLES, Deployment, Worker
+from tests.support import WEEK as WEEK
+from tests.support import wait_until as wait_until
 
 ITEMS = len(WEEK)
 
@@ -95,6 +93,13 @@ def task_result(deployment: Deployment, task_id: str) -> dict[str, object]:
     assert raw is not None, f"no result stored for task {task_id}"
     result: dict[str, object] = json.loads(raw)
     return result
+
+
+def task_returned(deployment: Deployment, task_id: str) -> dict[str, Any]:
+    """What a digest task returned, from its stored result: its report, always a dict."""
+    returned = task_result(deployment, task_id)["result"]
+    assert isinstance(returned, dict), f"task {task_id} returned {returned!r}"
+    return returned
 
 
 def task_state(deployment: Deployment, task_id: str) -> str:

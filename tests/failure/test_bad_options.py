@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.failure.conftest import RUN, task_result, wait_until
+from tests.failure.conftest import RUN, task_result, task_returned, wait_until
 from tests.support import ROOT, Deployment
 
 pytestmark = pytest.mark.slow
@@ -46,7 +46,7 @@ def test_bad_options_are_refused_in_one_line_and_nothing_is_frozen(
 ) -> None:
     deployment.env.update(DIGEST_OFFLINE="1")
     worker = deployment.worker("a", concurrency=1)
-    cases = {
+    cases: dict[str, tuple[dict[str, object], str]] = {
         "dry_run": ({"dry_run": True}, "got an unexpected keyword argument 'dry_run'"),
         "unknown": ({"colour": "red"}, "got an unexpected keyword argument 'colour'"),
         "ill-typed": ({"approval": "yes"}, "approval='yes' is not bool | None"),
@@ -69,7 +69,7 @@ def test_bad_options_are_refused_in_one_line_and_nothing_is_frozen(
 
     good = enqueue(deployment)
     wait_until(lambda: deployment.view(RUN).status == "done", 30, "the proper delivery")
-    assert task_result(deployment, good)["result"]["status"] == "done"  # type: ignore[index]
+    assert task_returned(deployment, good)["status"] == "done"
     assert len(deployment.outbox()) == 1
     assert json.loads(deployment.view(RUN).meta["args"]) == {
         "to": "team@example.com",

@@ -17,7 +17,7 @@ import pytest
 
 from tasks.keys import DigestKeys
 from tasks.schedule import run_ids_due
-from tests.support import ROOT, Deployment, wait_until
+from tests.support import ROOT, Deployment, as_bytes, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +47,7 @@ def test_a_dispatcher_killed_between_claim_and_publish_loses_no_week(
 
     crashed = dispatch(deployment, CRASH="dispatch:before-publish")
     assert crashed.returncode == 137, crashed.stderr
-    assert (client.get(marker) or b"").startswith(b"claimed by ")
+    assert as_bytes(client.get(marker) or b"").startswith(b"claimed by ")
     time.sleep(2)
     assert deployment.view(week).status == "new"  # nothing was published
 
@@ -55,7 +55,7 @@ def test_a_dispatcher_killed_between_claim_and_publish_loses_no_week(
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip() == f"['{week}']"
     wait_until(lambda: deployment.view(week).status == "done", 30, "the week to be sent")
-    assert not (client.get(marker) or b"").startswith(b"claimed by ")
+    assert not as_bytes(client.get(marker) or b"").startswith(b"claimed by ")
 
     third = dispatch(deployment)
     assert third.stdout.strip() == "[]"

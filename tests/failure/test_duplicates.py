@@ -20,7 +20,7 @@ from tests.failure.conftest import (
     intro_calls,
     log_problems,
     summary_calls,
-    task_result,
+    task_returned,
     task_state,
     wait_for_status,
 )
@@ -71,10 +71,10 @@ def duplicate_deliveries(deployment: Deployment, fake: FakeAnthropic) -> dict[st
     assert intro_calls(fake) == 1
     assert len(deployment.outbox()) == 1
     assert fences(deployment) == dict.fromkeys(JOURNAL, 1)
-    results = [task_result(deployment, task_id)["result"] for task_id in ids]
-    statuses = sorted(r["status"] for r in results)  # type: ignore[index]
+    results = [task_returned(deployment, task_id) for task_id in ids]
+    statuses = sorted(r["status"] for r in results)
     assert statuses == ["already-done"] * (DELIVERIES - 1) + ["done"]
-    assert [r["ran"] for r in results if r["status"] == "done"] == [len(JOURNAL)]  # type: ignore[index]
+    assert [r["ran"] for r in results if r["status"] == "done"] == [len(JOURNAL)]
     assert log_problems(*workers) == []
     retries = busy_retries(*workers)
     meta = deployment.view(RUN).meta

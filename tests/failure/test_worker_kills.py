@@ -26,6 +26,7 @@ from tests.failure.conftest import (
     recorded,
     summary_calls,
     task_result,
+    task_returned,
     wait_for_status,
 )
 from tests.fakes.anthropic_server import FakeAnthropic
@@ -182,7 +183,7 @@ def test_sigterm_finishes_the_running_task_with_nothing_repeated(
     assert intro_calls(fake_anthropic) == 1
     assert len(live.outbox()) == 1
     assert fences(live) == dict.fromkeys(JOURNAL, 1)
-    assert task_result(live, task)["result"]["ran"] == len(JOURNAL)  # type: ignore[index]
+    assert task_returned(live, task)["ran"] == len(JOURNAL)
     assert log_problems(worker) == []
 
 
@@ -216,6 +217,6 @@ def test_sigterm_as_a_soft_shutdown_hands_the_run_back_before_a_kill(
     # seconds more than the soft timeout before its SIGKILL.
     assert shutdown < 1 + 5, shutdown
     assert_resumed_once(live, fake_anthropic, final_fence=2)
-    assert task_result(live, task)["result"]["replayed"] == BEFORE_KILL + 1  # type: ignore[index]
+    assert task_returned(live, task)["replayed"] == BEFORE_KILL + 1
     assert log_problems(second) == []
     print(f"soft shutdown: worker gone {shutdown:.1f}s after SIGTERM")

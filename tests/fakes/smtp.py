@@ -117,7 +117,7 @@ class LoopbackController(Controller):
     def _trigger_server(self) -> None:
         assert isinstance(self.server, asyncio.Server)
         self.port = self.server.sockets[0].getsockname()[1]
-        super()._trigger_server()  # type: ignore[no-untyped-call]
+        super()._trigger_server()  # type: ignore[no-untyped-call]  # aiosmtpd: unannotated
 
 
 def start_server(inbox: Inbox, **kwargs: Any) -> LoopbackController:

@@ -8,8 +8,8 @@ own id.
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,8 +18,7 @@ from journal import ControlRefused, Journal, Run
 from journal.control import cancel, fork, retry
 from journal.inspect import inspect_run
 from journal.lease import Lease
-
-MakeJournal = Callable[..., Journal]
+from tests.conftest import MakeJournal
 
 
 @pytest.fixture
@@ -153,7 +152,7 @@ def test_a_fork_keeps_the_steps_before_its_step_and_runs_the_rest_under_its_own_
             calls.append(name)
             return f"{name}@{run.idempotency_key()}"
 
-        return [run.step(name, lambda n=name: call(n)) for name in "abcd"]  # type: ignore[misc]
+        return [run.step(name, functools.partial(call, name)) for name in "abcd"]
 
     journal.execute("wf", "r", body, args={"week": 42})
     calls.clear()

@@ -6,10 +6,13 @@ worker) turns CorruptJournal into one line that says which field to repair.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from journal import CorruptJournal, Journal, Run
 from journal.inspect import inspect_run, list_runs
+from tests.conftest import MakeJournal
 
 
 def waits_for_approval(run: Run) -> object:
@@ -30,13 +33,15 @@ def waiting(journal: Journal) -> None:
     ],
     ids=["not-json", "a-list", "no-step", "bad-until"],
 )
-def test_a_corrupt_wait_is_named_by_every_reader(make_journal, stored: bytes, says: str) -> None:
+def test_a_corrupt_wait_is_named_by_every_reader(
+    make_journal: MakeJournal, stored: bytes, says: str
+) -> None:
     journal = make_journal()
     waiting(journal)
     meta = journal.keys("wf", "r1").meta
     journal.client.hset(meta, "wait", stored)
 
-    readers = {
+    readers: dict[str, Callable[[], object]] = {
         "execute": lambda: journal.execute("wf", "r1", waits_for_approval),
         "send_signal": lambda: journal.send_signal("wf", "r1", "approval", {"ok": True}),
         "inspect": lambda: inspect_run(journal, "wf", "r1"),
@@ -50,7 +55,9 @@ def test_a_corrupt_wait_is_named_by_every_reader(make_journal, stored: bytes, sa
     assert journal.client.hget(meta, "wait") == stored  # never repaired behind anyone's back
 
 
-def test_a_corrupt_signal_payload_is_named_by_the_run_and_by_inspection(make_journal) -> None:
+def test_a_corrupt_signal_payload_is_named_by_the_run_and_by_inspection(
+    make_journal: MakeJournal,
+) -> None:
     journal = make_journal()
     waiting(journal)
     keys = journal.keys("wf", "r1")
@@ -72,7 +79,7 @@ def test_a_corrupt_signal_payload_is_named_by_the_run_and_by_inspection(make_jou
     ids=["args-a-list", "args-not-json", "not-utf8"],
 )
 def test_corrupt_meta_fields_are_refused_before_the_body_runs(
-    make_journal, field: str, stored: bytes
+    make_journal: MakeJournal, field: str, stored: bytes
 ) -> None:
     journal = make_journal()
     keys = journal.keys("wf", "r1")
@@ -97,7 +104,7 @@ def test_corrupt_meta_fields_are_refused_before_the_body_runs(
     ids=["fence", "starts", "starts-without-progress"],
 )
 def test_a_corrupt_counter_is_named_and_nothing_is_written(
-    make_journal, key: str, field: str | None, stored: bytes
+    make_journal: MakeJournal, key: str, field: str | None, stored: bytes
 ) -> None:
     journal = make_journal()
     keys = journal.keys("wf", "r1")
@@ -117,7 +124,9 @@ def test_a_corrupt_counter_is_named_and_nothing_is_written(
     assert not journal.client.exists(keys.lease)
 
 
-def test_a_parked_run_with_a_corrupt_count_is_named_not_a_value_error(make_journal) -> None:
+def test_a_parked_run_with_a_corrupt_count_is_named_not_a_value_error(
+    make_journal: MakeJournal,
+) -> None:
     journal = make_journal()
     keys = journal.keys("wf", "r1")
     journal.client.hset(keys.meta, mapping={"parked": "1", "starts_without_progress": "many"})
@@ -126,7 +135,7 @@ def test_a_parked_run_with_a_corrupt_count_is_named_not_a_value_error(make_journ
     assert caught.value.field == "meta.starts_without_progress"
 
 
-def test_a_listing_names_a_run_whose_meta_is_not_text(make_journal) -> None:
+def test_a_listing_names_a_run_whose_meta_is_not_text(make_journal: MakeJournal) -> None:
     journal = make_journal()
     journal.execute("wf", "r1", lambda run: None)
     journal.client.hset(journal.keys("wf", "r1").meta, "last_error", b"\xc3\x28")

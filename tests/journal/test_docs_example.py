@@ -30,7 +30,7 @@ import redis
 
 import journal as journal_package
 from journal import Effect, Journal, Keyspace, LeaseBusy, ManualClock, RunKeys, Settings
-from tests.support import ROOT, ThrowawayValkeys
+from tests.support import ROOT, ThrowawayValkeys, as_text
 
 PAGE = ROOT / "docs" / "journal.md"
 HEADING = "## A second workflow: order fulfilment"
@@ -146,7 +146,7 @@ def crash_after_accepted(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[
 
 
 def recorded(journal: Journal, keys: RunKeys) -> list[str]:
-    return sorted(key.decode() for key in journal.client.hkeys(keys.steps))
+    return sorted(as_text(key) for key in journal.client.hkeys(keys.steps))
 
 
 def after_the_lease_expires(journal: Journal, keys: RunKeys, clock: ManualClock) -> None:
@@ -271,7 +271,7 @@ class RedisShop:
         self.client.rpush(self.requests, f"{cents}:{idempotency_key}")
         self.client.hsetnx(self.charges, idempotency_key, f"ch_{os.getpid()}")
         self._called("charge")
-        return str(self.client.hget(self.charges, idempotency_key).decode())
+        return as_text(self.client.hget(self.charges, idempotency_key))
 
     def ship(self, order_id: str, reservations: list[str]) -> str:
         self._called("ship")
@@ -325,8 +325,8 @@ def test_killed_processes_are_taken_over_at_once_with_the_page_s_own_timeouts(
     [done] = example["sweep"](journal, shop)
     assert done.status == "done"
     [charge] = client.hvals(shop.charges)
-    assert done.result == {"payment": charge.decode(), "tracking": "trk_A-1001_3"}
-    calls = {k.decode(): int(v) for k, v in client.hgetall(shop.calls).items()}
+    assert done.result == {"payment": as_text(charge), "tracking": "trk_A-1001_3"}
+    calls = {as_text(k): int(v) for k, v in client.hgetall(shop.calls).items()}
     # tea is recorded after mug, once its turn comes: it may still be on its way to Redis when
     # lid, started on mug's freed thread, kills the process (a map loses at most `concurrency`).
     assert calls.pop("reserve:tea") in (1, 2)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol, TypedDict, Unpack
 
 import fakeredis
 import pytest
@@ -43,7 +43,7 @@ class Published:
     arrived: threading.Event = field(default_factory=threading.Event)
     wanted: int = 1
 
-    returned: dict[str, Any] = field(default_factory=dict)
+    returned: dict[str, dict[str, Any]] = field(default_factory=dict)
     finished: threading.Event = field(default_factory=threading.Event)
 
     def __call__(self, sender: str | None = None, headers: Any = None, **_: Any) -> None:
@@ -67,7 +67,14 @@ class Published:
             assert time.monotonic() < deadline, f"task {task_id} returned nothing"
             self.finished.wait(0.01)
             self.finished.clear()
-        return self.returned[task_id]  # type: ignore[no-any-return]
+        return self.returned[task_id]
+
+
+class DurableOptions(TypedDict, total=False):
+    """The options of ``Durable`` a test may set; the rest keep their defaults."""
+
+    max_countdown: float
+    store_backoff_cap: float
 
 
 @dataclass
@@ -90,7 +97,9 @@ def step_a(run: Run, **options: Any) -> Any:
     return run.step("a", lambda: {"options": options})
 
 
-def build(prefix: str, body: Callable[..., Any], **durable_options: float) -> Deployed:
+def build(
+    prefix: str, body: Callable[..., Any], **durable_options: Unpack[DurableOptions]
+) -> Deployed:
     app = Celery(f"t{uuid.uuid4().hex[:6]}", broker="memory://")
     settings = at_least_once_settings(visibility_timeout=VISIBILITY, task_time_limit=TIME_LIMIT)
     app.conf.update(settings, task_default_queue=f"q{uuid.uuid4().hex[:8]}")
@@ -112,11 +121,21 @@ def build(prefix: str, body: Callable[..., Any], **durable_options: float) -> De
     return Deployed(app, durable, journal, task, Published(task.name), server)
 
 
+class Deploy(Protocol):
+    """The ``deploy`` fixture: an app running ``body`` as a durable workflow, torn down after."""
+
+    def __call__(
+        self, body: Callable[..., Any] = ..., **durable_options: Unpack[DurableOptions]
+    ) -> Deployed: ...
+
+
 @pytest.fixture
-def deploy(prefix: str) -> Iterator[Callable[..., Deployed]]:
+def deploy(prefix: str) -> Iterator[Deploy]:
     built: list[Deployed] = []
 
-    def make(body: Callable[..., Any] = step_a, **durable_options: float) -> Deployed:
+    def make(
+        body: Callable[..., Any] = step_a, **durable_options: Unpack[DurableOptions]
+    ) -> Deployed:
         deployed = build(prefix, body, **durable_options)
         before_task_publish.connect(deployed.published, weak=False)
         task_postrun.connect(deployed.published.ran, weak=False)
@@ -174,7 +193,7 @@ def worker(deployed: Deployed) -> Iterator[None]:
 
 
 def test_a_busy_delivery_retries_after_the_holders_remaining_time_with_no_ceiling(
-    deploy: Callable[..., Deployed],
+    deploy: Deploy,
 ) -> None:
     deployed = deploy()
     hold(deployed.journal, 3_000)
@@ -188,7 +207,7 @@ def test_a_busy_delivery_retries_after_the_holders_remaining_time_with_no_ceilin
 
 
 def test_busy_retries_are_capped_and_end_when_the_lease_frees(
-    deploy: Callable[..., Deployed],
+    deploy: Deploy,
 ) -> None:
     deployed = deploy(max_countdown=0.05)
     deployed.published.wanted = 5  # more than Celery's default max_retries
@@ -213,9 +232,9 @@ def test_busy_retries_are_capped_and_end_when_the_lease_frees(
     ],
 )
 def test_a_delivery_while_the_store_is_down_backs_off_exponentially_and_never_gives_up(
-    deploy: Callable[..., Deployed],
+    deploy: Deploy,
     retries: int,
-    options: dict[str, float],
+    options: DurableOptions,
     low: float,
     high: float,
 ) -> None:
@@ -229,7 +248,7 @@ def test_a_delivery_while_the_store_is_down_backs_off_exponentially_and_never_gi
 
 
 def test_deliveries_during_an_outage_run_the_workflow_once_it_is_back(
-    deploy: Callable[..., Deployed],
+    deploy: Deploy,
 ) -> None:
     deployed = deploy(store_backoff_cap=0.05)
     deployed.published.wanted = 4
@@ -252,7 +271,7 @@ def run_to_result(deployed: Deployed, run_id: str = "r1") -> dict[str, Any]:
     return result
 
 
-def test_a_parked_run_is_a_parked_result(deploy: Callable[..., Deployed]) -> None:
+def test_a_parked_run_is_a_parked_result(deploy: Deploy) -> None:
     deployed = deploy()
     keys = deployed.journal.keys("wf", "r1")
     deployed.journal.client.hset(keys.meta, mapping={"parked": "1", "starts_without_progress": 5})
@@ -262,7 +281,7 @@ def test_a_parked_run_is_a_parked_result(deploy: Callable[..., Deployed]) -> Non
 
 
 def test_a_delivery_that_lost_its_lease_is_a_lease_lost_result(
-    deploy: Callable[..., Deployed],
+    deploy: Deploy,
 ) -> None:
     def taken_over(run: Run) -> Any:
         return run.step(
@@ -276,7 +295,7 @@ def test_a_delivery_that_lost_its_lease_is_a_lease_lost_result(
 
 
 def test_an_invalid_run_id_is_an_invalid_result_and_touches_nothing(
-    deploy: Callable[..., Deployed],
+    deploy: Deploy,
 ) -> None:
     deployed = deploy()
     result = run_to_result(deployed, "no such/run")
@@ -286,7 +305,7 @@ def test_an_invalid_run_id_is_an_invalid_result_and_touches_nothing(
 
 
 def test_a_delivery_returns_the_outcome_and_the_frozen_options(
-    deploy: Callable[..., Deployed],
+    deploy: Deploy,
 ) -> None:
     deployed = deploy()
     with worker(deployed):
@@ -306,7 +325,7 @@ def test_a_delivery_returns_the_outcome_and_the_frozen_options(
 
 
 def test_the_at_least_once_settings_are_what_the_app_runs_with(
-    deploy: Callable[..., Deployed],
+    deploy: Deploy,
 ) -> None:
     deployed = deploy()
     conf = deployed.app.conf

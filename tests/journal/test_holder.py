@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 
-from journal import LeaseBusy, LeaseLost, Run
+from journal import LeaseBusy, LeaseLost, Outcome, Run
 from journal.holder import ProcessIdentity
+from tests.conftest import MakeJournal
 
 PID_MAX = int(Path("/proc/sys/kernel/pid_max").read_text())
 
@@ -34,12 +36,21 @@ def test_an_absent_or_reused_pid_is_gone() -> None:
     assert dataclasses.replace(me(), start=me().start - 1).provably_gone()  # our pid, reused
 
 
+class Elsewhere(TypedDict, total=False):
+    """Where a process may be other than here: its identity's text fields."""
+
+    host: str
+    boot: str
+    pidns: str
+
+
 @pytest.mark.parametrize(
-    "field, value",
-    [("host", "elsewhere"), ("boot", "another-boot"), ("pidns", "pid:[1]"), ("boot", "")],
+    "elsewhere",
+    [{"host": "elsewhere"}, {"boot": "another-boot"}, {"pidns": "pid:[1]"}, {"boot": ""}],
+    ids=["host", "boot", "pidns", "no-boot"],
 )
-def test_nothing_is_proved_from_another_host_boot_or_namespace(field: str, value: str) -> None:
-    assert not dataclasses.replace(me(), pid=PID_MAX + 1, **{field: value}).provably_gone()
+def test_nothing_is_proved_from_another_host_boot_or_namespace(elsewhere: Elsewhere) -> None:
+    assert not dataclasses.replace(me(), pid=PID_MAX + 1, **elsewhere).provably_gone()
 
 
 def test_an_unreadable_identity_proves_nothing() -> None:
@@ -48,34 +59,40 @@ def test_an_unreadable_identity_proves_nothing() -> None:
     assert ProcessIdentity.decode(None) is None
 
 
-def hold_then_vanish(make_journal, holder: ProcessIdentity) -> tuple[Run, object]:  # type: ignore[no-untyped-def]
-    """Open a run in a first journal, then make its stored holder ``holder``."""
+def hold_then_vanish(
+    make_journal: MakeJournal, holder: ProcessIdentity
+) -> tuple[Run, tuple[Outcome | LeaseBusy, LeaseLost | None]]:
+    """Open a run in a first journal, then make its stored holder ``holder``.
+
+    Returns the first holder's run, then what a second holder got (an outcome, or refused as
+    busy) and how the first holder's next write ended (lost, or None if it was not refused).
+    """
     journal = make_journal(lease_ttl=30.0)
     keys = journal.keys("w", "r1")
     held: list[Run] = []
+    seen: list[Outcome | LeaseBusy] = []
 
     def body(run: Run) -> None:
         held.append(run)
         journal.client.hset(keys.meta, "holder_process", holder.encode())
         second = make_journal(lease_ttl=30.0)
         try:
-            outcome = second.execute("w", "r1", lambda other: other.step("b", lambda: 2))
+            seen.append(second.execute("w", "r1", lambda other: other.step("b", lambda: 2)))
         except LeaseBusy as busy:
-            outcome = busy
-        held.append(outcome)  # type: ignore[arg-type]
+            seen.append(busy)
         run.step("a", lambda: 1)
 
     try:
         journal.execute("w", "r1", body)
     except LeaseLost as lost:
-        return held[0], (held[1], lost)
-    return held[0], (held[1], None)
+        return held[0], (seen[0], lost)
+    return held[0], (seen[0], None)
 
 
-def test_a_dead_holders_lease_is_taken_over_at_once_and_fenced(make_journal) -> None:  # type: ignore[no-untyped-def]
+def test_a_dead_holders_lease_is_taken_over_at_once_and_fenced(make_journal: MakeJournal) -> None:
     dead = dataclasses.replace(me(), pid=PID_MAX + 1)
     first, (outcome, fenced) = hold_then_vanish(make_journal, dead)
-    assert getattr(outcome, "status", None) == "done"  # no wait for the 30 s lease
+    assert isinstance(outcome, Outcome) and outcome.status == "done"  # no wait for the 30 s lease
     assert fenced is not None  # the old holder's write is refused: the lease moved on
     journal = make_journal()
     keys = journal.keys("w", "r1")
@@ -84,7 +101,7 @@ def test_a_dead_holders_lease_is_taken_over_at_once_and_fenced(make_journal) -> 
     assert first.fence == 1
 
 
-def test_a_live_holder_on_this_host_keeps_its_lease(make_journal) -> None:  # type: ignore[no-untyped-def]
+def test_a_live_holder_on_this_host_keeps_its_lease(make_journal: MakeJournal) -> None:
     _, (outcome, fenced) = hold_then_vanish(make_journal, me())
     assert isinstance(outcome, LeaseBusy) and outcome.remaining_ms > 25_000
     assert fenced is None

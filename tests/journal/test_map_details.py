@@ -9,14 +9,12 @@ never blocked for good on a turn that will not come. Found by mutation testing
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
 import pytest
 
 from journal import Journal, ManualClock, ReplayMismatch, RetryPolicy, Run, StepEvent
+from tests.conftest import MakeJournal
 from tests.support import wait_until
-
-MakeJournal = Callable[..., Journal]
 
 
 def rerun(journal: Journal) -> None:

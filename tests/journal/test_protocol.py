@@ -47,11 +47,12 @@ from journal.clock import millis
 from journal.holder import ProcessIdentity
 from journal.keys import RunKeys
 from journal.lease import Found, Grant, Heartbeat, Lease
-from tests.support import Relay, wait_until
+from journal.scripts import Script
+from tests.conftest import MakeJournal
+from tests.support import Relay, as_bytes, wait_until
 
 T0 = 1_800_000_000.0
 TTL_MS = 5_000
-MakeJournal = Callable[..., Journal]
 
 
 @pytest.fixture
@@ -163,7 +164,8 @@ def test_a_renewal_pushes_the_run_due_past_its_new_expiry(journal: Journal, keys
     grant = held.open(millis(T0), journal.runner._opening(None))
     assert isinstance(grant, Grant)
     first = journal.client.zscore(journal.keyspace.due, keys.run)
-    journal.clock.advance(7)  # type: ignore[attr-defined]
+    assert first is not None and isinstance(journal.clock, ManualClock)
+    journal.clock.advance(7)
 
     assert held.renew(grant.holder) == 1
 
@@ -381,8 +383,10 @@ def test_the_close_script_answers_each_of_its_four_codes(journal: Journal, keys:
     def close(
         holder: str, signal: str, due: str, *fields: str, delete: tuple[str, ...] = ()
     ) -> Any:
-        args = [holder, signal, "", keys.run, 7, due, len(fields) // 2, *fields, *delete]
-        return journal.backend.scripts.close(keys=close_keys(journal, keys), args=args)
+        return journal.backend.scripts.close(
+            keys=close_keys(journal, keys),
+            args=[holder, signal, "", keys.run, 7, due, len(fields) // 2, *fields, *delete],
+        )
 
     journal.client.hset(keys.signals, "go", b'"payload"')
     assert close(grant.holder, "go", "", "status", "waiting") == 3
@@ -409,8 +413,10 @@ def test_a_wait_is_not_saved_over_a_pending_cancel(journal: Journal, keys: RunKe
     grant = lease(journal).acquire(millis(T0))
 
     def close(unless_cancelled: str, *fields: str) -> Any:
-        args = [grant.holder, "", unless_cancelled, keys.run, 7, "", len(fields) // 2, *fields]
-        return journal.backend.scripts.close(keys=close_keys(journal, keys), args=args)
+        return journal.backend.scripts.close(
+            keys=close_keys(journal, keys),
+            args=[grant.holder, "", unless_cancelled, keys.run, 7, "", len(fields) // 2, *fields],
+        )
 
     journal.client.hset(keys.meta, "cancel", "wrong week")
     assert close("1", "status", "waiting") == 4  # the run is cancelled instead of waiting
@@ -452,12 +458,14 @@ def test_the_effect_scripts_answer_each_of_their_codes(journal: Journal, keys: R
     script_keys = [keys.lease, keys.effects]
 
     def claim(holder: str, fence: int, proved_dead: str = "") -> Any:
-        args = [holder, "send", fence, 60_000, me, proved_dead]
-        return journal.backend.scripts.effect_claim(keys=script_keys, args=args)
+        return journal.backend.scripts.effect_claim(
+            keys=script_keys, args=[holder, "send", fence, 60_000, me, proved_dead]
+        )
 
     def settle(holder: str, fence: int, state: str = "done", receipt: bytes = b"{}") -> Any:
-        args = [holder, "send", fence, state, receipt]
-        return journal.backend.scripts.effect_settle(keys=script_keys, args=args)
+        return journal.backend.scripts.effect_settle(
+            keys=script_keys, args=[holder, "send", fence, state, receipt]
+        )
 
     assert claim("1:not-the-token", 1) == [-2, first.holder.encode()]
     assert settle("1:not-the-token", 1) == -2
@@ -471,7 +479,7 @@ def test_the_effect_scripts_answer_each_of_their_codes(journal: Journal, keys: R
     busy = claim(second.holder, 2)  # fence 1 may still act: wait, or prove it dead
     assert busy[0] == 3 and 55_000 < busy[1] <= 60_000 and busy[2] == me.encode()
     assert settle(second.holder, 2) == -3  # fence 1's claim is not fence 2's to settle
-    assert journal.client.hget(keys.effects, "send").endswith(b":claimed")
+    assert as_bytes(journal.client.hget(keys.effects, "send")).endswith(b":claimed")
     assert claim(second.holder, 2, proved_dead="1") == [1, 1, b""]
     assert settle(second.holder, 2, receipt=b'{"id": 7}') == 1
     assert journal.client.hget(keys.effects, "send:receipt") == b'{"id": 7}'
@@ -508,7 +516,7 @@ def test_a_receipt_after_a_takeover_is_refused(journal: Journal, keys: RunKeys) 
     with pytest.raises(Fenced, match="effect 'send' refused"):
         journal.execute("wf", "r1", lambda run: run.effect("send", act, timeout=5))
     assert journal.client.hget(keys.effects, "send:receipt") is None
-    assert journal.client.hget(keys.effects, "send").endswith(b":claimed")
+    assert as_bytes(journal.client.hget(keys.effects, "send")).endswith(b":claimed")
 
 
 # -- a status nobody knows -------------------------------------------------------------------
@@ -524,7 +532,7 @@ def test_a_status_nobody_knows_is_refused(reply: object) -> None:
 def test_a_script_answering_an_unknown_status_stops_the_run(
     journal: Journal, keys: RunKeys
 ) -> None:
-    foreign = journal.client.register_script("return {5}")
+    foreign = Script(journal.client, "return {5}")
     backend = copy.copy(journal.backend)
     backend.scripts = dataclasses.replace(journal.backend.scripts, renew=foreign)
     lease_with = Lease(keys, backend, TTL_MS)

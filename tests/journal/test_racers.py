@@ -23,6 +23,7 @@ from journal.keys import RunKeys
 from journal.lease import Lease
 from journal.records import Record
 from journal.scripts import Scripts
+from tests.support import returning
 
 RACERS = 20
 TTL_S = 10.0
@@ -112,7 +113,7 @@ def test_map_threads_replaying_steps_while_one_records_share_the_run_safely(
         # The state a crash mid-map leaves: items 2-7 had recorded their parts, not their sums.
         for i in range(2, 8):
             for j in parts:
-                run.step(f"part:{i}:{j}", lambda j=j: j)
+                run.step(f"part:{i}:{j}", returning(j))
         run.map("sum", [0], lambda i: i, key=str)
         raise RuntimeError("crash")
 

@@ -14,11 +14,11 @@ from typing import Any
 import orjson
 import pytest
 
-from journal import CorruptJournal, Journal, ManualClock, Run
+from journal import CorruptJournal, ManualClock, Run
 from journal.inspect import inspect_run
 from journal.records import Record, decode_journal, ordered
+from tests.conftest import MakeJournal
 
-MakeJournal = Callable[..., Journal]
 RUN = "wf:r1"
 FULL = {
     "result": {"title": "t"},

@@ -9,13 +9,11 @@ Each failed attempt counts one ``retry`` event. Found by mutation testing (docs/
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from journal import Journal, ManualClock, RetryPolicy, Run, StepEvent, Wait
+from journal import ManualClock, RetryPolicy, Run, StepEvent, Wait
+from tests.conftest import MakeJournal
 from tests.support import recorded_events
 
 T0 = 1_800_000_000.0
-MakeJournal = Callable[..., Journal]
 
 
 class Flaky:

@@ -20,6 +20,7 @@ import pytest
 import redis
 
 from journal import Journal, Keyspace, Run
+from tests.support import returning
 
 STEPS = 10
 
@@ -40,7 +41,8 @@ def round_trips(client: redis.Redis, action: Callable[[], Any]) -> list[str]:
     ready = threading.Event()
 
     def watch() -> None:
-        with client.monitor() as monitor:
+        # redis-py leaves monitor unannotated.
+        with client.monitor() as monitor:  # type: ignore[no-untyped-call]
             ready.set()
             recording = in_transaction = False
             for command in monitor.listen():
@@ -72,7 +74,7 @@ def round_trips(client: redis.Redis, action: Callable[[], Any]) -> list[str]:
 def steps(count: int) -> Callable[[Run], str]:
     def body(run: Run) -> str:
         for i in range(count):
-            run.step(f"s{i}", lambda i=i: i)
+            run.step(f"s{i}", returning(i))
         return "ok"
 
     return body

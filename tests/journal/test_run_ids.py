@@ -9,8 +9,7 @@ import redis
 from redis.crc import key_slot
 
 from journal import InvalidRunId, Journal, Run
-
-MakeJournal = Callable[..., Journal]
+from tests.conftest import MakeJournal
 
 INVALID = {
     "": "it is empty",
@@ -80,6 +79,7 @@ def test_the_refusal_is_one_line_naming_the_problem(make_journal: MakeJournal, r
 
 def test_a_non_string_run_id_is_refused_too(make_journal: MakeJournal) -> None:
     with pytest.raises(InvalidRunId, match="it must be a string"):
+        # The wrong type is the point: callers without a type checker pass anything.
         make_journal().execute("digest", 2026, lambda run: None)  # type: ignore[arg-type]
 
 

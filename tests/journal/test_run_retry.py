@@ -16,9 +16,9 @@ from journal import GaveUp, Journal, ManualClock, RetryScheduled, Run, RunRetry
 from journal.clock import millis
 from journal.inspect import inspect_run
 from journal.runner import STREAK
+from tests.conftest import MakeJournal
 
 T0 = 1_800_000_000.0
-MakeJournal = Callable[..., Journal]
 
 
 class Outage(Exception):
@@ -192,14 +192,19 @@ def test_a_deliberate_start_after_giving_up_earns_a_new_retry_window(
 
 
 @pytest.mark.parametrize(
-    "run_retry",
-    [retrying(), RunRetry(), retrying(give_up_after=0)],
+    ("run_retry", "failure"),
+    [
+        (retrying(), Refused("the account is out of credit")),
+        (RunRetry(), Outage("down")),  # transient to the application, but none is retried
+        (retrying(give_up_after=0), Outage("down")),  # transient, but retries are off
+    ],
     ids=["not-transient", "nothing-retryable", "retries-off"],
 )
-def test_any_other_failure_is_final_at_once(make_journal: MakeJournal, run_retry: RunRetry) -> None:
+def test_any_other_failure_is_final_at_once(
+    make_journal: MakeJournal, run_retry: RunRetry, failure: Exception
+) -> None:
     clock = ManualClock(T0)
     journal: Journal = make_journal(clock=clock, run_retry=run_retry)
-    failure = Refused("the account is out of credit") if run_retry.retryable else Outage("x")
 
     with pytest.raises(type(failure)):
         journal.execute("wf", "r1", flaky([failure], []))

@@ -38,7 +38,7 @@ from journal.clock import millis
 from journal.lease import Found, Heartbeat, Lease
 from journal.records import decode_fields
 from journal.steps import Run
-from tests.support import schedule_profiles
+from tests.support import as_bytes, as_text, schedule_profiles
 
 PROFILE = schedule_profiles("phases", ci=(1000, 30), long=(20_000, 60))
 
@@ -68,7 +68,7 @@ class Worker:
     def stop(self) -> None:
         if self.heartbeat is not None:
             self.heartbeat.stop()
-        self.__init__()  # type: ignore[misc]
+        vars(self).update(vars(Worker()))  # a new worker's fields: nothing in flight
 
 
 @dataclass
@@ -142,7 +142,7 @@ class Schedules(RuleBasedStateMachine):
 
     def _send(self, worker: Worker, die_after_act: bool) -> None:
         assert worker.run is not None
-        claim = (self.client.hget(self.keys.effects, "send") or b"").decode()
+        claim = as_text(self.client.hget(self.keys.effects, "send") or b"")
         fence, _, rest = claim.partition(":")
         if rest.endswith(":claimed") and int(fence) != worker.fence and rest != "1:claimed":
             return  # an earlier claimant may still act: Effect.claim waits for its timeout
@@ -193,7 +193,7 @@ class Schedules(RuleBasedStateMachine):
         checks the pauses inside the effect).
         """
         self.actor = 0
-        claim = (self.client.hget(self.keys.effects, "send") or b"").decode()
+        claim = as_text(self.client.hget(self.keys.effects, "send") or b"")
         if claim.endswith(":claimed"):
             fence = claim.split(":", 1)[0]
             self.client.hset(self.keys.effects, "send", f"{fence}:1:claimed")
@@ -223,7 +223,7 @@ class Schedules(RuleBasedStateMachine):
     @invariant()
     def records_are_written_once_and_only_by_the_latest_holder(self) -> None:
         fence = int(self.client.get(self.keys.fence) or 0)
-        stored = self.client.hgetall(self.keys.steps)
+        stored = {as_bytes(k): as_bytes(v) for k, v in self.client.hgetall(self.keys.steps).items()}
         for name, raw in self.steps.items():
             assert stored.get(name) == raw, f"record {name!r} changed or vanished"
         for name, raw in stored.items():
@@ -261,8 +261,10 @@ class Schedules(RuleBasedStateMachine):
 def run_schedules(client: Callable[[], redis.Redis], share: float = 1.0) -> None:
     profile = settings.get_profile(PROFILE)
     examples = max(1, int(profile.max_examples * share))
+    # Hypothesis types the factory as a class; its documentation takes any callable.
     run_state_machine_as_test(
-        lambda: Schedules(client()), settings=settings(profile, max_examples=examples)
+        lambda: Schedules(client()),  # type: ignore[arg-type]
+        settings=settings(profile, max_examples=examples),
     )
 
 

@@ -9,7 +9,6 @@ mutation testing (docs/mutation.md): the helpers' results were checked, their re
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, cast
 
 import orjson
@@ -28,10 +27,10 @@ from journal import (
 )
 from journal.clock import millis
 from journal.lease import Lease
+from tests.conftest import MakeJournal
 from tests.support import recorded_events
 
 T0 = 1_800_000_000.0
-MakeJournal = Callable[..., Journal]
 
 HELPERS = [
     ("now:t", "now"),

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import fakeredis
@@ -25,9 +27,11 @@ from journal import (
     StepEvent,
     UnserializableResult,
 )
+from tests.conftest import MakeJournal
+from tests.support import as_bytes, as_text
 
 
-def test_a_step_runs_once_and_a_later_attempt_replays_it(make_journal) -> None:
+def test_a_step_runs_once_and_a_later_attempt_replays_it(make_journal: MakeJournal) -> None:
     journal = make_journal()
     calls: list[int] = []
 
@@ -44,7 +48,7 @@ def test_a_step_runs_once_and_a_later_attempt_replays_it(make_journal) -> None:
     assert (second.ran, second.replayed) == (0, 1)
 
 
-def test_a_finished_run_is_already_done_and_does_not_run(make_journal) -> None:
+def test_a_finished_run_is_already_done_and_does_not_run(make_journal: MakeJournal) -> None:
     journal = make_journal()
     calls: list[int] = []
     journal.execute("wf", "r1", lambda run: run.step("x", lambda: calls.append(1) or "v"))
@@ -54,13 +58,13 @@ def test_a_finished_run_is_already_done_and_does_not_run(make_journal) -> None:
     assert calls == [1]
 
 
-def test_the_record_holds_seq_attempt_fence_and_times(make_journal) -> None:
+def test_the_record_holds_seq_attempt_fence_and_times(make_journal: MakeJournal) -> None:
     journal = make_journal(clock=ManualClock(1000.0))
     journal.execute("wf", "r1", lambda run: [run.step("a", lambda: 1), run.step("b", lambda: 2)])
     raw = journal.client.hgetall(journal.keys("wf", "r1").steps)
     import orjson
 
-    records = {k.decode(): orjson.loads(v) for k, v in raw.items()}
+    records = {as_text(k): orjson.loads(v) for k, v in raw.items()}
     assert records["a"] == {
         "result": 1,
         "seq": 1,
@@ -73,18 +77,22 @@ def test_the_record_holds_seq_attempt_fence_and_times(make_journal) -> None:
     assert records["b"]["seq"] == 2
 
 
-def test_crash_mid_run_resumes_without_repeating_finished_steps(make_journal) -> None:
+def test_crash_mid_run_resumes_without_repeating_finished_steps(make_journal: MakeJournal) -> None:
     journal = make_journal(lease_ttl=0.5)
     calls: list[str] = []
 
     class Crash(Exception):
         pass
 
-    def body(crash: bool):
+    def call(name: str) -> str:
+        calls.append(name)
+        return name.upper()
+
+    def body(crash: bool) -> Callable[[Run], list[str]]:
         def run_body(run: Run) -> list[str]:
             out = []
             for name in ["a", "b", "c"]:
-                out.append(run.step(name, lambda n=name: calls.append(n) or n.upper()))
+                out.append(run.step(name, functools.partial(call, name)))
                 if crash and name == "b":
                     raise Crash()
             return out
@@ -100,14 +108,16 @@ def test_crash_mid_run_resumes_without_repeating_finished_steps(make_journal) ->
     assert (outcome.ran, outcome.replayed) == (1, 2)
 
 
-def test_non_json_result_is_refused_at_record_time_naming_the_step(make_journal) -> None:
+def test_non_json_result_is_refused_at_record_time_naming_the_step(
+    make_journal: MakeJournal,
+) -> None:
     journal = make_journal()
     with pytest.raises(UnserializableResult, match="'bad'"):
         journal.execute("wf", "r1", lambda run: run.step("bad", lambda: {1, 2}))
     assert journal.client.hlen(journal.keys("wf", "r1").steps) == 0
 
 
-def test_corrupt_field_raises_naming_run_and_field(make_journal) -> None:
+def test_corrupt_field_raises_naming_run_and_field(make_journal: MakeJournal) -> None:
     journal = make_journal()
     keys = journal.keys("wf", "r1")
     journal.client.hset(keys.steps, "summarize:i1", b'{"result": "half')
@@ -117,14 +127,14 @@ def test_corrupt_field_raises_naming_run_and_field(make_journal) -> None:
     assert journal.client.hget(keys.steps, "summarize:i1") == b'{"result": "half'
 
 
-def test_a_record_missing_fields_is_corrupt_too(make_journal) -> None:
+def test_a_record_missing_fields_is_corrupt_too(make_journal: MakeJournal) -> None:
     journal = make_journal()
     journal.client.hset(journal.keys("wf", "r1").steps, "x", b'{"result": 1}')
     with pytest.raises(CorruptJournal, match="'x'"):
         journal.execute("wf", "r1", lambda run: run.step("x", lambda: 2))
 
 
-def test_drift_inserting_a_step_before_recorded_ones(make_journal) -> None:
+def test_drift_inserting_a_step_before_recorded_ones(make_journal: MakeJournal) -> None:
     journal = make_journal()
     keys = journal.keys("wf", "r1")
 
@@ -148,7 +158,7 @@ def test_drift_inserting_a_step_before_recorded_ones(make_journal) -> None:
     assert journal.client.hexists(keys.steps, "enrich") == 0
 
 
-def test_appending_a_step_after_recorded_ones_is_not_drift(make_journal) -> None:
+def test_appending_a_step_after_recorded_ones_is_not_drift(make_journal: MakeJournal) -> None:
     journal = make_journal()
 
     def v1(run: Run) -> None:
@@ -163,7 +173,9 @@ def test_appending_a_step_after_recorded_ones_is_not_drift(make_journal) -> None
     assert outcome.result == [1, 2]
 
 
-def test_map_records_each_item_and_a_resumed_map_runs_only_the_rest(make_journal) -> None:
+def test_map_records_each_item_and_a_resumed_map_runs_only_the_rest(
+    make_journal: MakeJournal,
+) -> None:
     journal = make_journal()
     calls: list[str] = []
     lock = threading.Lock()
@@ -190,7 +202,7 @@ def test_map_records_each_item_and_a_resumed_map_runs_only_the_rest(make_journal
     assert calls[-3:] == ["d", "e", "f"]
 
 
-def test_map_runs_n_at_a_time(make_journal) -> None:
+def test_map_runs_n_at_a_time(make_journal: MakeJournal) -> None:
     journal = make_journal()
     running = 0
     peak = 0
@@ -214,7 +226,7 @@ def test_map_runs_n_at_a_time(make_journal) -> None:
 
 
 def test_map_records_and_reports_in_item_order_whatever_order_the_calls_finish(
-    make_journal,
+    make_journal: MakeJournal,
 ) -> None:
     journal = make_journal()
     keys = journal.keys("wf", "r1")
@@ -232,7 +244,7 @@ def test_map_records_and_reports_in_item_order_whatever_order_the_calls_finish(
 
     def on_step(event: StepEvent) -> None:
         # What a crash at this point would leave behind: the journal at the report.
-        seen.append((event.key, sorted(k.decode() for k in journal.client.hkeys(keys.steps))))
+        seen.append((event.key, sorted(as_text(k) for k in journal.client.hkeys(keys.steps))))
 
     outcome = journal.execute(
         "wf",
@@ -244,11 +256,11 @@ def test_map_records_and_reports_in_item_order_whatever_order_the_calls_finish(
     assert finished == ["c", "b", "a"]
     assert seen == [("s:a", ["s:a"]), ("s:b", ["s:a", "s:b"]), ("s:c", ["s:a", "s:b", "s:c"])]
     records = journal.client.hgetall(keys.steps)
-    seqs = {key.decode(): json.loads(raw)["seq"] for key, raw in records.items()}
+    seqs = {as_text(key): json.loads(raw)["seq"] for key, raw in records.items()}
     assert seqs["s:a"] < seqs["s:b"] < seqs["s:c"]
 
 
-def test_a_failed_map_item_does_not_hold_back_the_items_after_it(make_journal) -> None:
+def test_a_failed_map_item_does_not_hold_back_the_items_after_it(make_journal: MakeJournal) -> None:
     journal = make_journal()
     events: list[str] = []
     all_started = threading.Barrier(3, timeout=5)
@@ -278,7 +290,7 @@ def test_a_failed_map_item_does_not_hold_back_the_items_after_it(make_journal) -
     assert resumed == [("s:a", False), ("s:b", True), ("s:c", True)]
 
 
-def test_map_group_may_complete_in_any_order_without_drift(make_journal) -> None:
+def test_map_group_may_complete_in_any_order_without_drift(make_journal: MakeJournal) -> None:
     journal = make_journal()
     keys = journal.keys("wf", "r1")
 
@@ -301,7 +313,7 @@ def test_map_group_may_complete_in_any_order_without_drift(make_journal) -> None
     assert outcome.result == [0, ["A", "b", "c"]]
 
 
-def test_deterministic_helpers_replay_their_first_value(make_journal) -> None:
+def test_deterministic_helpers_replay_their_first_value(make_journal: MakeJournal) -> None:
     clock = ManualClock(5000.0)
     journal = make_journal(clock=clock)
     keys = journal.keys("wf", "r1")
@@ -318,7 +330,7 @@ def test_deterministic_helpers_replay_their_first_value(make_journal) -> None:
     assert first.result[2] == "wf-r1-send"
 
 
-def test_retry_policy_retries_transient_errors_then_gives_up(make_journal) -> None:
+def test_retry_policy_retries_transient_errors_then_gives_up(make_journal: MakeJournal) -> None:
     clock = ManualClock()
     journal = make_journal(clock=clock)
     attempts: list[int] = []
@@ -355,7 +367,9 @@ def test_retry_policy_retries_transient_errors_then_gives_up(make_journal) -> No
     assert len(attempts) == 5
 
 
-def test_live_lease_blocks_a_second_holder_who_learns_the_time_left(make_journal) -> None:
+def test_live_lease_blocks_a_second_holder_who_learns_the_time_left(
+    make_journal: MakeJournal,
+) -> None:
     journal = make_journal(lease_ttl=5.0)
     entered = threading.Event()
     release = threading.Event()
@@ -375,7 +389,7 @@ def test_live_lease_blocks_a_second_holder_who_learns_the_time_left(make_journal
         worker.join()
 
 
-def test_an_expired_lease_is_taken_over(make_journal) -> None:
+def test_an_expired_lease_is_taken_over(make_journal: MakeJournal) -> None:
     journal = make_journal(lease_ttl=0.3)
     keys = journal.keys("wf", "r1")
     journal.client.set(keys.lease, "7:deadworker", px=300)  # left by a crashed holder
@@ -385,7 +399,7 @@ def test_an_expired_lease_is_taken_over(make_journal) -> None:
     assert journal.execute("wf", "r1", lambda run: run.step("x", lambda: 1)).status == "done"
 
 
-def test_heartbeat_keeps_the_lease_through_a_step_of_three_ttls(make_journal) -> None:
+def test_heartbeat_keeps_the_lease_through_a_step_of_three_ttls(make_journal: MakeJournal) -> None:
     journal = make_journal(lease_ttl=0.6)
     outcome = journal.execute(
         "wf", "r1", lambda run: run.step("long", lambda: time.sleep(1.8) or 1)
@@ -394,7 +408,9 @@ def test_heartbeat_keeps_the_lease_through_a_step_of_three_ttls(make_journal) ->
     assert journal.meta(journal.keys("wf", "r1"))["status"] == "done"
 
 
-def test_a_holder_whose_lease_was_taken_over_records_nothing_and_stops(make_journal) -> None:
+def test_a_holder_whose_lease_was_taken_over_records_nothing_and_stops(
+    make_journal: MakeJournal,
+) -> None:
     journal = make_journal(lease_ttl=5.0)
     keys = journal.keys("wf", "r1")
     ran_after: list[str] = []
@@ -414,7 +430,7 @@ def test_a_holder_whose_lease_was_taken_over_records_nothing_and_stops(make_jour
 
 
 def test_a_paused_holder_whose_lease_was_reacquired_elsewhere_runs_and_records_nothing(
-    make_journal,
+    make_journal: MakeJournal,
 ) -> None:
     journal = make_journal(lease_ttl=0.3)
     other = make_journal(lease_ttl=5.0)
@@ -437,7 +453,7 @@ def test_a_paused_holder_whose_lease_was_reacquired_elsewhere_runs_and_records_n
     assert effects == []  # the side effect never ran
     assert winner_result == [["zombie-a", "w-b"]]
     assert journal.client.hget(keys.steps, "b") is not None
-    assert b"w-b" in journal.client.hget(keys.steps, "b")
+    assert b"w-b" in as_bytes(journal.client.hget(keys.steps, "b"))
 
 
 @pytest.mark.parametrize("backend", ["redis", "fakeredis"])
@@ -469,9 +485,10 @@ def test_a_script_cache_emptied_before_every_call_breaks_no_call(
 
     class Forgetful(redis.Redis):
         def execute_command(self, *args: Any, **options: Any) -> Any:
+            # redis-py leaves execute_command unannotated.
             if args[0] == "EVALSHA":
-                super().execute_command("SCRIPT", "FLUSH")
-            return super().execute_command(*args, **options)
+                super().execute_command("SCRIPT", "FLUSH")  # type: ignore[no-untyped-call]
+            return super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
 
     class ForgetfulFake(Forgetful, fakeredis.FakeRedis):
         pass
@@ -489,7 +506,7 @@ def test_a_script_cache_emptied_before_every_call_breaks_no_call(
     assert journal.execute("wf", "r1", body).status == "already-done"
 
 
-def test_runs_are_indexed_for_listing(make_journal) -> None:
+def test_runs_are_indexed_for_listing(make_journal: MakeJournal) -> None:
     journal = make_journal()
     for run_id in ["w1", "w2"]:
         journal.execute("wf", run_id, lambda run: run.step("x", lambda: 1))

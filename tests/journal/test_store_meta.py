@@ -9,7 +9,6 @@ mutation testing (docs/mutation.md): the statuses were checked, the fields besid
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 
 import pytest
 import redis
@@ -17,7 +16,6 @@ import redis
 from journal import (
     CorruptJournal,
     Effect,
-    Journal,
     LeaseLost,
     ManualClock,
     Run,
@@ -30,9 +28,9 @@ from journal.clock import millis
 from journal.control import cancel
 from journal.runner import decode_meta
 from journal.store import jitter
+from tests.conftest import MakeJournal
 
 T0 = 1_800_000_000.0
-MakeJournal = Callable[..., Journal]
 
 
 def nap(run: Run) -> None:

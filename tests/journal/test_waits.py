@@ -15,13 +15,14 @@ import orjson
 import pytest
 
 from journal import Journal, ManualClock, Run, SignalResult, Suspend, Wait
+from journal.backend import Closed
 from journal.clock import millis
 from journal.inspect import inspect_run
 from journal.keys import RunKeys
 from journal.runner import Runner
+from tests.conftest import MakeJournal
 
 T0 = 1_800_000_000.0
-MakeJournal = Callable[..., Journal]
 X = TypeVar("X")
 
 
@@ -308,8 +309,15 @@ class SignalAfterWaitIsRecorded(Runner):
     """Delivers the signal right after the wait is recorded and the lease given back."""
 
     def _close(
-        self, keys, holder, fields, now_ms, due_ms, unless_signal="", unless_cancelled=False
-    ):  # type: ignore[no-untyped-def]
+        self,
+        keys: RunKeys,
+        holder: str,
+        fields: dict[str, Any],
+        now_ms: int,
+        due_ms: int | None,
+        unless_signal: str = "",
+        unless_cancelled: bool = False,
+    ) -> Closed:
         status = super()._close(
             keys, holder, fields, now_ms, due_ms, unless_signal, unless_cancelled
         )

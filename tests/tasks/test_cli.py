@@ -18,7 +18,7 @@ import pytest
 from journal import Run
 from journal.inspect import inspect_run
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.support import TITLES, Deployment, wait_until
+from tests.support import TITLES, Deployment, as_bytes, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -333,7 +333,7 @@ def test_show_and_runs_print_journal_text_with_its_control_characters_escaped(
     assert deployment.cli("run", RUN).returncode == 0
     journal = deployment.runtime().journal
     keys = journal.keys("digest", RUN)
-    record = json.loads(journal.client.hget(keys.steps, "summarize:i1"))
+    record = json.loads(as_bytes(journal.client.hget(keys.steps, "summarize:i1")))
     record["result"]["text"] = "Sure.\x1b]0;owned\x07\x1b[2J\rhidden\x9b31m"
     journal.client.hset(keys.steps, "summarize:i1", json.dumps(record))
     journal.client.hset(

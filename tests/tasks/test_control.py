@@ -8,6 +8,7 @@ and sends under its own key.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import subprocess
@@ -143,7 +144,9 @@ def test_a_fork_keeps_the_steps_before_its_step_and_sends_under_its_own_key(
     assert forked.stdout.startswith(f"forked digest:{RUN} at compose as digest:{RUN}-fork1 (task ")
     assert named.stdout.startswith(f"forked digest:{RUN} at send as digest:resend (task ")
     for run_id in (f"{RUN}-fork1", "resend"):
-        wait_until(lambda r=run_id: settled(deployment, r, "done"), 30, f"{run_id} to finish")
+        wait_until(
+            functools.partial(settled, deployment, run_id, "done"), 30, f"{run_id} to finish"
+        )
     fork = deployment.view(f"{RUN}-fork1")
     assert [record.key for record in fork.steps] == JOURNAL
     for key in ["select", *(k for k in JOURNAL if k.startswith("summarize:"))]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import TypedDict, Unpack
 
 import pytest
 from celery import Celery
@@ -55,6 +56,15 @@ def runtime(
     return built
 
 
+class DigestOptions(TypedDict, total=False):
+    """The options of ``run_digest`` after its run and runtime."""
+
+    to: str | None
+    items: str | None
+    approval: bool | None
+    dry_run: bool
+
+
 def sweeper(runtime: Runtime) -> Durable:
     """The digest workflow and the due sweep on an app that runs what it enqueues at once."""
     app = Celery(f"t{uuid.uuid4().hex[:6]}", broker="memory://")
@@ -63,8 +73,8 @@ def sweeper(runtime: Runtime) -> Durable:
     durable = Durable(app, lambda: runtime.journal, max_countdown=60)
 
     @durable.workflow("digest", task_name="t.digest")
-    def digest(run: Run, **options: object) -> dict[str, object]:
-        return run_digest(run, runtime, **options)  # type: ignore[arg-type]
+    def digest(run: Run, **options: Unpack[DigestOptions]) -> dict[str, object]:
+        return run_digest(run, runtime, **options)
 
     return durable
 

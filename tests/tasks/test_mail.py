@@ -9,6 +9,7 @@ import pytest
 from journal import Effect, Journal, LeaseLost, Run
 from tasks.errors import BadInput, MailFailed, MailUnavailable, is_transient_failure
 from tasks.mail import Email, FileOutbox, Receipt, SmtpMailer
+from tests.conftest import MakeJournal
 from tests.fakes.smtp import Inbox, start_server
 from tests.support import HeldPort
 
@@ -159,7 +160,8 @@ def send_in_run(
 
         return run.effect("send", act, timeout=5)
 
-    return journal.execute("digest", run_id, body).result  # type: ignore[no-any-return]
+    receipt: dict[str, Any] = journal.execute("digest", run_id, body).result
+    return receipt
 
 
 class Died(Exception):
@@ -172,7 +174,7 @@ def die_once(effect: Effect) -> None:
 
 
 def test_a_delivered_email_is_never_sent_again_by_a_later_holder(
-    inbox: tuple[Inbox, str], make_journal: Any
+    inbox: tuple[Inbox, str], make_journal: MakeJournal
 ) -> None:
     handler, url = inbox
     journal = make_journal()
@@ -198,7 +200,7 @@ def test_a_delivered_email_is_never_sent_again_by_a_later_holder(
 
 
 def test_a_holder_that_lost_its_lease_quits_before_data_and_delivers_nothing(
-    inbox: tuple[Inbox, str], make_journal: Any
+    inbox: tuple[Inbox, str], make_journal: MakeJournal
 ) -> None:
     handler, url = inbox
     journal = make_journal(lease_ttl=5.0)
@@ -219,7 +221,7 @@ def test_a_holder_that_lost_its_lease_quits_before_data_and_delivers_nothing(
 
 
 def test_a_death_before_the_receipt_is_saved_resends_once_with_the_same_message_id(
-    inbox: tuple[Inbox, str], make_journal: Any
+    inbox: tuple[Inbox, str], make_journal: MakeJournal
 ) -> None:
     handler, url = inbox
     journal = make_journal()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import urllib.request
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -57,7 +58,7 @@ def test_a_prefork_workers_metrics_add_up_its_children_and_match_the_journal(
 
     assert metrics[("digest_steps_total", (("outcome", "ran"),))] == len(JOURNAL)
     assert metrics[("digest_steps_total", (("outcome", "replayed"),))] == 4  # select, i1..i3
-    by_model: dict[str, list[dict[str, object]]] = {}
+    by_model: dict[str, list[dict[str, Any]]] = {}  # the calls as their steps recorded them
     for call in calls:
         by_model.setdefault(str(call["model"]), []).append(call)
     assert sum(len(v) for v in by_model.values()) == CALLS == fake_anthropic.calls
@@ -65,9 +66,9 @@ def test_a_prefork_workers_metrics_add_up_its_children_and_match_the_journal(
         label = (("model", model),)
         assert metrics[("digest_model_calls_total", label)] == len(made)
         for kind in ("input", "output"):
-            expected = sum(int(c[f"{kind}_tokens"]) for c in made)  # type: ignore[call-overload]
+            expected = sum(int(c[f"{kind}_tokens"]) for c in made)
             assert metrics[("digest_model_tokens_total", (("kind", kind), *label))] == expected
-        spent = sum(float(c["cost_usd"]) for c in made)  # type: ignore[arg-type]
+        spent = sum(float(c["cost_usd"]) for c in made)
         assert metrics[("digest_model_cost_usd_total", label)] == pytest.approx(spent)
     assert metrics[("digest_runs", (("state", "done"),))] == 1
     assert metrics[("digest_due_lag_seconds", ())] == 0

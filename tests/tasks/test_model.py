@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from email.utils import format_datetime
 from pathlib import Path
+from typing import TypedDict
 
 import anthropic
 import pytest
@@ -216,6 +217,15 @@ def test_from_env_refuses_a_timeout_that_is_not_positive(env: None) -> None:
 
 # --- what an error means, from real error bodies through the SDK
 
+
+class Fault(TypedDict, total=False):
+    """How the fake API words the next error it answers (``FakeAnthropic.fail_next``)."""
+
+    message: str
+    error_type: str
+    error_code: str
+
+
 TRANSIENT = [
     (429, {}, anthropic.RateLimitError),
     (500, {}, anthropic.InternalServerError),
@@ -231,7 +241,7 @@ def test_transient_errors_reach_the_step_policy_as_the_sdk_raised_them(
     server: FakeAnthropic,
     model: AnthropicSummarizer,
     status: int,
-    fault: dict[str, str],
+    fault: Fault,
     raised: type[anthropic.APIStatusError],
 ) -> None:
     server.fail_next(status, **fault)
@@ -320,7 +330,7 @@ def test_refusals_are_classified_by_what_they_mean(
     server: FakeAnthropic,
     model: AnthropicSummarizer,
     status: int,
-    fault: dict[str, str],
+    fault: Fault,
     raised: type[DigestError],
     cause: str,
     fix: str,

@@ -9,6 +9,7 @@ standard redis-py option carried in the URL.
 from __future__ import annotations
 
 import json
+import ssl
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -47,12 +48,12 @@ print(json.dumps(outcome))
 @pytest.fixture
 def proxied(
     throwaway_valkeys: ThrowawayValkeys,
-) -> Iterator[Callable[..., TlsProxy]]:
+) -> Iterator[Callable[[ssl.SSLContext], TlsProxy]]:
     socket = throwaway_valkeys.start()
     proxies: list[TlsProxy] = []
 
-    def start(context: object) -> TlsProxy:
-        proxy = TlsProxy(context, socket).start()  # type: ignore[arg-type]
+    def start(context: ssl.SSLContext) -> TlsProxy:
+        proxy = TlsProxy(context, socket).start()
         proxies.append(proxy)
         return proxy
 
@@ -77,7 +78,7 @@ def celery_probe(tmp_path: Path, url: str) -> dict[str, str]:
 
 
 def test_an_untrusted_certificate_is_refused_everywhere_before_any_byte_is_relayed(
-    proxied: Callable[..., TlsProxy], tmp_path: Path
+    proxied: Callable[[ssl.SSLContext], TlsProxy], tmp_path: Path
 ) -> None:
     proxy = proxied(self_signed_context("redis.other.example", tmp_path / "certs"))
     url = f"rediss://:never-sent-pw@localhost:{proxy.port}/0"
@@ -104,7 +105,7 @@ def test_an_untrusted_certificate_is_refused_everywhere_before_any_byte_is_relay
 
 
 def test_a_private_ca_for_the_right_name_is_accepted_through_ssl_ca_certs(
-    proxied: Callable[..., TlsProxy], tmp_path: Path
+    proxied: Callable[[ssl.SSLContext], TlsProxy], tmp_path: Path
 ) -> None:
     ca = PrivateCA(tmp_path / "ca")
     proxy = proxied(ca.server_context("localhost"))
@@ -121,7 +122,9 @@ def test_a_private_ca_for_the_right_name_is_accepted_through_ssl_ca_certs(
     assert proxy.relayed >= 3
 
 
-def test_the_host_name_is_checked_too(proxied: Callable[..., TlsProxy], tmp_path: Path) -> None:
+def test_the_host_name_is_checked_too(
+    proxied: Callable[[ssl.SSLContext], TlsProxy], tmp_path: Path
+) -> None:
     ca = PrivateCA(tmp_path / "ca")
     proxy = proxied(ca.server_context("redis.other.example"))
     url = f"rediss://localhost:{proxy.port}/0?ssl_ca_certs={ca.file}"
