@@ -56,9 +56,9 @@ MUTMUT_JOBS ?= 6
 mutmut: install
 	rm -rf mutants
 	@state=$$(mktemp -d) && \
-	url=$$($(BIN)/python -c 'import sys; from journal.embedded import embedded_url as u; print(u(sys.argv[1]))' "$$state") && \
+	url=$$($(BIN)/python -c 'import sys; from journal.contrib.embedded import embedded_url as u; print(u(sys.argv[1]))' "$$state") && \
 	TEST_REDIS_URL=$$url $(BIN)/mutmut run --max-children $(MUTMUT_JOBS); status=$$?; \
-	$(BIN)/python -c 'import sys; from journal.embedded import stop_embedded as s; s(sys.argv[1])' "$$state"; \
+	$(BIN)/python -c 'import sys; from journal.contrib.embedded import stop_embedded as s; s(sys.argv[1])' "$$state"; \
 	rm -rf "$$state"; $(BIN)/python -m tests.mutmut_score; exit $$status
 
 bench: install
@@ -78,7 +78,7 @@ bench-timers: install
 
 # The embedded Valkey outlives the commands that use it (that is the point); this stops it.
 stop: install
-	@$(BIN)/python -c 'from journal.embedded import stop_embedded; stop_embedded(".digest")'
+	@$(BIN)/python -c 'from journal.contrib.embedded import stop_embedded; stop_embedded(".digest")'
 
 clean: stop
 	rm -rf $(VENV) .digest .mypy_cache .ruff_cache .pytest_cache .coverage-data mutants

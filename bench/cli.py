@@ -29,7 +29,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench"]
 sys.path.insert(0, str(_ROOT))
 
-from journal.embedded import stop_embedded  # noqa: E402
+from journal.contrib.embedded import stop_embedded  # noqa: E402
 
 BIN = Path(sys.executable).parent
 RUN = "2026-w42"

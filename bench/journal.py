@@ -131,14 +131,16 @@ def throwaway_server() -> Iterator[Server]:
     state = Path(tempfile.mkdtemp(prefix="journal-bench-"))
     try:
         try:
-            from journal.embedded import embedded_url, stop_embedded
+            from journal.contrib.embedded import embedded_url, stop_embedded
         except ImportError:
             with _bare_valkey(state) as client:
                 yield Server(client, "throwaway valkey on a unix socket", owned=True)
             return
         client = redis.Redis.from_url(embedded_url(state))
         try:
-            yield Server(client, "throwaway valkey (journal.embedded) on a unix socket", True)
+            yield Server(
+                client, "throwaway valkey (journal.contrib.embedded) on a unix socket", True
+            )
         finally:
             client.close()
             stop_embedded(state)

@@ -27,7 +27,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench"]
 sys.path.insert(0, str(_ROOT))
 
-from journal.embedded import embedded_url, stop_embedded  # noqa: E402
+from journal.contrib.embedded import embedded_url, stop_embedded  # noqa: E402
 from tests.fakes.anthropic_server import FakeAnthropic  # noqa: E402
 
 BIN = Path(sys.executable).parent

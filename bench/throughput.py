@@ -51,7 +51,7 @@ MODES = {"AOF off": ("no", "always"), "AOF always": ("yes", "always")}
 @contextmanager
 def throwaway_server() -> Iterator[tuple[str, str]]:
     """A Valkey of this run only, as the embedded server configures it: redis-py's URL, kombu's."""
-    from journal.embedded import embedded_broker_url, embedded_url, stop_embedded
+    from journal.contrib.embedded import embedded_broker_url, embedded_url, stop_embedded
 
     state = Path(tempfile.mkdtemp(prefix="throughput-bench-"))
     try:

@@ -33,7 +33,7 @@ import redis  # noqa: E402
 
 from journal import Journal, Keyspace, ManualClock  # noqa: E402
 from journal.clock import millis  # noqa: E402
-from journal.embedded import embedded_url, stop_embedded  # noqa: E402
+from journal.contrib.embedded import embedded_url, stop_embedded  # noqa: E402
 
 NOW = 1_800_000_000.0
 PREFIX = "timers"

@@ -1,77 +1,35 @@
 """Durable keyed steps for Celery tasks, journaled in Redis under a fenced lease.
 
-The public face; everything not listed in ``__all__`` may change.
+The public face: the names below, and these modules: ``journal.errors`` (every exception,
+one root), ``journal.durable`` (the Celery integration), ``journal.inspect`` and
+``journal.control`` (what operators read and do), ``journal.contrib`` (the embedded server
+and start-up checks, kept apart from the core). Every other module is internal and may
+change.
 """
 
-from journal.cancel import Cancelled
-from journal.clock import Clock, ManualClock, SystemClock
+from journal import errors
+from journal.clock import ManualClock
 from journal.effects import Effect
-from journal.errors import (
-    ClockSkewed,
-    ControlRefused,
-    CorruptJournal,
-    EmbeddedServerError,
-    Fenced,
-    GaveUp,
-    Hints,
-    InvalidRunId,
-    JournalError,
-    LeaseBusy,
-    LeaseLost,
-    NotDurable,
-    ReplayMismatch,
-    RetryScheduled,
-    RunParked,
-    StoreUnavailable,
-    StoreUnsupported,
-    UnknownScriptStatus,
-    UnserializableResult,
-)
-from journal.keys import Keyspace, RunKeys, validate_run_id
-from journal.records import Record
+from journal.errors import Hints
+from journal.keys import Keyspace
 from journal.retry import RetryPolicy, RunRetry
 from journal.runner import Outcome, Settings
 from journal.steps import Run, StepEvent
 from journal.store import Journal
-from journal.waits import SignalResult, Suspend, Wait
+from journal.waits import SignalResult
 
 __all__ = [
-    "Cancelled",
-    "Clock",
-    "ClockSkewed",
-    "ControlRefused",
-    "CorruptJournal",
     "Effect",
-    "EmbeddedServerError",
-    "Fenced",
-    "GaveUp",
     "Hints",
-    "InvalidRunId",
     "Journal",
-    "JournalError",
     "Keyspace",
-    "LeaseBusy",
-    "LeaseLost",
     "ManualClock",
-    "NotDurable",
     "Outcome",
-    "Record",
-    "ReplayMismatch",
     "RetryPolicy",
-    "RetryScheduled",
     "Run",
-    "RunKeys",
-    "RunParked",
     "RunRetry",
     "Settings",
     "SignalResult",
     "StepEvent",
-    "StoreUnavailable",
-    "StoreUnsupported",
-    "Suspend",
-    "SystemClock",
-    "UnknownScriptStatus",
-    "UnserializableResult",
-    "Wait",
-    "validate_run_id",
+    "errors",
 ]

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Protocol
-
-from journal.errors import ClockSkewed
+from typing import Protocol
 
 
 class Clock(Protocol):
@@ -65,26 +63,3 @@ class ManualClock:
 def millis(seconds: float) -> int:
     """Seconds as whole milliseconds, the unit every stored timestamp uses."""
     return int(seconds * 1000)
-
-
-MAX_SKEW_S = 2.0
-
-
-def check_skew(client: Any, clock: Clock, url: str, bound: float = MAX_SKEW_S) -> float:
-    """Refuse to work with a clock too far from the Redis server's; returns the skew.
-
-    Due times, wake-ups and lease deadlines are written by every worker from its own clock and
-    compared by others: one clock off by minutes would wake runs early or sweep them again and
-    again. The server's ``TIME`` is the reference every process shares; a skew within
-    ``bound`` (2 s by default) is far below every lease, sweep and back-off this library uses.
-
-    Raises:
-        ClockSkewed: the skew, measured against the middle of the round trip, exceeds ``bound``.
-    """
-    before = clock.now()
-    seconds, micros = client.time()
-    after = clock.now()
-    skew = (before + after) / 2 - (int(seconds) + int(micros) / 1e6)
-    if abs(skew) > bound:
-        raise ClockSkewed(url, skew, bound)
-    return skew

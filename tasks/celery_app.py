@@ -26,10 +26,12 @@ from celery.signals import (
     worker_process_shutdown,
 )
 
-from journal import ClockSkewed, StepEvent
-from journal.clock import SystemClock, check_skew
+from journal import StepEvent
+from journal.clock import SystemClock
+from journal.contrib.checks import check_skew
+from journal.contrib.embedded import embedded_broker_url
 from journal.durable import SWEEP_TASK, Durable, at_least_once_settings
-from journal.embedded import embedded_broker_url
+from journal.errors import ClockSkewed
 from journal.events import emit
 from journal.redact import redact_logging
 from tasks.config import Config

@@ -18,17 +18,11 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
-from journal import (
-    ControlRefused,
-    JournalError,
-    LeaseBusy,
-    RunParked,
-    StepEvent,
-    validate_run_id,
-)
+from journal import StepEvent
 from journal.control import retry as retry_run
-from journal.errors import InvalidRunId
+from journal.errors import ControlRefused, InvalidRunId, JournalError, LeaseBusy, RunParked
 from journal.inspect import STATES, RunView, inspect_run, list_runs
+from journal.keys import validate_run_id
 from journal.redact import redact, redact_logging
 from tasks import control
 from tasks.config import Config

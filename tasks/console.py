@@ -27,9 +27,9 @@ from urllib.parse import urlsplit
 
 from flask import Flask, Response, abort, flash, redirect, render_template, request, url_for
 
-from journal import ControlRefused, JournalError, validate_run_id
-from journal.errors import InvalidRunId
+from journal.errors import ControlRefused, InvalidRunId, JournalError
 from journal.inspect import STATES, RunRow, RunView, inspect_run, list_runs, state_of
+from journal.keys import validate_run_id
 from journal.records import Record
 from journal.redact import redact
 from tasks import control

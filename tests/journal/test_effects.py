@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import redis
 
-from journal import Effect, Journal, LeaseLost, Run
+from journal import Effect, Journal, Run
+from journal.errors import LeaseLost
 from journal.holder import ProcessIdentity
 from journal.scripts import KeyOrArg, Script
 from tests.conftest import MakeJournal

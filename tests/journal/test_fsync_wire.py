@@ -18,7 +18,8 @@ import fakeredis
 import pytest
 import redis
 
-from journal import Journal, Keyspace, NotDurable, Run, Settings, StoreUnsupported
+from journal import Journal, Keyspace, Run, Settings
+from journal.errors import NotDurable, StoreUnsupported
 from tests.journal.test_fsync import (
     Packets,
     recording_client,

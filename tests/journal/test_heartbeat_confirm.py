@@ -12,8 +12,9 @@ import threading
 
 import pytest
 
-from journal import Cancelled, CorruptJournal, Journal, LeaseLost
-from journal.cancel import CANCEL_FIELD
+from journal import Journal
+from journal.cancel import CANCEL_FIELD, Cancelled
+from journal.errors import CorruptJournal, LeaseLost
 from journal.lease import Heartbeat, Lease
 from tests.conftest import MakeJournal
 from tests.support import recorded_events

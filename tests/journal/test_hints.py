@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from journal import Hints, Journal, Keyspace, RunParked, StoreUnavailable
+from journal import Hints, Journal, Keyspace
+from journal.errors import RunParked, StoreUnavailable
 
 
 def test_a_journal_without_hints_names_its_own_api() -> None:

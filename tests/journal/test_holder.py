@@ -13,7 +13,8 @@ from typing import TypedDict
 
 import pytest
 
-from journal import LeaseBusy, LeaseLost, Outcome, Run
+from journal import Outcome, Run
+from journal.errors import LeaseBusy, LeaseLost
 from journal.holder import ProcessIdentity
 from tests.conftest import MakeJournal
 

@@ -12,7 +12,8 @@ import threading
 
 import pytest
 
-from journal import Journal, ManualClock, ReplayMismatch, RetryPolicy, Run, StepEvent
+from journal import Journal, ManualClock, RetryPolicy, Run, StepEvent
+from journal.errors import ReplayMismatch
 from tests.conftest import MakeJournal
 from tests.support import wait_until
 

@@ -25,25 +25,18 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from journal import (
-    Cancelled,
-    Effect,
+from journal import Effect, Journal, Keyspace, ManualClock, RetryPolicy, Run, Settings, StepEvent
+from journal.backend import Opened, Recorded, code
+from journal.cancel import Cancelled
+from journal.clock import millis
+from journal.errors import (
     Fenced,
-    Journal,
-    Keyspace,
     LeaseBusy,
     LeaseLost,
-    ManualClock,
-    RetryPolicy,
-    Run,
     RunParked,
-    Settings,
-    StepEvent,
     StoreUnavailable,
     UnknownScriptStatus,
 )
-from journal.backend import Opened, Recorded, code
-from journal.clock import millis
 from journal.holder import ProcessIdentity
 from journal.keys import RunKeys
 from journal.lease import Found, Grant, Heartbeat, Lease

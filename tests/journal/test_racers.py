@@ -18,7 +18,8 @@ import orjson
 import pytest
 import redis
 
-from journal import Journal, Keyspace, LeaseBusy, Run, Settings, StepEvent
+from journal import Journal, Keyspace, Run, Settings, StepEvent
+from journal.errors import LeaseBusy
 from journal.keys import RunKeys
 from journal.lease import Lease
 from journal.records import Record

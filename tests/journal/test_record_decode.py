@@ -14,7 +14,8 @@ from typing import Any
 import orjson
 import pytest
 
-from journal import CorruptJournal, ManualClock, Run
+from journal import ManualClock, Run
+from journal.errors import CorruptJournal
 from journal.inspect import inspect_run
 from journal.records import Record, decode_journal, ordered
 from tests.conftest import MakeJournal

@@ -8,7 +8,8 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from journal import InvalidRunId, Journal, Run
+from journal import Journal, Run
+from journal.errors import InvalidRunId
 from tests.conftest import MakeJournal
 
 INVALID = {

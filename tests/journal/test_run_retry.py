@@ -12,8 +12,9 @@ from collections.abc import Callable
 
 import pytest
 
-from journal import GaveUp, Journal, ManualClock, RetryScheduled, Run, RunRetry
+from journal import Journal, ManualClock, Run, RunRetry
 from journal.clock import millis
+from journal.errors import GaveUp, RetryScheduled
 from journal.inspect import inspect_run
 from journal.runner import STREAK
 from tests.conftest import MakeJournal

@@ -33,8 +33,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from journal import Effect, Journal, Keyspace, LeaseBusy, LeaseLost, ManualClock, Settings
+from journal import Effect, Journal, Keyspace, ManualClock, Settings
 from journal.clock import millis
+from journal.errors import LeaseBusy, LeaseLost
 from journal.lease import Found, Heartbeat, Lease
 from journal.records import decode_fields
 from journal.steps import Run

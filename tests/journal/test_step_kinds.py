@@ -14,18 +14,9 @@ from typing import Any, cast
 import orjson
 import pytest
 
-from journal import (
-    CorruptJournal,
-    Effect,
-    Fenced,
-    Journal,
-    LeaseLost,
-    ManualClock,
-    Run,
-    StepEvent,
-    UnserializableResult,
-)
+from journal import Effect, Journal, ManualClock, Run, StepEvent
 from journal.clock import millis
+from journal.errors import CorruptJournal, Fenced, LeaseLost, UnserializableResult
 from journal.lease import Lease
 from tests.conftest import MakeJournal
 from tests.support import recorded_events

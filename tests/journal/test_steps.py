@@ -13,18 +13,13 @@ import fakeredis
 import pytest
 import redis
 
-from journal import (
+from journal import Journal, Keyspace, ManualClock, RetryPolicy, Run, StepEvent
+from journal.errors import (
     CorruptJournal,
     Fenced,
-    Journal,
-    Keyspace,
     LeaseBusy,
     LeaseLost,
-    ManualClock,
     ReplayMismatch,
-    RetryPolicy,
-    Run,
-    StepEvent,
     UnserializableResult,
 )
 from tests.conftest import MakeJournal

@@ -13,19 +13,11 @@ import random
 import pytest
 import redis
 
-from journal import (
-    CorruptJournal,
-    Effect,
-    LeaseLost,
-    ManualClock,
-    Run,
-    RunParked,
-    StepEvent,
-    StoreUnavailable,
-)
+from journal import Effect, ManualClock, Run, StepEvent
 from journal.cancel import CANCEL_FIELD
 from journal.clock import millis
 from journal.control import cancel
+from journal.errors import CorruptJournal, LeaseLost, RunParked, StoreUnavailable
 from journal.runner import decode_meta
 from journal.store import jitter
 from tests.conftest import MakeJournal

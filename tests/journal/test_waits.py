@@ -14,12 +14,13 @@ from typing import Any, TypeVar
 import orjson
 import pytest
 
-from journal import Journal, ManualClock, Run, SignalResult, Suspend, Wait
+from journal import Journal, ManualClock, Run, SignalResult
 from journal.backend import Closed
 from journal.clock import millis
 from journal.inspect import inspect_run
 from journal.keys import RunKeys
 from journal.runner import Runner
+from journal.waits import Suspend, Wait
 from tests.conftest import MakeJournal
 
 T0 = 1_800_000_000.0

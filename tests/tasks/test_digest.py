@@ -19,17 +19,8 @@ from typing import Any
 import pytest
 import redis
 
-from journal import (
-    CorruptJournal,
-    Effect,
-    Journal,
-    Keyspace,
-    LeaseBusy,
-    Outcome,
-    Run,
-    Settings,
-    StepEvent,
-)
+from journal import Effect, Journal, Keyspace, Outcome, Run, Settings, StepEvent
+from journal.errors import CorruptJournal, LeaseBusy
 from tasks.cli import main
 from tasks.config import Config
 from tasks.errors import EveryItemRefused, ModelAuthFailed, ModelRefused

@@ -14,10 +14,11 @@ from typing import TypedDict, Unpack
 import pytest
 from celery import Celery
 
-from journal import Journal, ManualClock, Run, Wait
+from journal import Journal, ManualClock, Run
 from journal.clock import millis
 from journal.durable import Durable
 from journal.inspect import inspect_run
+from journal.waits import Wait
 from tasks.model import AnthropicSummarizer
 from tasks.runtime import Runtime
 from tasks.workflow import run_digest

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from journal import Effect, Journal, LeaseLost, Run
+from journal import Effect, Journal, Run
+from journal.errors import LeaseLost
 from tasks.errors import BadInput, MailFailed, MailUnavailable, is_transient_failure
 from tasks.mail import Email, FileOutbox, Receipt, SmtpMailer
 from tests.conftest import MakeJournal

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from journal.embedded import stop_embedded
+from journal.contrib.embedded import stop_embedded
 from tasks.config import Config
 from tasks.schedule import iso_week_run_id
 from tests.support import ROOT

@@ -1,4 +1,4 @@
-"""What the journal store promises to keep, read from the server once at start.
+"""What the journal's server promises to keep, and how far its clock is, read once at start.
 
 The journal is only as durable as Redis is. A step recorded in memory but not yet in the
 append-only file disappears when Redis restarts, and the run then does that step again:
@@ -20,7 +20,10 @@ from typing import Any
 
 import redis
 
-__all__ = ["Persistence", "check_persistence", "wait_for_local_fsync"]
+from journal.clock import Clock
+from journal.errors import ClockSkewed
+
+__all__ = ["MAX_SKEW_S", "Persistence", "check_persistence", "check_skew", "wait_for_local_fsync"]
 
 UNKNOWN = "unknown"
 
@@ -192,3 +195,26 @@ def _address(client: redis.Redis) -> str:
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+MAX_SKEW_S = 2.0
+
+
+def check_skew(client: redis.Redis, clock: Clock, url: str, bound: float = MAX_SKEW_S) -> float:
+    """Refuse to work with a clock too far from the Redis server's; returns the skew.
+
+    Due times, wake-ups and lease deadlines are written by every worker from its own clock and
+    compared by others: one clock off by minutes would wake runs early or sweep them again and
+    again. The server's ``TIME`` is the reference every process shares; a skew within
+    ``bound`` (2 s by default) is far below every lease, sweep and back-off this library uses.
+
+    Raises:
+        ClockSkewed: the skew, measured against the middle of the round trip, exceeds ``bound``.
+    """
+    before = clock.now()
+    seconds, micros = client.time()
+    after = clock.now()
+    skew = (before + after) / 2 - (int(seconds) + int(micros) / 1e6)
+    if abs(skew) > bound:
+        raise ClockSkewed(url, skew, bound)
+    return skew
