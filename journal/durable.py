@@ -36,6 +36,7 @@ from journal.errors import (
     StoreUnavailable,
 )
 from journal.keys import RunKeys
+from journal.limits import redelivers_running
 from journal.redact import redact_exception
 from journal.steps import StepEvent
 from journal.store import Journal, Outcome, jitter
@@ -54,7 +55,7 @@ def at_least_once_settings(*, visibility_timeout: float, task_time_limit: float)
         ValueError: the time limit is not safely below the visibility timeout, which would let
             the broker redeliver a task that is still running.
     """
-    if task_time_limit >= visibility_timeout * 0.9:
+    if redelivers_running(task_time_limit, visibility_timeout):
         raise ValueError(
             f"task_time_limit={task_time_limit:g}s must stay below 90% of the broker's "
             f"visibility_timeout={visibility_timeout:g}s, or Redis redelivers running tasks"

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from journal.limits import redelivers_running, safe_time_limit
 from journal.redact import add_secret, add_url_secrets, redact
 from tasks.cost import PriceTable
 from tasks.errors import BadInput
@@ -208,7 +209,7 @@ class Config:
                 f"DIGEST_TIMEZONE={self.timezone!r}: unknown time zone; use an IANA name such "
                 "as Europe/Berlin"
             ) from None
-        if self.task_time_limit >= self.visibility_timeout * 0.9:
+        if redelivers_running(self.task_time_limit, self.visibility_timeout):
             raise BadInput(
                 f"DIGEST_TASK_TIME_LIMIT={self.task_time_limit:g} must stay below 90% of "
                 f"DIGEST_VISIBILITY_TIMEOUT={self.visibility_timeout:g}, or the broker "
@@ -218,12 +219,12 @@ class Config:
         # 30 minutes still apply), and as a queue argument it makes every later declaration of
         # an existing queue fail (PRECONDITION_FAILED). The broker's operator owns the timeout.
         amqp = self.broker_url is not None and urlsplit(self.broker_url).scheme in AMQP_SCHEMES
-        if amqp and self.task_time_limit >= self.consumer_timeout * 0.9:
+        if amqp and redelivers_running(self.task_time_limit, self.consumer_timeout):
             raise BadInput(
                 f"DIGEST_TASK_TIME_LIMIT={self.task_time_limit:g} must stay below 90% of "
                 f"RabbitMQ's consumer timeout (DIGEST_CONSUMER_TIMEOUT={self.consumer_timeout:g}"
                 "), or RabbitMQ closes the channel of a delivery still running and redelivers "
-                f"it; lower DIGEST_TASK_TIME_LIMIT to {int(self.consumer_timeout * 0.9) - 1} or "
+                f"it; lower DIGEST_TASK_TIME_LIMIT to {safe_time_limit(self.consumer_timeout)} or "
                 "less, or raise consumer_timeout on the broker and DIGEST_CONSUMER_TIMEOUT to match"
             )
         if self.model_timeout >= self.task_time_limit:
