@@ -29,7 +29,8 @@ print(json.dumps({
     "visibility_timeout": conf.broker_transport_options["visibility_timeout"],
     "time_limits": [conf.task_time_limit, conf.task_soft_time_limit],
     "cancel_on_connection_loss": conf.worker_cancel_long_running_tasks_on_connection_loss,
-    "digest": [digest.acks_late, digest.reject_on_worker_lost, digest.max_retries],
+    "digest": [digest.task.acks_late, digest.task.reject_on_worker_lost, digest.task.max_retries],
+    "task": digest.name,
     "max_countdown": durable.max_countdown,
     "queue": conf.task_default_queue,
     "dispatched": [dispatch_weekly(), dispatch_weekly()],
@@ -55,6 +56,7 @@ def test_the_app_runs_with_the_at_least_once_settings_and_beat_enqueues_each_wee
     assert seen["time_limits"] == [1800, 1620]
     assert seen["cancel_on_connection_loss"] is True
     assert seen["digest"] == [True, True, None]
+    assert seen["task"] == "tasks.digest"
     assert seen["max_countdown"] == 900.0  # a quarter of the visibility timeout
 
     (first, again) = seen["dispatched"]
