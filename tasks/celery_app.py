@@ -32,6 +32,7 @@ from journal.durable import SWEEP_TASK, Durable, at_least_once_settings
 from journal.embedded import embedded_broker_url
 from journal.events import emit
 from journal.redact import redact_logging
+from tasks import workflow
 from tasks.config import Config
 from tasks.dispatch import dispatch_due
 from tasks.errors import BadInput
@@ -40,10 +41,9 @@ from tasks.runtime import (
     broker_url,
     connect,
     prepare_metrics,
+    process_runtime,
     store_url,
-    worker_runtime,
 )
-from tasks.workflow import crash_point, run_digest
 
 log = logging.getLogger("tasks.digest")
 
@@ -180,39 +180,23 @@ def forget_child(pid: int | None = None, **_: Any) -> None:
 
 
 def on_step(event: StepEvent) -> None:
-    """Log and count each step, and honour ``CRASH=after:<step>`` on the worker too."""
+    """Log and count each step a delivery runs or replays."""
     log.info("%s %s", "replayed" if event.replayed else "ran", event.key)
     emit("step", "replayed" if event.replayed else "ran")
-    if not event.replayed:
-        crash_point(f"after:{event.key}")
 
 
 durable = Durable(
-    app, lambda: worker_runtime().journal, on_step=on_step, max_countdown=config.max_countdown
+    app, lambda: process_runtime().journal, on_step=on_step, max_countdown=config.max_countdown
 )
 
-
-def frozen_settings() -> dict[str, Any]:
-    """The recipient and the approval gate, read at a run's first start and frozen with it."""
-    return {"to": config.recipient, "approval": config.approval}
-
-
-@durable.workflow("digest", task_name="tasks.digest", defaults=frozen_settings)
-def digest(
-    run: Any, *, to: str | None = None, items: str | None = None, approval: bool | None = None
-) -> dict[str, Any]:
-    """The weekly digest for one run id: ``digest.delay("2026-w42")``.
-
-    A dry run is a command-line preview (``digest run --dry-run``) in a scratch journal; a
-    worker never runs one, so ``dry_run`` is refused here like any unknown option.
-    """
-    return run_digest(run, worker_runtime(), to=to, items=items, approval=approval)
+# The workflow tasks.workflow defines (and the command line runs there), delivered as a task.
+digest = durable.deliver(workflow.digest, task_name="tasks.digest")
 
 
 @app.task(name="tasks.dispatch_weekly", ignore_result=True)
 def dispatch_weekly() -> list[str]:
     """Enqueue this week's digest (and any week missed while beat was down), once each."""
-    runtime = worker_runtime()
+    runtime = process_runtime()
     return dispatch_due(
         runtime.client,
         runtime.keys,

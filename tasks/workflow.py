@@ -10,38 +10,77 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import redis
 
-from journal import Effect, RetryPolicy, Run, SignalResult, codec
+from journal import Effect, Journal, RetryPolicy, Run, SignalResult, codec
 from journal.events import emit
+from journal.workflow import workflow
+from tasks import faults
 from tasks.cost import BudgetExceeded, is_call
 from tasks.errors import EveryItemRefused, ItemRefused, ModelUnavailable
 from tasks.items import Item, load_items
 from tasks.keys import text
 from tasks.mail import Email, Receipt
 from tasks.model import Completion, is_transient, retry_after_seconds
-from tasks.runtime import Runtime
-
-CRASH_EXIT_STATUS = 137
+from tasks.runtime import Runtime, process_config, process_runtime
 
 
-def crash_point(point: str) -> None:
-    """Fault injection: ``CRASH=<point>`` ends the process here at once, like a kill -9.
+@dataclass(frozen=True)
+class DigestOptions:
+    """What one digest may be given besides its run id; what is left None is a setting.
 
-    No cleanup runs and the lease stays behind, which is the realistic case to test.
+    Attributes:
+        to: the recipient (``DIGEST_TO``).
+        items: the items file (``DIGEST_ITEMS``).
+        approval: wait for a human's approval before sending (``DIGEST_APPROVAL``).
     """
-    if os.environ.get("CRASH") == point:
-        print(f"  ** simulated crash at {point} **", flush=True)
-        sys.stdout.flush()
-        os._exit(CRASH_EXIT_STATUS)
+
+    to: str | None = None
+    items: str | None = None
+    approval: bool | None = None
+
+
+def frozen_settings() -> dict[str, Any]:
+    """The recipient and the approval gate, read at a run's first start and frozen with it."""
+    config = process_config()
+    return {"to": config.recipient, "approval": config.approval}
+
+
+def _journal() -> Journal:
+    return process_runtime().journal
+
+
+@workflow(
+    "digest",
+    options=DigestOptions,
+    journal=_journal,
+    defaults=frozen_settings,
+    on_step=faults.after_step,
+)
+def digest(run: Run, options: DigestOptions) -> dict[str, Any]:
+    """The weekly digest for one run id: ``digest.delay("2026-w42")`` or ``digest run``.
+
+    Defined here, where Celery is not imported, so ``digest run`` runs it without Celery;
+    ``tasks.celery_app`` delivers this same workflow as the task ``tasks.digest``.
+    """
+    return run_digest(run, process_runtime(), options)
+
+
+@workflow("digest-dry", options=DigestOptions, journal=_journal, on_step=faults.after_step)
+def preview(run: Run, options: DigestOptions) -> dict[str, Any]:
+    """A dry run (``digest run --dry-run``): every step but send and mark-seen.
+
+    A workflow of its own, in a scratch journal the command line deletes afterwards, and never
+    delivered to a worker: ``DigestOptions`` has no dry-run flag a message could carry.
+    """
+    return run_digest(run, process_runtime(), options, dry_run=True)
 
 
 class CallCounter:
@@ -73,14 +112,13 @@ def model_retry_policy(runtime: Runtime) -> RetryPolicy:
 def run_digest(
     run: Run,
     runtime: Runtime,
+    options: DigestOptions = DigestOptions(),
     *,
-    to: str | None = None,
-    items: str | None = None,
-    approval: bool | None = None,
     dry_run: bool = False,
 ) -> dict[str, Any]:
     """The job. Returns the report the CLI prints and the Celery result stores."""
     config = runtime.config
+    to, items, approval = options.to, options.items, options.approval
     calls = CallCounter()
     policy = model_retry_policy(runtime)
 
@@ -321,7 +359,7 @@ def draft_digest(draft: dict[str, str]) -> str:
 def send(runtime: Runtime, key: str, email: Email, effect: Effect) -> dict[str, Any]:
     """Deliver as a fenced effect; the dangerous moment is after delivery, before the record."""
     receipt = runtime.mailer.send(key, email, effect)
-    crash_point("before-save:send")
+    faults.before_saving_send()
     return receipt.to_json()
 
 
