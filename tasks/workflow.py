@@ -11,11 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import redis
 
@@ -30,6 +30,8 @@ from tasks.keys import text
 from tasks.mail import Email, Receipt
 from tasks.model import Completion, is_transient, retry_after_seconds
 from tasks.runtime import Runtime, process_config, process_runtime
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,30 @@ def preview(run: Run, options: DigestOptions) -> dict[str, Any]:
     return run_digest(run, process_runtime(), options, dry_run=True)
 
 
+@dataclass(frozen=True)
+class Recorded(Generic[T]):
+    """How a typed step result is recorded: to JSON and back, the one place each is written."""
+
+    encode: Callable[[T], Any]
+    decode: Callable[[Any], T]
+
+
+ITEMS: Recorded[list[Item]] = Recorded(
+    lambda items: [item.to_json() for item in items],
+    lambda recorded: [Item.from_json(entry) for entry in recorded],
+)
+EMAIL: Recorded[Email] = Recorded(lambda email: email_json(email), lambda drafted: Email(**drafted))
+
+
+def typed_step(run: Run, key: str, recorded: Recorded[T], fn: Callable[[], T]) -> T:
+    """``run.step`` for a result that is a type: recorded as JSON, handed back decoded.
+
+    Decoded on the first attempt as on a replay, so both see the very same value (the JSON
+    form, not the object ``fn`` built), and the record is what the journal always held.
+    """
+    return recorded.decode(run.step(key, lambda: recorded.encode(fn())))
+
+
 class CallCounter:
     """Model calls made in this attempt (replayed steps make none)."""
 
@@ -127,8 +153,9 @@ def run_digest(
     # outage) gets the rest, never the same items. A run that ends without sending lets go.
     owner = f"{run.workflow}:{run.run_id}"
     path = Path(items or config.items_path)
-    selected = run.step("select", lambda: select_unseen(runtime, path, owner, claim=not dry_run))
-    week = [Item.from_json(entry) for entry in selected]
+    week = typed_step(
+        run, "select", ITEMS, lambda: select_unseen(runtime, path, owner, claim=not dry_run)
+    )
     if not week:
         run.step("done", lambda: True)
         return report("nothing-new", 0, calls)
@@ -163,10 +190,9 @@ def run_digest(
     # An optional human gate: the run suspends (no worker slot held) until approved.
     if config.approval if approval is None else approval:
         # The reviewer approves this recorded draft, by its digest, and exactly it is sent.
-        drafted = run.step("draft", lambda: email_json(email))
-        email = Email(**drafted)
+        email = typed_step(run, "draft", EMAIL, lambda: email)
         decision = run.wait_for_signal("approval", timeout=config.approval_timeout)
-        reason = _refusal(decision, draft_digest(drafted))
+        reason = _refusal(decision, draft_digest(email_json(email)))
         if reason is not None:
             status = "expired" if decision.timed_out else "rejected"
             run.step("done", lambda: release(runtime, owner, [item.id for item in week]))
@@ -189,9 +215,7 @@ def run_digest(
 # -- the steps' bodies ------------------------------------------------------------------------
 
 
-def select_unseen(
-    runtime: Runtime, path: Path, owner: str, *, claim: bool = True
-) -> list[dict[str, str]]:
+def select_unseen(runtime: Runtime, path: Path, owner: str, *, claim: bool = True) -> list[Item]:
     """This week's items no earlier digest covered and no other run holds, claimed for ``owner``.
 
     Each claim is an ``HSETNX``: of two runs selecting at once, each item goes to one. A
@@ -211,7 +235,7 @@ def select_unseen(
     if claim:
         holders = take_over_from_cancelled(runtime, owner, [item.id for item in fresh], holders)
     return [
-        item.to_json()
+        item
         for item, holder in zip(fresh, holders, strict=True)
         if holder is None or text(holder) == owner
     ]
