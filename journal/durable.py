@@ -16,12 +16,11 @@ long waits go to the due index instead of the broker.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Generic, TypeVar, overload
 
 from celery import Celery, Task
 
-from journal.arguments import check_arguments
 from journal.clock import SystemClock
 from journal.errors import (
     CorruptJournal,
@@ -36,26 +35,29 @@ from journal.errors import (
     StoreUnavailable,
 )
 from journal.keys import RunKeys
+from journal.limits import redelivers_running
 from journal.redact import redact_exception
 from journal.runner import Outcome
-from journal.steps import StepEvent
+from journal.steps import Run, StepEvent
 from journal.store import Journal, jitter
+from journal.workflow import Defaults, Observer, Workflow
 
 log = logging.getLogger(__name__)
 
 SWEEP_TASK = "journal.sweep"
 
-Workflow = Callable[..., Any]
+Opts = TypeVar("Opts")
+R = TypeVar("R")
 
 
 def at_least_once_settings(*, visibility_timeout: float, task_time_limit: float) -> dict[str, Any]:
-    """The Celery settings durable workflows need, with the reason for each in the README.
+    """The Celery settings durable workflows need (each one's reason: docs/operations.md).
 
     Raises:
         ValueError: the time limit is not safely below the visibility timeout, which would let
             the broker redeliver a task that is still running.
     """
-    if task_time_limit >= visibility_timeout * 0.9:
+    if redelivers_running(task_time_limit, visibility_timeout):
         raise ValueError(
             f"task_time_limit={task_time_limit:g}s must stay below 90% of the broker's "
             f"visibility_timeout={visibility_timeout:g}s, or Redis redelivers running tasks"
@@ -85,7 +87,8 @@ class Durable:
             Redis connection is shared between parent and child.
         on_step: told of every step each delivery runs or replays (logging, fault injection).
         max_countdown: the longest countdown this module will ever ask the broker for; keep it
-            a fraction of the visibility timeout.
+            a fraction of the visibility timeout. A function is called when a countdown is
+            first needed, so an app configured lazily can pass one of its settings.
         store_backoff_cap: the longest wait between deliveries retried while Redis is down.
     """
 
@@ -95,13 +98,13 @@ class Durable:
         journal: Callable[[], Journal],
         *,
         on_step: Callable[[StepEvent], None] | None = None,
-        max_countdown: float = 300.0,
+        max_countdown: float | Callable[[], float] = 300.0,
         store_backoff_cap: float = 60.0,
     ) -> None:
         self.app = app
         self._journal = journal
         self._on_step = on_step
-        self.max_countdown = max_countdown
+        self._max_countdown = max_countdown
         self.store_backoff_cap = store_backoff_cap
         self.tasks: dict[str, Task] = {}
 
@@ -116,59 +119,101 @@ class Durable:
         # second app's sweep would run the first app's journal.
         app.task(name=SWEEP_TASK, ignore_result=True, shared=False)(sweep)
 
+    @property
+    def max_countdown(self) -> float:
+        """The longest countdown asked of the broker, read once it is needed."""
+        if callable(self._max_countdown):
+            self._max_countdown = self._max_countdown()
+        return self._max_countdown
+
+    @overload
     def workflow(
         self,
         name: str,
         *,
         task_name: str,
-        defaults: Callable[[], dict[str, Any]] | None = None,
-        **options: Any,
-    ) -> Callable[[Workflow], Task]:
-        """Turn ``fn(run, **kwargs)`` into a task delivered as ``task.delay(run_id, **kwargs)``.
+        options: type[Opts],
+        defaults: Defaults | None = None,
+        on_step: Observer | None = None,
+        **celery_options: Any,
+    ) -> Callable[[Callable[[Run, Opts], R]], DurableWorkflow[Opts, R]]: ...
 
-        The keyword options are checked against ``fn``'s signature before anything is written
-        (``journal.arguments``). ``defaults()`` fills the options a delivery left out (a
-        setting read from the environment, say), so they are frozen with the others at the
-        run's first start and a later change of the environment cannot change a started run.
+    @overload
+    def workflow(
+        self,
+        name: str,
+        *,
+        task_name: str,
+        options: None = None,
+        defaults: Defaults | None = None,
+        on_step: Observer | None = None,
+        **celery_options: Any,
+    ) -> Callable[[Callable[..., R]], DurableWorkflow[dict[str, Any], R]]: ...
+
+    def workflow(
+        self,
+        name: str,
+        *,
+        task_name: str,
+        options: type[Any] | None = None,
+        defaults: Defaults | None = None,
+        on_step: Observer | None = None,
+        **celery_options: Any,
+    ) -> Callable[[Callable[..., Any]], DurableWorkflow[Any, Any]]:
+        """Define ``fn`` as a workflow (``journal.workflow``) and deliver it as a Celery task.
+
+        The task is delivered as ``wf.delay(run_id, **options)``; the same object runs a run in
+        this process with ``wf.run_here(run_id, options)``. ``celery_options`` go to
+        ``app.task``.
         """
 
-        def decorate(fn: Workflow) -> Task:
-            def deliver(task: Task, run_id: str, **kwargs: Any) -> dict[str, Any]:
-                args = kwargs if defaults is None else {**defaults(), **kwargs}
-                return self._deliver(task, name, fn, run_id, args)
-
-            deliver.__doc__ = fn.__doc__
-            task: Task = self.app.task(
-                name=task_name,
-                bind=True,
-                acks_late=True,
-                reject_on_worker_lost=True,
-                # No ceiling of its own: Celery reads retry(max_retries=None) as "the task's
-                # default" (3 unless set here), and neither a busy run nor a store outage may
-                # run out of retries.
-                max_retries=None,
-                shared=False,
-                **options,
-            )(deliver)
-            self.tasks[name] = task
-            return task
+        def decorate(fn: Callable[..., Any]) -> DurableWorkflow[Any, Any]:
+            defined: Workflow[Any, Any] = Workflow(
+                name,
+                fn,
+                journal=self._journal,
+                options=options,
+                defaults=defaults,
+                on_step=on_step,
+            )
+            return self.deliver(defined, task_name=task_name, **celery_options)
 
         return decorate
 
+    def deliver(
+        self, workflow: Workflow[Opts, R], *, task_name: str, **celery_options: Any
+    ) -> DurableWorkflow[Opts, R]:
+        """Register ``workflow`` as the Celery task ``task_name``, delivered with this journal.
+
+        For a workflow defined where Celery is not imported (a command line runs it there).
+        """
+
+        def deliver(task: Task, run_id: str, **kwargs: Any) -> dict[str, Any]:
+            return self._deliver(task, workflow, run_id, kwargs)
+
+        deliver.__doc__ = workflow.__doc__
+        task: Task = self.app.task(
+            name=task_name,
+            bind=True,
+            acks_late=True,
+            reject_on_worker_lost=True,
+            # No ceiling of its own: Celery reads retry(max_retries=None) as "the task's
+            # default" (3 unless set here), and neither a busy run nor a store outage may
+            # run out of retries.
+            max_retries=None,
+            shared=False,
+            **celery_options,
+        )(deliver)
+        self.tasks[workflow.name] = task
+        return DurableWorkflow(workflow, task)
+
     def _deliver(
-        self, task: Task, name: str, fn: Workflow, run_id: str, kwargs: dict[str, Any]
+        self, task: Task, workflow: Workflow[Any, Any], run_id: str, kwargs: dict[str, Any]
     ) -> dict[str, Any]:
+        name = workflow.name
         try:
-            journal = self._journal()
-            keys = journal.keys(name, run_id)
-            check_arguments(keys.run, fn, kwargs)
-            outcome = journal.execute(
-                name,
-                run_id,
-                lambda run: fn(run, **run.args),
-                args=kwargs,
-                on_step=self._on_step,
-                delivered=True,
+            outcome = workflow.execute(
+                run_id, kwargs, journal=self._journal(), on_step=self._on_step, delivered=True
             )
         except (InvalidRunId, InvalidArguments) as invalid:
             log.error("%s", invalid)  # one line; redelivering cannot fix it
@@ -291,3 +336,69 @@ class Durable:
         if enqueued:
             log.info("due sweep enqueued %d run(s)", enqueued)
         return enqueued
+
+
+class DurableWorkflow(Generic[Opts, R]):
+    """A workflow and the Celery task that delivers it: one object, registered once.
+
+    ``delay`` and ``apply_async`` check the options before the message is sent, so a bad one
+    is refused to the caller in one line (``InvalidArguments``) instead of in a worker's log;
+    a worker still checks what it is delivered (a message from elsewhere, an older client).
+    ``run_here`` runs a run in this process, the way a delivery does.
+
+    Attributes:
+        workflow: the definition (``journal.workflow.Workflow``).
+        task: the Celery task, for what Celery offers beyond sending (``AsyncResult``, ...).
+    """
+
+    def __init__(self, workflow: Workflow[Opts, R], task: Task) -> None:
+        self.workflow = workflow
+        self.task = task
+        self.__doc__ = workflow.__doc__
+
+    def __repr__(self) -> str:
+        return f"<DurableWorkflow {self.workflow.name} as {self.task.name}>"
+
+    @property
+    def name(self) -> str:
+        """The Celery task's name, as a task's ``name`` is (the workflow's: ``workflow.name``)."""
+        return str(self.task.name)
+
+    def delay(self, run_id: str, **options: Any) -> Any:
+        """Send one delivery of ``run_id``, like Celery's ``delay``, once its options pass.
+
+        Raises:
+            InvalidRunId, InvalidArguments: nothing was sent.
+        """
+        return self.apply_async(args=[run_id], kwargs=options)
+
+    def apply_async(
+        self,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any] | None = None,
+        **celery_options: Any,
+    ) -> Any:
+        """Celery's ``apply_async`` (``args`` is ``[run_id]``), once the options pass.
+
+        Raises:
+            InvalidRunId, InvalidArguments: nothing was sent.
+        """
+        (run_id,) = args
+        checked = self.workflow.check(run_id, kwargs or {})
+        return self.task.apply_async(args=[run_id], kwargs=checked, **celery_options)
+
+    def send(self, run_id: str, options: Opts | None = None, **celery_options: Any) -> Any:
+        """``apply_async`` with typed options."""
+        kwargs = self.workflow.encode(options)
+        return self.apply_async(args=[run_id], kwargs=kwargs, **celery_options)
+
+    def run_here(
+        self,
+        run_id: str,
+        options: Opts | None = None,
+        *,
+        on_step: Observer | None = None,
+        journal: Journal | None = None,
+    ) -> Outcome:
+        """Run (or resume) one run in this process (``Workflow.run_here``)."""
+        return self.workflow.run_here(run_id, options, on_step=on_step, journal=journal)

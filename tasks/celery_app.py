@@ -1,17 +1,21 @@
 """The Celery app: at-least-once settings, the durable ``digest`` task, beat's schedule.
 
 ``celery -A tasks worker`` and ``celery -A tasks beat`` load this module through
-``tasks/__init__.py``. With no ``REDIS_URL``, importing it makes sure the embedded server
-runs, since it is the broker; the journal itself is built lazily in each pool child, after
-the fork, so no connection is shared between processes.
+``tasks/__init__.py``. Importing it reads nothing and starts nothing: the environment is read
+when Celery first needs its configuration (a worker or beat starting, the first ``delay``),
+and only then, with no ``REDIS_URL``, is the embedded server started, since it is the broker.
+The journal itself is built lazily in each pool child, after the fork, so no connection is
+shared between processes.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import ssl
 import sys
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,7 @@ from journal.durable import SWEEP_TASK, Durable, at_least_once_settings
 from journal.errors import ClockSkewed
 from journal.events import emit
 from journal.redact import redact_logging
+from tasks import workflow
 from tasks.config import Config
 from tasks.dispatch import dispatch_due
 from tasks.errors import BadInput
@@ -42,22 +47,30 @@ from tasks.runtime import (
     broker_url,
     connect,
     prepare_metrics,
+    process_config,
+    process_runtime,
     store_url,
-    worker_runtime,
 )
-from tasks.workflow import crash_point, run_digest
 
 log = logging.getLogger("tasks.digest")
 
-try:
-    config = Config.from_env()
-except BadInput as bad:
-    if Path(sys.argv[0]).name != "celery" and not sys.argv[0].endswith("celery/__main__.py"):
-        raise  # imported by other code (`from tasks import digest`): its exception to handle
-    # `celery -A tasks worker` or beat refusing a setting: one line and exit status 2, like
-    # the CLI, instead of a traceback from inside Celery's app loading.
-    print(f"digest: {bad}", file=sys.stderr)
-    raise SystemExit(2) from None
+
+def settings() -> Config:
+    """The settings, read on first use; a refused one ends ``celery -A tasks`` in one line.
+
+    Raises:
+        BadInput: a setting is refused, in a process other than the ``celery`` command (code
+            that imported the app: its exception to handle).
+    """
+    try:
+        return process_config()
+    except BadInput as bad:
+        if Path(sys.argv[0]).name != "celery" and not sys.argv[0].endswith("celery/__main__.py"):
+            raise
+        # `celery -A tasks worker` or beat refusing a setting: one line and exit status 2, like
+        # the CLI, instead of a traceback from inside Celery's configuration loading.
+        print(f"digest: {bad}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
 
 
 def result_backend(config: Config) -> str:
@@ -89,28 +102,58 @@ def verified_tls(url: str) -> dict[str, Any] | None:
     return {"ssl_cert_reqs": ssl.CERT_REQUIRED}
 
 
-app = Celery("tasks", broker=broker_url(config))
-app.conf.update(
-    at_least_once_settings(
-        visibility_timeout=config.visibility_timeout, task_time_limit=config.task_time_limit
-    ),
-    broker_use_ssl=verified_tls(broker_url(config)),
-    result_backend=result_backend(config),
-    redis_backend_use_ssl=verified_tls(result_backend(config)),
-    result_expires=7 * 24 * 3600,
-    task_default_queue=config.queue,
-    worker_soft_shutdown_timeout=config.soft_shutdown_timeout,
-    timezone=config.timezone,
-    beat_schedule={
-        "digest-weekly": {
-            "task": "tasks.dispatch_weekly",
-            "schedule": crontab(minute="0", hour="8", day_of_week="mon"),
+def celery_settings(config: Config) -> dict[str, Any]:
+    """Celery's configuration for these settings: the at-least-once ones, broker, schedule."""
+    broker = broker_url(config)
+    backend = result_backend(config)
+    return {
+        **at_least_once_settings(
+            visibility_timeout=config.visibility_timeout, task_time_limit=config.task_time_limit
+        ),
+        "broker_url": broker,
+        "broker_use_ssl": verified_tls(broker),
+        "result_backend": backend,
+        "redis_backend_use_ssl": verified_tls(backend),
+        "result_expires": 7 * 24 * 3600,
+        "task_default_queue": config.queue,
+        "worker_soft_shutdown_timeout": config.soft_shutdown_timeout,
+        "timezone": config.timezone,
+        "beat_schedule": {
+            "digest-weekly": {
+                "task": "tasks.dispatch_weekly",
+                "schedule": crontab(minute="0", hour="8", day_of_week="mon"),
+            },
+            # The same idempotent dispatcher, hourly: catches up on Mondays beat was down for.
+            "digest-catch-up": {"task": "tasks.dispatch_weekly", "schedule": crontab(minute="5")},
+            "journal-sweep": {"task": SWEEP_TASK, "schedule": config.sweep_interval},
         },
-        # The same idempotent dispatcher, hourly: catches up on Mondays beat was down for.
-        "digest-catch-up": {"task": "tasks.dispatch_weekly", "schedule": crontab(minute="5")},
-        "journal-sweep": {"task": SWEEP_TASK, "schedule": config.sweep_interval},
-    },
-)
+    }
+
+
+class LazySettings(Mapping[str, Any]):
+    """Celery's configuration source, computed from the environment when Celery first reads it.
+
+    Celery reads a configuration object when its configuration is first needed and, should
+    reading it fail, reads it again on the next use; so a refused setting is refused at every
+    use rather than leaving Celery on its defaults (a broker on localhost).
+    """
+
+    @functools.cached_property
+    def _values(self) -> dict[str, Any]:
+        return celery_settings(settings())
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+app = Celery("tasks")
+app.config_from_object(LazySettings())
 
 
 @worker_init.connect
@@ -132,7 +175,7 @@ def refuse_a_skewed_clock(**_: Any) -> None:
     worker with a good clock could have run it. A store that is down is not refused here: the
     deliveries wait for it, as they do for any outage.
     """
-    url = store_url(config)
+    url = store_url(settings())
     try:
         check_skew(connect(url), SystemClock(), url)
     except (redis.ConnectionError, redis.TimeoutError):
@@ -159,6 +202,7 @@ def serve_metrics(**_: Any) -> None:
     Set up before the pool forks, so each child counts into its own files in the shared
     multiprocess directory and a scrape here adds them up, dead children's included.
     """
+    config = settings()
     if config.metrics_port is None:
         return
     prepare_metrics(config.state_dir / f"metrics-{os.getpid()}")
@@ -175,46 +219,34 @@ def serve_metrics(**_: Any) -> None:
 @worker_process_shutdown.connect
 def forget_child(pid: int | None = None, **_: Any) -> None:
     """A pool child's live gauges go with it; its counters stay in the sum."""
-    if config.metrics_port is not None:
+    if settings().metrics_port is not None:
         from tasks import metrics
 
         metrics.child_exited(pid or os.getpid())
 
 
 def on_step(event: StepEvent) -> None:
-    """Log and count each step, and honour ``CRASH=after:<step>`` on the worker too."""
+    """Log and count each step a delivery runs or replays."""
     log.info("%s %s", "replayed" if event.replayed else "ran", event.key)
     emit("step", "replayed" if event.replayed else "ran")
-    if not event.replayed:
-        crash_point(f"after:{event.key}")
 
 
 durable = Durable(
-    app, lambda: worker_runtime().journal, on_step=on_step, max_countdown=config.max_countdown
+    app,
+    lambda: process_runtime().journal,
+    on_step=on_step,
+    max_countdown=lambda: settings().max_countdown,
 )
 
-
-def frozen_settings() -> dict[str, Any]:
-    """The recipient and the approval gate, read at a run's first start and frozen with it."""
-    return {"to": config.recipient, "approval": config.approval}
-
-
-@durable.workflow("digest", task_name="tasks.digest", defaults=frozen_settings)
-def digest(
-    run: Any, *, to: str | None = None, items: str | None = None, approval: bool | None = None
-) -> dict[str, Any]:
-    """The weekly digest for one run id: ``digest.delay("2026-w42")``.
-
-    A dry run is a command-line preview (``digest run --dry-run``) in a scratch journal; a
-    worker never runs one, so ``dry_run`` is refused here like any unknown option.
-    """
-    return run_digest(run, worker_runtime(), to=to, items=items, approval=approval)
+# The workflow tasks.workflow defines (and the command line runs there), delivered as a task.
+digest = durable.deliver(workflow.digest, task_name="tasks.digest")
 
 
 @app.task(name="tasks.dispatch_weekly", ignore_result=True)
 def dispatch_weekly() -> list[str]:
     """Enqueue this week's digest (and any week missed while beat was down), once each."""
-    runtime = worker_runtime()
+    runtime = process_runtime()
+    config = runtime.config
     return dispatch_due(
         runtime.client,
         runtime.keys,

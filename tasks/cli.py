@@ -30,13 +30,11 @@ from tasks.cost import dollars, is_call, usage_of
 from tasks.errors import BadInput, DigestError
 from tasks.items import load_items
 from tasks.model import OfflineSummarizer
-from tasks.runtime import Runtime
+from tasks.runtime import Runtime, use_runtime
 from tasks.schedule import iso_week_run_id
-from tasks.workflow import crash_point, draft_digest, receipt_line, run_digest
+from tasks.workflow import DigestOptions, digest, draft_digest, preview, receipt_line
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BUSY = 0, 1, 2, 3
-WORKFLOW = "digest"
-DRY_RUN_WORKFLOW = "digest-dry"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -110,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _step_printer(offline: OfflineSummarizer | None) -> Callable[[StepEvent], None]:
-    """Print each step as the tutorial does, and fire its crash point.
+    """Print each step as the tutorial does (the workflow fires its crash point after).
 
     Offline, the note says so once, before the first step that made a summary: steps are
     reported in order, so it lands on the same line at any concurrency.
@@ -123,8 +121,6 @@ def _step_printer(offline: OfflineSummarizer | None) -> Callable[[StepEvent], No
             print("  (no ANTHROPIC_API_KEY: using the offline summarizer)", file=sys.stderr)
             noted = True
         print(f"{'  replayed' if event.replayed else '  ran     '} {event.key}", flush=True)
-        if not event.replayed:
-            crash_point(f"after:{event.key}")
 
     return print_step
 
@@ -132,38 +128,34 @@ def _step_printer(offline: OfflineSummarizer | None) -> Callable[[StepEvent], No
 def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Run (or resume) one digest here, printing each step as it runs or replays."""
     runtime = Runtime.build(config, allow_offline=True)
+    use_runtime(runtime)  # the workflow's runtime in this process: offline allowed
     journal = runtime.journal
     offline = runtime.summarizer if isinstance(runtime.summarizer, OfflineSummarizer) else None
     if args.retry:  # only a failed run: any other is refused, and nothing is written
-        retry_run(journal, WORKFLOW, run_id)
-        print(f"  reset {WORKFLOW}:{run_id}: its next start is a deliberate retry", file=sys.stderr)
-    workflow = DRY_RUN_WORKFLOW if args.dry_run else WORKFLOW
-    view = inspect_run(journal, workflow, run_id)
+        retry_run(journal, digest.name, run_id)
+        print(
+            f"  reset {digest.name}:{run_id}: its next start is a deliberate retry", file=sys.stderr
+        )
+    # A dry run is a workflow of its own, in a scratch journal: a worker never runs a preview.
+    workflow = preview if args.dry_run else digest
+    view = inspect_run(journal, workflow.name, run_id)
     if view.step("select") is None and view.status not in ("done", "cancelled"):
         load_items(args.items or config.items_path)  # bad input: refused before any write
-    # What a worker would freeze (tasks.celery_app.digest): the recipient and the gate are
+    # What a worker would freeze (the workflow's defaults): the recipient and the gate are
     # read now, at the first start, and a later change of the environment changes nothing.
-    options: dict[str, Any] = {
-        "to": args.to or config.recipient,
-        "items": args.items,
-        "approval": True if args.approval else config.approval,
-    }
-    if args.dry_run:  # the scratch journal only: a worker never runs a preview
-        options["dry_run"] = True
+    options = DigestOptions(
+        to=args.to or config.recipient,
+        items=args.items,
+        approval=True if args.approval else config.approval,
+    )
     try:
-        outcome = journal.execute(
-            workflow,
-            run_id,
-            lambda run: run_digest(run, runtime, **run.args),
-            args=options,
-            on_step=_step_printer(offline),
-        )
+        outcome = workflow.run_here(run_id, options, on_step=_step_printer(offline))
     except RunParked as parked:
         print(f"failed: {parked}", file=sys.stderr)
         return EXIT_FAILED
     finally:
         if args.dry_run:
-            journal.delete(DRY_RUN_WORKFLOW, run_id)
+            journal.delete(preview.name, run_id)
     if outcome.status == "cancelled":
         print(f"cancelled: {outcome.run} was cancelled; nothing more runs or is sent")
         return EXIT_OK
@@ -197,17 +189,17 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
 
 def cmd_enqueue(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Hand the run to the workers; a duplicate enqueue is harmless (the lease and journal)."""
-    from tasks.celery_app import digest
+    from tasks.celery_app import digest as task
 
-    result = digest.apply_async(args=[run_id])
-    print(f"enqueued digest:{run_id} as task {result.id}; `celery -A tasks worker` runs it")
+    result = task.delay(run_id)
+    print(f"enqueued {digest.name}:{run_id} as task {result.id}; `celery -A tasks worker` runs it")
     return EXIT_OK
 
 
 def cmd_show(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Print what the journal knows about a run."""
     runtime = Runtime.build(config, allow_offline=True)
-    view = inspect_run(runtime.journal, WORKFLOW, run_id)
+    view = inspect_run(runtime.journal, digest.name, run_id)
     # Masked again here: a journal written before masking, or by other code, may hold a secret.
     if args.json:
         print(redact(json.dumps(_view_json(view), indent=2, sort_keys=True)))

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from journal.limits import redelivers_running, safe_time_limit
 from journal.redact import add_secret, add_url_secrets, redact
 from tasks.cost import PriceTable
 from tasks.errors import BadInput
@@ -89,7 +90,7 @@ def _check_url(name: str, url: str | None, schemes: tuple[str, ...] | None) -> N
 
 @dataclass(frozen=True)
 class Config:
-    """Every setting of the digest, with the defaults the README documents.
+    """Every setting of the digest, with the defaults docs/configuration.md documents.
 
     Attributes:
         redis_url: the journal store; None means the embedded Valkey in ``state_dir``.
@@ -208,7 +209,7 @@ class Config:
                 f"DIGEST_TIMEZONE={self.timezone!r}: unknown time zone; use an IANA name such "
                 "as Europe/Berlin"
             ) from None
-        if self.task_time_limit >= self.visibility_timeout * 0.9:
+        if redelivers_running(self.task_time_limit, self.visibility_timeout):
             raise BadInput(
                 f"DIGEST_TASK_TIME_LIMIT={self.task_time_limit:g} must stay below 90% of "
                 f"DIGEST_VISIBILITY_TIMEOUT={self.visibility_timeout:g}, or the broker "
@@ -218,12 +219,12 @@ class Config:
         # 30 minutes still apply), and as a queue argument it makes every later declaration of
         # an existing queue fail (PRECONDITION_FAILED). The broker's operator owns the timeout.
         amqp = self.broker_url is not None and urlsplit(self.broker_url).scheme in AMQP_SCHEMES
-        if amqp and self.task_time_limit >= self.consumer_timeout * 0.9:
+        if amqp and redelivers_running(self.task_time_limit, self.consumer_timeout):
             raise BadInput(
                 f"DIGEST_TASK_TIME_LIMIT={self.task_time_limit:g} must stay below 90% of "
                 f"RabbitMQ's consumer timeout (DIGEST_CONSUMER_TIMEOUT={self.consumer_timeout:g}"
                 "), or RabbitMQ closes the channel of a delivery still running and redelivers "
-                f"it; lower DIGEST_TASK_TIME_LIMIT to {int(self.consumer_timeout * 0.9) - 1} or "
+                f"it; lower DIGEST_TASK_TIME_LIMIT to {safe_time_limit(self.consumer_timeout)} or "
                 "less, or raise consumer_timeout on the broker and DIGEST_CONSUMER_TIMEOUT to match"
             )
         if self.model_timeout >= self.task_time_limit:
@@ -273,7 +274,7 @@ class Setting:
     """One environment variable: the field it sets, how it is read, and its line of docs.
 
     The default is the ``Config`` field's own, so it lives in one place; ``SETTINGS`` drives
-    ``Config.from_env`` and the README's configuration table (``python -m tasks.config``
+    ``Config.from_env`` and the table of docs/configuration.md (``python -m tasks.config``
     prints it; a test keeps the two equal).
 
     Attributes:
@@ -282,9 +283,9 @@ class Setting:
         kind: how its text becomes a value (``optional``: unset is None; ``optional_number``
             and ``optional_count``: unset or 0 is None).
         low, high: the range of a number or a count.
-        doc: the README's meaning column.
+        doc: the table's meaning column.
         unit: shown after a numeric default.
-        shown: the README's default column, where the default alone would not say it.
+        shown: the table's default column, where the default alone would not say it.
     """
 
     env: str
@@ -323,7 +324,7 @@ class Setting:
         return Path(raw) if self.kind == "path" else raw
 
     def shown_default(self) -> str:
-        """The default as the README shows it."""
+        """The default as the configuration table shows it."""
         if self.shown is not None:
             return self.shown
         value = self.default
@@ -608,7 +609,7 @@ SETTINGS: tuple[Setting, ...] = (
 
 
 def settings_table() -> str:
-    """The README's configuration table, one row per variable."""
+    """The configuration table of docs/configuration.md, one row per variable."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     rows += [f"| `{s.env}` | {s.shown_default()} | {s.doc} |" for s in SETTINGS]
     return "\n".join(rows)

@@ -14,9 +14,9 @@ from journal import control
 from journal.inspect import inspect_run
 from tasks.errors import BadInput
 from tasks.runtime import Runtime
-from tasks.workflow import draft_digest
+from tasks.workflow import digest, draft_digest
 
-WORKFLOW = "digest"
+WORKFLOW = digest.name
 
 
 @dataclass(frozen=True)
@@ -28,10 +28,10 @@ class Answer:
 
 
 def enqueue(run_id: str, kwargs: dict[str, Any] | None = None) -> str:
-    """Hand a run to the workers; returns the Celery task id."""
-    from tasks.celery_app import digest
+    """Hand a run to the workers, its options checked first; returns the Celery task id."""
+    from tasks.celery_app import digest as task
 
-    return str(digest.apply_async(args=[run_id], kwargs=kwargs or {}).id)
+    return str(task.apply_async(args=[run_id], kwargs=kwargs or {}).id)
 
 
 def cancel(runtime: Runtime, run_id: str, reason: str = "") -> Answer:

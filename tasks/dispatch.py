@@ -24,9 +24,9 @@ from zoneinfo import ZoneInfo
 import redis
 
 from journal.holder import ProcessIdentity
+from tasks.faults import before_publishing
 from tasks.keys import DigestKeys, text
 from tasks.schedule import run_ids_due
-from tasks.workflow import crash_point
 
 MARKER_TTL_S = 400 * 24 * 3600  # longer than any look-back, short enough to expire
 CLAIM_TTL_S = 60  # a publish takes milliseconds; well inside the hourly catch-up
@@ -51,7 +51,7 @@ def dispatch_due(
     for run_id in candidates:
         marker = keys.dispatched(run_id)
         if _claim(client, marker):
-            crash_point("dispatch:before-publish")
+            before_publishing()
             try:
                 enqueue(run_id)
             except BaseException:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,7 +161,35 @@ class MissingKey:
 
 
 @functools.cache
-def worker_runtime() -> Runtime:
-    """The worker process's runtime, built on first use after the fork."""
-    config = Config.from_env()
-    return Runtime.build(config, allow_offline=config.offline)
+def process_config() -> Config:
+    """This process's settings, read from the environment on first use, once.
+
+    Raises:
+        BadInput: a setting is refused (read again on the next call).
+    """
+    return Config.from_env()
+
+
+_runtime: Runtime | None = None
+_runtime_lock = threading.Lock()
+
+
+def process_runtime() -> Runtime:
+    """The runtime workflows in this process run with, built on first use.
+
+    A worker's is built on its first delivery, after the pool forks, and summarizes offline
+    only with ``DIGEST_OFFLINE=1``; a command line installs its own first (``use_runtime``).
+    """
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None:
+            config = process_config()
+            _runtime = Runtime.build(config, allow_offline=config.offline)
+        return _runtime
+
+
+def use_runtime(runtime: Runtime) -> None:
+    """Run this process's workflows with ``runtime`` from now on (the command line's)."""
+    global _runtime
+    with _runtime_lock:
+        _runtime = runtime

@@ -10,38 +10,103 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import redis
 
-from journal import Effect, RetryPolicy, Run, SignalResult, codec
+from journal import Effect, Journal, RetryPolicy, Run, SignalResult, codec
 from journal.events import emit
+from journal.workflow import workflow
+from tasks import faults
 from tasks.cost import BudgetExceeded, is_call
 from tasks.errors import EveryItemRefused, ItemRefused, ModelUnavailable
 from tasks.items import Item, load_items
 from tasks.keys import text
 from tasks.mail import Email, Receipt
 from tasks.model import Completion, is_transient, retry_after_seconds
-from tasks.runtime import Runtime
+from tasks.runtime import Runtime, process_config, process_runtime
 
-CRASH_EXIT_STATUS = 137
+T = TypeVar("T")
 
 
-def crash_point(point: str) -> None:
-    """Fault injection: ``CRASH=<point>`` ends the process here at once, like a kill -9.
+@dataclass(frozen=True)
+class DigestOptions:
+    """What one digest may be given besides its run id; what is left None is a setting.
 
-    No cleanup runs and the lease stays behind, which is the realistic case to test.
+    Attributes:
+        to: the recipient (``DIGEST_TO``).
+        items: the items file (``DIGEST_ITEMS``).
+        approval: wait for a human's approval before sending (``DIGEST_APPROVAL``).
     """
-    if os.environ.get("CRASH") == point:
-        print(f"  ** simulated crash at {point} **", flush=True)
-        sys.stdout.flush()
-        os._exit(CRASH_EXIT_STATUS)
+
+    to: str | None = None
+    items: str | None = None
+    approval: bool | None = None
+
+
+def frozen_settings() -> dict[str, Any]:
+    """The recipient and the approval gate, read at a run's first start and frozen with it."""
+    config = process_config()
+    return {"to": config.recipient, "approval": config.approval}
+
+
+def _journal() -> Journal:
+    return process_runtime().journal
+
+
+@workflow(
+    "digest",
+    options=DigestOptions,
+    journal=_journal,
+    defaults=frozen_settings,
+    on_step=faults.after_step,
+)
+def digest(run: Run, options: DigestOptions) -> dict[str, Any]:
+    """The weekly digest for one run id: ``digest.delay("2026-w42")`` or ``digest run``.
+
+    Defined here, where Celery is not imported, so ``digest run`` runs it without Celery;
+    ``tasks.celery_app`` delivers this same workflow as the task ``tasks.digest``.
+    """
+    return run_digest(run, process_runtime(), options)
+
+
+@workflow("digest-dry", options=DigestOptions, journal=_journal, on_step=faults.after_step)
+def preview(run: Run, options: DigestOptions) -> dict[str, Any]:
+    """A dry run (``digest run --dry-run``): every step but send and mark-seen.
+
+    A workflow of its own, in a scratch journal the command line deletes afterwards, and never
+    delivered to a worker: ``DigestOptions`` has no dry-run flag a message could carry.
+    """
+    return run_digest(run, process_runtime(), options, dry_run=True)
+
+
+@dataclass(frozen=True)
+class Recorded(Generic[T]):
+    """How a typed step result is recorded: to JSON and back, the one place each is written."""
+
+    encode: Callable[[T], Any]
+    decode: Callable[[Any], T]
+
+
+ITEMS: Recorded[list[Item]] = Recorded(
+    lambda items: [item.to_json() for item in items],
+    lambda recorded: [Item.from_json(entry) for entry in recorded],
+)
+EMAIL: Recorded[Email] = Recorded(lambda email: email_json(email), lambda drafted: Email(**drafted))
+
+
+def typed_step(run: Run, key: str, recorded: Recorded[T], fn: Callable[[], T]) -> T:
+    """``run.step`` for a result that is a type: recorded as JSON, handed back decoded.
+
+    Decoded on the first attempt as on a replay, so both see the very same value (the JSON
+    form, not the object ``fn`` built), and the record is what the journal always held.
+    """
+    return recorded.decode(run.step(key, lambda: recorded.encode(fn())))
 
 
 class CallCounter:
@@ -73,14 +138,13 @@ def model_retry_policy(runtime: Runtime) -> RetryPolicy:
 def run_digest(
     run: Run,
     runtime: Runtime,
+    options: DigestOptions = DigestOptions(),
     *,
-    to: str | None = None,
-    items: str | None = None,
-    approval: bool | None = None,
     dry_run: bool = False,
 ) -> dict[str, Any]:
     """The job. Returns the report the CLI prints and the Celery result stores."""
     config = runtime.config
+    to, items, approval = options.to, options.items, options.approval
     calls = CallCounter()
     policy = model_retry_policy(runtime)
 
@@ -89,8 +153,9 @@ def run_digest(
     # outage) gets the rest, never the same items. A run that ends without sending lets go.
     owner = f"{run.workflow}:{run.run_id}"
     path = Path(items or config.items_path)
-    selected = run.step("select", lambda: select_unseen(runtime, path, owner, claim=not dry_run))
-    week = [Item.from_json(entry) for entry in selected]
+    week = typed_step(
+        run, "select", ITEMS, lambda: select_unseen(runtime, path, owner, claim=not dry_run)
+    )
     if not week:
         run.step("done", lambda: True)
         return report("nothing-new", 0, calls)
@@ -125,10 +190,9 @@ def run_digest(
     # An optional human gate: the run suspends (no worker slot held) until approved.
     if config.approval if approval is None else approval:
         # The reviewer approves this recorded draft, by its digest, and exactly it is sent.
-        drafted = run.step("draft", lambda: email_json(email))
-        email = Email(**drafted)
+        email = typed_step(run, "draft", EMAIL, lambda: email)
         decision = run.wait_for_signal("approval", timeout=config.approval_timeout)
-        reason = _refusal(decision, draft_digest(drafted))
+        reason = _refusal(decision, draft_digest(email_json(email)))
         if reason is not None:
             status = "expired" if decision.timed_out else "rejected"
             run.step("done", lambda: release(runtime, owner, [item.id for item in week]))
@@ -151,9 +215,7 @@ def run_digest(
 # -- the steps' bodies ------------------------------------------------------------------------
 
 
-def select_unseen(
-    runtime: Runtime, path: Path, owner: str, *, claim: bool = True
-) -> list[dict[str, str]]:
+def select_unseen(runtime: Runtime, path: Path, owner: str, *, claim: bool = True) -> list[Item]:
     """This week's items no earlier digest covered and no other run holds, claimed for ``owner``.
 
     Each claim is an ``HSETNX``: of two runs selecting at once, each item goes to one. A
@@ -173,7 +235,7 @@ def select_unseen(
     if claim:
         holders = take_over_from_cancelled(runtime, owner, [item.id for item in fresh], holders)
     return [
-        item.to_json()
+        item
         for item, holder in zip(fresh, holders, strict=True)
         if holder is None or text(holder) == owner
     ]
@@ -321,7 +383,7 @@ def draft_digest(draft: dict[str, str]) -> str:
 def send(runtime: Runtime, key: str, email: Email, effect: Effect) -> dict[str, Any]:
     """Deliver as a fenced effect; the dangerous moment is after delivery, before the record."""
     receipt = runtime.mailer.send(key, email, effect)
-    crash_point("before-save:send")
+    faults.before_saving_send()
     return receipt.to_json()
 
 

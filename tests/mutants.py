@@ -427,8 +427,8 @@ MUTANTS = (
     python(
         "durable",
         "the task keeps Celery's default ceiling of 3 retries",
-        "                max_retries=None,\n                shared=False,",
-        "                shared=False,",
+        "            max_retries=None,\n            shared=False,",
+        "            shared=False,",
         tests=CELERY_TESTS,
     ),
     python(
@@ -516,10 +516,10 @@ MUTANTS = (
         tests=CELERY_TESTS,
     ),
     python(
-        "durable",
+        "limits",
         "a time limit at 90% of the visibility timeout is let through",
-        "if task_time_limit >= visibility_timeout * 0.9:",
-        "if task_time_limit > visibility_timeout * 0.9:",
+        "return task_time_limit >= redelivery_timeout * REDELIVERY_MARGIN",
+        "return task_time_limit > redelivery_timeout * REDELIVERY_MARGIN",
         tests=CELERY_TESTS,
     ),
     python(

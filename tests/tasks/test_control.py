@@ -123,7 +123,8 @@ def test_a_failed_digest_retried_resumes_on_a_worker_and_sends_once(
     wait_until(lambda: settled(deployment, RUN, "done"), 30, "the retried run to finish")
     assert fake_anthropic.calls == 1 + CALLS
     assert [p.name for p in deployment.outbox()] == [f"digest-{RUN}.json"]
-    assert "'status': 'done'" in worker.text()
+    # The worker logs the delivery's result after the run's status is saved, not before.
+    wait_until(lambda: "'status': 'done'" in worker.text(), 10, "the worker's result line")
     refused = digest(deployment, "retry", RUN, code=2)
     assert refused.stderr == (
         f"digest: run digest:{RUN}: it is done; only a failed run can be retried\n"

@@ -35,7 +35,7 @@ from tasks.model import (
     Summarizer,
 )
 from tasks.runtime import Runtime
-from tasks.workflow import run_digest
+from tasks.workflow import DigestOptions, run_digest
 from tests.fakes.anthropic_server import CREDIT_TOO_LOW, PROMPT_TOO_LONG, FakeAnthropic
 from tests.support import wait_until
 
@@ -120,7 +120,7 @@ class LocalDigest:
         return self.journal.execute(
             "digest",
             run_id,
-            lambda run: run_digest(run, active, **options),
+            lambda run: run_digest(run, active, DigestOptions(**options)),
             args=options,
             on_step=on_step,
         )

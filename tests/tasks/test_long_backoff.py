@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import TypedDict, Unpack
 
 import pytest
 from celery import Celery
@@ -21,7 +20,7 @@ from journal.inspect import inspect_run
 from journal.waits import Wait
 from tasks.model import AnthropicSummarizer
 from tasks.runtime import Runtime
-from tasks.workflow import run_digest
+from tasks.workflow import DigestOptions, run_digest
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.support import RUN, TITLES, Deployment
 
@@ -57,15 +56,6 @@ def runtime(
     return built
 
 
-class DigestOptions(TypedDict, total=False):
-    """The options of ``run_digest`` after its run and runtime."""
-
-    to: str | None
-    items: str | None
-    approval: bool | None
-    dry_run: bool
-
-
 def sweeper(runtime: Runtime) -> Durable:
     """The digest workflow and the due sweep on an app that runs what it enqueues at once."""
     app = Celery(f"t{uuid.uuid4().hex[:6]}", broker="memory://")
@@ -73,9 +63,9 @@ def sweeper(runtime: Runtime) -> Durable:
     # Below the 120 s wait, so the sweep alone wakes the run (an eager app ignores countdowns).
     durable = Durable(app, lambda: runtime.journal, max_countdown=60)
 
-    @durable.workflow("digest", task_name="t.digest")
-    def digest(run: Run, **options: Unpack[DigestOptions]) -> dict[str, object]:
-        return run_digest(run, runtime, **options)
+    @durable.workflow("digest", task_name="t.digest", options=DigestOptions)
+    def digest(run: Run, options: DigestOptions) -> dict[str, object]:
+        return run_digest(run, runtime, options)
 
     return durable
 
@@ -93,7 +83,9 @@ def test_a_long_retry_after_suspends_the_run_and_the_sweep_retries_it_later(
     )
 
     started = time.monotonic()
-    first = journal.execute("digest", RUN, lambda run: run_digest(run, runtime, **run.args))
+    first = journal.execute(
+        "digest", RUN, lambda run: run_digest(run, runtime, DigestOptions(**run.args))
+    )
     # Returned without sleeping out the retry-after (the first call also imports the SDK).
     assert time.monotonic() - started < RETRY_AFTER / 4
 
@@ -148,7 +140,9 @@ def test_an_enormous_retry_after_is_capped_at_max_retry_after(
         429, headers={"retry-after": retry_after}, contains='<update title="Faster search">'
     )
 
-    first = journal.execute("digest", RUN, lambda run: run_digest(run, runtime, **run.args))
+    first = journal.execute(
+        "digest", RUN, lambda run: run_digest(run, runtime, DigestOptions(**run.args))
+    )
 
     assert first.status == "waiting"
     assert first.wait is not None

@@ -24,7 +24,7 @@ from tests.support import ROOT, Deployment, ThrowawayValkeys
 
 pytestmark = pytest.mark.slow
 
-# What the Celery app does with a URL, in a process of its own: its settings are read at import.
+# What the Celery app does with a URL, in a process of its own: its settings are read once.
 _CELERY_PROBE = """
 import json
 from tasks.celery_app import app

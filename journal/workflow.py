@@ -1,0 +1,221 @@
+"""A durable workflow defined once: its name, its body and the type of its options.
+
+The same object runs a run in this process (``run_here``, what a command line does) and, handed
+to ``journal.durable.Durable``, becomes the Celery task a worker runs, so the name, the options
+and their defaults are written once. This module does not import Celery: a command line that
+only runs workflows here stays light.
+
+The options are either a frozen dataclass (``options=InvoiceOptions``; the body is typed
+``fn(run, options: InvoiceOptions)``) or, with no ``options``, the body's keyword arguments
+(``fn(run, customer="c1")``). Either way they are checked (``journal.arguments``) before
+anything is sent or written, and travel and are frozen as a JSON object: the options given,
+a dataclass's fields left at their default omitted. ``defaults()`` fills the ones left out at
+the run's first start (a setting read from the environment, say), so they are frozen with the
+others and a later change of the environment cannot change a started run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar, cast, overload
+
+from journal.arguments import check_arguments
+from journal.keys import Keyspace
+from journal.runner import Outcome
+from journal.steps import Run, StepEvent
+from journal.store import Journal
+
+Opts = TypeVar("Opts")
+R = TypeVar("R")
+
+Defaults = Callable[[], Mapping[str, Any]]
+Observer = Callable[[StepEvent], None]
+
+
+class Workflow(Generic[Opts, R]):
+    """One workflow: ``run_here`` runs a run of it in this process under its lease.
+
+    Args:
+        name: the workflow's name, the first half of every run's full id (``name:run_id``).
+        body: ``body(run, options)`` with an ``options`` type, else ``body(run, **options)``.
+        journal: the journal ``run_here`` uses unless given one.
+        options: the frozen dataclass of the options; None for keyword options.
+        defaults: the options a run's first start fills in when they were left out.
+        on_step: told of every step after the caller's own observer (fault injection, say),
+            however the run is started.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        body: Callable[..., R],
+        *,
+        journal: Callable[[], Journal] | None = None,
+        options: type[Opts] | None = None,
+        defaults: Defaults | None = None,
+        on_step: Observer | None = None,
+    ) -> None:
+        if options is not None and not dataclasses.is_dataclass(options):
+            raise TypeError(f"options={options!r}: must be a dataclass")
+        self.name = name
+        self.body = body
+        self.options = options
+        self._journal = journal
+        self._defaults = defaults
+        self._on_step = on_step
+        self.__doc__ = body.__doc__
+
+    def __repr__(self) -> str:
+        return f"<Workflow {self.name}>"
+
+    def check(self, run_id: str, options: Mapping[str, Any]) -> dict[str, Any]:
+        """``options`` as they travel, once checked: refused here rather than in a worker.
+
+        Raises:
+            InvalidRunId: the run id is not one the journal accepts.
+            InvalidArguments: an option the workflow does not take, or of the wrong type.
+        """
+        run = Keyspace().run(self.name, run_id).run
+        given = dict(options)
+        check_arguments(run, self._signature(), given)
+        return given
+
+    def encode(self, options: Opts | None) -> dict[str, Any]:
+        """Typed options as they travel: a dataclass's fields that differ from their default."""
+        if options is None:
+            return {}
+        if self.options is None:
+            return dict(cast(Mapping[str, Any], options))
+        return {
+            field.name: getattr(options, field.name)
+            for field in dataclasses.fields(self.options)  # type: ignore[arg-type]
+            if getattr(options, field.name) != _default(field)
+        }
+
+    def decode(self, run: str, args: Mapping[str, Any]) -> Opts:
+        """Options read back from a run's meta, checked again: a journal may outlive the code.
+
+        Raises:
+            InvalidArguments: frozen options this workflow no longer takes.
+        """
+        check_arguments(run, self._signature(), args)
+        if self.options is None:
+            return dict(args)  # type: ignore[return-value]
+        return self.options(**args)
+
+    def run_here(
+        self,
+        run_id: str,
+        options: Opts | None = None,
+        *,
+        on_step: Observer | None = None,
+        journal: Journal | None = None,
+    ) -> Outcome:
+        """Run (or resume) one run in this process; the same path a worker's delivery takes.
+
+        Raises:
+            InvalidRunId, InvalidArguments: before anything is written.
+            LeaseBusy, RunParked, ...: what ``Journal.execute`` raises.
+        """
+        return self.execute(run_id, self.encode(options), journal=journal, on_step=on_step)
+
+    def execute(
+        self,
+        run_id: str,
+        args: Mapping[str, Any],
+        *,
+        journal: Journal | None = None,
+        on_step: Observer | None = None,
+        delivered: bool = False,
+    ) -> Outcome:
+        """Run with the options as they travel (a delivery's), ``defaults()`` filled in.
+
+        ``delivered`` counts the start as a queue's delivery (``Journal.execute``).
+        """
+        if journal is None:
+            if self._journal is None:
+                raise TypeError(f"workflow {self.name!r} has no journal: pass one")
+            journal = self._journal()
+        keys = journal.keys(self.name, run_id)
+        merged = {**self._defaults(), **args} if self._defaults is not None else dict(args)
+        check_arguments(keys.run, self._signature(), merged)
+        return journal.execute(
+            self.name,
+            run_id,
+            self._start,
+            args=merged,
+            on_step=self._observers(on_step),
+            delivered=delivered,
+        )
+
+    def _start(self, run: Run) -> R:
+        """The body, with the options the run froze at its first start."""
+        options = self.decode(run.keys.run, run.args)
+        if self.options is None:
+            return self.body(run, **options)  # type: ignore[arg-type]
+        return self.body(run, options)
+
+    def _signature(self) -> Callable[..., Any]:
+        """What options are checked against: a dataclass's ``__init__``, else the body.
+
+        Checking skips the first parameter: ``self`` of an ``__init__``, a body's run.
+        """
+        return self.body if self.options is None else self.options.__init__
+
+    def _observers(self, on_step: Observer | None) -> Observer | None:
+        own = self._on_step
+        if on_step is None or own is None:
+            return on_step or own
+
+        def both(event: StepEvent) -> None:
+            on_step(event)
+            own(event)
+
+        return both
+
+
+def _default(field: dataclasses.Field[Any]) -> Any:
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default
+
+
+@overload
+def workflow(
+    name: str,
+    *,
+    options: type[Opts],
+    journal: Callable[[], Journal] | None = None,
+    defaults: Defaults | None = None,
+    on_step: Observer | None = None,
+) -> Callable[[Callable[[Run, Opts], R]], Workflow[Opts, R]]: ...
+
+
+@overload
+def workflow(
+    name: str,
+    *,
+    options: None = None,
+    journal: Callable[[], Journal] | None = None,
+    defaults: Defaults | None = None,
+    on_step: Observer | None = None,
+) -> Callable[[Callable[..., R]], Workflow[dict[str, Any], R]]: ...
+
+
+def workflow(
+    name: str,
+    *,
+    options: type[Any] | None = None,
+    journal: Callable[[], Journal] | None = None,
+    defaults: Defaults | None = None,
+    on_step: Observer | None = None,
+) -> Callable[[Callable[..., Any]], Workflow[Any, Any]]:
+    """Define ``fn`` as the workflow ``name`` (see ``Workflow``), run here or by ``Durable``."""
+
+    def decorate(fn: Callable[..., Any]) -> Workflow[Any, Any]:
+        return Workflow(
+            name, fn, journal=journal, options=options, defaults=defaults, on_step=on_step
+        )
+
+    return decorate
