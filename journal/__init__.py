@@ -3,6 +3,7 @@
 The public face; everything not listed in ``__all__`` may change.
 """
 
+from journal.backend import connect
 from journal.cancel import Cancelled
 from journal.clock import Clock, ManualClock, SystemClock
 from journal.effects import Effect
@@ -72,5 +73,6 @@ __all__ = [
     "UnknownScriptStatus",
     "UnserializableResult",
     "Wait",
+    "connect",
     "validate_run_id",
 ]

@@ -3,8 +3,10 @@
 The rest of the library speaks in run operations (open, record, renew, close, cancel, claim
 an effect, claim due runs, read a snapshot) and typed replies; only this module holds a
 client. Each operation is one round trip, which is what a run's cost (steps + 2) is counted
-in, and each touches one run's keys plus, where it must stay atomic with them, the two global
-indexes: the one place a Cluster backend has to place differently.
+in, and each touches one run's keys plus, where it must stay atomic with them, its index
+shard's two sorted sets: one slot, so the same operations run on one server and on a Redis
+Cluster (``connect`` tells them apart; ``journal.keys`` places the keys). Only the sweep and
+the listing see every shard, one at a time.
 
 Reply codes are the scripts' own numbers (see each ``journal/lua/*.lua`` header), named here;
 a code a script does not document raises ``UnknownScriptStatus``, never a guess.
@@ -12,7 +14,9 @@ a code a script does not document raises ``UnknownScriptStatus``, never a guess.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import heapq
+import random
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, TypeVar, cast
@@ -21,10 +25,32 @@ import redis
 
 from journal.errors import NotDurable, StoreUnsupported, UnknownScriptStatus
 from journal.keys import Keyspace, RunKeys
-from journal.scripts import KeyOrArg, Scripts
+from journal.scripts import Client, KeyOrArg, Scripts
 
 DELETE = "\0"
 """A field value ``close`` removes instead of writing."""
+
+
+def connect(url: str, **options: Any) -> Client:
+    """A client of the store at ``url``: a cluster client when that node is in a cluster.
+
+    Any node of a cluster will do: the cluster client learns the others from it. The server
+    is asked (``INFO cluster``), not the URL, since nothing in a URL says cluster.
+
+    Args:
+        url: a ``redis://``, ``rediss://`` or ``unix://`` URL.
+        options: client options (timeouts), passed to whichever client is built.
+    """
+    plain = redis.Redis.from_url(url, **options)
+    try:
+        enabled = plain.info("cluster").get("cluster_enabled") in (1, "1")
+    except redis.ResponseError:  # a server or proxy that refuses INFO is not one to shard for
+        enabled = False
+    if not enabled:
+        return plain
+    plain.close()
+    return redis.RedisCluster.from_url(url, **options)
+
 
 E = TypeVar("E", bound=IntEnum)
 
@@ -190,9 +216,13 @@ class Snapshot:
 
 
 class RedisBackend:
-    """The journal's storage on one Redis (or Valkey) database, standalone or Sentinel-fed."""
+    """The journal's storage on one Redis (or Valkey) database, or on a Redis Cluster.
 
-    def __init__(self, client: redis.Redis, keyspace: Keyspace) -> None:
+    On a cluster every call touches one slot (``keyspace`` must be sharded, which ``Journal``
+    sees to), so redis-py's cluster client routes it whole to the slot's master.
+    """
+
+    def __init__(self, client: Client, keyspace: Keyspace) -> None:
         self.client = client
         self.keyspace = keyspace
         self.scripts = Scripts.register(client)
@@ -213,7 +243,7 @@ class RedisBackend:
         run_keys = [keys.lease, keys.fence, keys.meta, keys.steps]
         args: list[KeyOrArg] = [token, ttl_ms, now_ms, process, dead_holder]
         if opening is not None:
-            run_keys += [self.keyspace.runs, self.keyspace.due]
+            run_keys += [keys.index.runs, keys.index.due]
             args += [opening.max_stalled_starts, opening.due_at_ms, keys.run]
             args += [keys.workflow, keys.run_id, opening.args]
             args.append("1" if opening.count_delivery else "")
@@ -236,7 +266,7 @@ class RedisBackend:
         run_keys = [keys.lease, keys.meta]
         args: list[KeyOrArg] = [holder, ttl_ms]
         if due_at_ms is not None:
-            run_keys.append(self.keyspace.due)
+            run_keys.append(keys.index.due)
             args += [due_at_ms, keys.run]
         return code("renew", self.scripts.renew(keys=run_keys, args=args), Renewed)
 
@@ -278,13 +308,24 @@ class RedisBackend:
 
         EVALSHA goes on the pipeline by hand: a Script on a pipeline makes redis-py send
         SCRIPT EXISTS first, a second round trip per record. On NOSCRIPT, EVAL with the source.
+        WAITAOF answers for the connection that wrote, so on a cluster both go down one
+        connection to the slot's master (a cluster pipeline would send the keyless WAITAOF to
+        any node); a MOVED reply (a failover promoted a replica) re-reads the slot map, once.
         """
         record = self.scripts.record
-        for command, script in (("EVALSHA", record.sha), ("EVAL", record.script)):
-            pipe = self.client.pipeline(transaction=False)
+        attempts = [("EVALSHA", record.sha), ("EVAL", record.script)]
+        moved = False
+        while attempts:
+            command, script = attempts[0]
+            pipe = self._master_of(keys.steps).pipeline(transaction=False)
             pipe.execute_command(command, script, 3, *run_keys, *args)  # type: ignore[no-untyped-call]
             pipe.execute_command("WAITAOF", 1, 0, 1000)  # type: ignore[no-untyped-call]
             reply, synced = pipe.execute(raise_on_error=False)
+            if isinstance(reply, redis.exceptions.MovedError) and not moved:
+                moved = True
+                self._reread_slots()
+                continue
+            attempts.pop(0)
             if isinstance(reply, redis.exceptions.NoScriptError):
                 continue
             if isinstance(reply, Exception):
@@ -293,6 +334,17 @@ class RedisBackend:
                 raise NotDurable(keys.run, str(args[1]), repr(synced))
             return reply
         raise NotDurable(keys.run, str(args[1]), "the server refused the record script")
+
+    def _master_of(self, key: str) -> redis.Redis:
+        """The client of the one server that holds ``key``: on a cluster, its slot's master."""
+        if isinstance(self.client, redis.RedisCluster):
+            node = self.client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+            return self.client.get_redis_connection(node)
+        return self.client
+
+    def _reread_slots(self) -> None:
+        if isinstance(self.client, redis.RedisCluster):
+            self.client.nodes_manager.initialize()
 
     def require_waitaof(self, url: str) -> None:
         """Refuse record fsyncs at start on a server that cannot honour them.
@@ -331,7 +383,7 @@ class RedisBackend:
             if value != DELETE:
                 sets += [name, value]
         reply = self.scripts.close(
-            keys=[keys.lease, keys.meta, keys.signals, self.keyspace.runs, self.keyspace.due],
+            keys=[keys.lease, keys.meta, keys.signals, keys.index.runs, keys.index.due],
             args=[
                 holder,
                 unless_signal,
@@ -356,8 +408,8 @@ class RedisBackend:
         status = code("cancel", reply, Cancelling)
         if status is Cancelling.CANCELLED:
             pipe = self.client.pipeline(transaction=False)
-            pipe.zrem(self.keyspace.due, keys.run)
-            pipe.zadd(self.keyspace.runs, {keys.run: now_ms})
+            pipe.zrem(keys.index.due, keys.run)
+            pipe.zadd(keys.index.runs, {keys.run: now_ms})
             pipe.execute()
         return status, _text(reply[1]) if status is Cancelling.ENDED else ""
 
@@ -379,8 +431,8 @@ class RedisBackend:
         """Remove every key of one run and its index entries; how many keys there were."""
         pipe = self.client.pipeline(transaction=False)
         pipe.delete(*keys.all())
-        pipe.zrem(self.keyspace.runs, keys.run)
-        pipe.zrem(self.keyspace.due, keys.run)
+        pipe.zrem(keys.index.runs, keys.run)
+        pipe.zrem(keys.index.due, keys.run)
         return int(pipe.execute()[0])
 
     # -- effects ---------------------------------------------------------------------------
@@ -428,18 +480,38 @@ class RedisBackend:
 
     def make_due(self, keys: RunKeys, at_ms: int) -> None:
         """Put the run in the due index at ``at_ms`` (now, for a wake-up)."""
-        self.client.zadd(self.keyspace.due, {keys.run: at_ms})
+        self.client.zadd(keys.index.due, {keys.run: at_ms})
 
     def claim_due(self, now_ms: int, limit: int, rearm_at_ms: int) -> list[bytes]:
-        """Claim up to ``limit`` due runs, re-armed at ``rearm_at_ms`` (atomic across sweepers)."""
-        claimed: list[bytes] = self.scripts.claim_due(
-            keys=[self.keyspace.due], args=[now_ms, limit, rearm_at_ms]
-        )
+        """Claim up to ``limit`` due runs, re-armed at ``rearm_at_ms`` (atomic across sweepers).
+
+        Shard by shard, one script each, so two sweepers never claim one run twice; starting
+        at a random shard, so a backlog in one shard does not starve the others' wake-ups.
+        """
+        indexes = self.keyspace.indexes()
+        first = random.randrange(len(indexes))
+        claimed: list[bytes] = []
+        for index in indexes[first:] + indexes[:first]:
+            if len(claimed) >= limit:
+                break
+            claimed += self.scripts.claim_due(
+                keys=[index.due], args=[now_ms, limit - len(claimed), rearm_at_ms]
+            )
         return claimed
 
     def forget_due(self, member: bytes) -> None:
-        """Drop an unreadable member from the due index."""
-        self.client.zrem(self.keyspace.due, member)
+        """Drop an unreadable member from the due index (every shard: it names no run)."""
+        for index in self.keyspace.indexes():
+            self.client.zrem(index.due, member)
+
+    def oldest_due(self) -> float | None:
+        """The earliest due time (ms) over every shard; None when nothing is due ever."""
+        firsts = [
+            self.client.zrange(index.due, 0, 0, withscores=True)
+            for index in self.keyspace.indexes()
+        ]
+        scores = [float(first[0][1]) for first in firsts if first]
+        return min(scores) if scores else None
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -466,12 +538,28 @@ class RedisBackend:
         meta, steps = pipe.execute()
         return meta, steps
 
-    def runs_page(self, start: int, count: int) -> list[tuple[bytes, float]]:
-        """Members of the runs index, newest first, from ``start``, with their scores."""
-        members = self.client.zrevrange(
-            self.keyspace.runs, start, start + count - 1, withscores=True
-        )
-        return cast(list[tuple[bytes, float]], members)
+    def runs_newest(self, page: int) -> Iterator[tuple[bytes, float]]:
+        """Members of the runs index with their scores, newest first, over every shard.
+
+        Each shard is read a page at a time as the merge needs it, so a listing of the newest
+        few reads a page per shard, not the whole index.
+        """
+        shards = [self._runs_of(index.runs, page) for index in self.keyspace.indexes()]
+        if len(shards) == 1:
+            return shards[0]
+        return heapq.merge(*shards, key=lambda member: -member[1])
+
+    def _runs_of(self, key: str, page: int) -> Iterator[tuple[bytes, float]]:
+        start = 0
+        while True:
+            members = cast(
+                list[tuple[bytes, float]],
+                self.client.zrevrange(key, start, start + page - 1, withscores=True),
+            )
+            yield from members
+            if len(members) < page:
+                return
+            start += page
 
     def metas(self, runs: Iterable[RunKeys], with_steps: bool) -> list[dict[bytes, bytes]]:
         """Each run's meta (and, when asked, steps right after it), in one pipelined trip."""
@@ -499,7 +587,7 @@ class RedisBackend:
         if steps:
             pipe.hset(keys.steps, mapping=steps)  # type: ignore[arg-type]
         pipe.hset(keys.meta, mapping=meta)
-        pipe.zadd(self.keyspace.runs, {keys.run: now_ms})
+        pipe.zadd(keys.index.runs, {keys.run: now_ms})
         pipe.execute()
 
     # -- the server ------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import redis
@@ -32,6 +32,7 @@ from journal.keys import Keyspace, RunKeys
 from journal.lease import Found, Grant, Heartbeat, Lease
 from journal.redact import redact
 from journal.retry import RunRetry
+from journal.scripts import Client
 from journal.status import RunStatus
 from journal.steps import Run, StepEvent
 from journal.waits import Suspend, Wait
@@ -97,9 +98,14 @@ class Outcome:
 
 @dataclass
 class Journal:
-    """A handle on the journal in one Redis database; cheap to share across threads."""
+    """A handle on the journal in one Redis database or Cluster; cheap to share across threads.
 
-    client: redis.Redis
+    Given a cluster client (``journal.connect`` builds one for a cluster node's URL), the
+    keyspace takes its sharded layout, whatever its shard count: every run's keys and its
+    shard's indexes then share one hash tag, so every script stays in one slot.
+    """
+
+    client: Client
     keyspace: Keyspace = field(default_factory=Keyspace)
     settings: Settings = field(default_factory=Settings)
     clock: Clock = field(default_factory=SystemClock)
@@ -107,6 +113,8 @@ class Journal:
     hints: Hints = field(default_factory=Hints)
 
     def __post_init__(self) -> None:
+        if isinstance(self.client, redis.RedisCluster) and not self.keyspace.cluster:
+            self.keyspace = replace(self.keyspace, cluster=True)
         self.backend = RedisBackend(self.client, self.keyspace)
         if self.settings.fsync_records:
             self.call(self.backend.require_waitaof, self.url)

@@ -73,8 +73,8 @@ class JournalCollector(Collector):
         lag = GaugeMetricFamily(
             "digest_due_lag_seconds", "Age of the oldest overdue entry of the due index (0: none)."
         )
-        oldest = self.journal.client.zrange(self.journal.keyspace.due, 0, 0, withscores=True)
-        overdue = time.time() - float(oldest[0][1]) / 1000 if oldest else 0.0
+        oldest = self.journal.call(self.journal.backend.oldest_due)
+        overdue = 0.0 if oldest is None else time.time() - oldest / 1000
         lag.add_metric([], max(overdue, 0.0))
         yield lag
         states = GaugeMetricFamily(

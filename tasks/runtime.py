@@ -15,9 +15,11 @@ from pathlib import Path
 import redis
 
 from journal import Hints, Journal, Keyspace, RunRetry, Settings, StoreUnavailable
+from journal import connect as journal_connect
 from journal.clock import SystemClock, check_skew
 from journal.durability import check_persistence
 from journal.embedded import embedded_broker_url, embedded_url
+from journal.scripts import Client
 from tasks.config import Config
 from tasks.errors import ModelNotConfigured, is_transient_failure
 from tasks.items import Item
@@ -58,9 +60,12 @@ def broker_url(config: Config) -> str:
     return config.broker_url or config.redis_url or embedded_broker_url(config.state_dir)
 
 
-def connect(url: str) -> redis.Redis:
-    """A client that fails fast: a dead store surfaces as an error within seconds, not hangs."""
-    return redis.Redis.from_url(
+def connect(url: str) -> Client:
+    """A client that fails fast: a dead store surfaces as an error within seconds, not hangs.
+
+    A cluster client when ``url`` names a cluster node (``journal.connect`` asks the server).
+    """
+    return journal_connect(
         url, socket_timeout=5, socket_connect_timeout=3, health_check_interval=30
     )
 
@@ -70,7 +75,7 @@ class Runtime:
     """The process's journal, store client, summarizer and mailer."""
 
     config: Config
-    client: redis.Redis
+    client: Client
     journal: Journal
     keys: DigestKeys
     summarizer: Summarizer
@@ -87,6 +92,8 @@ class Runtime:
         """
         url = store_url(config)
         client = connect(url)
+        cluster = isinstance(client, redis.RedisCluster)
+        config.check_store(cluster=cluster)
         try:
             check_persistence(client, logger=log)
             check_skew(client, SystemClock(), url)  # one clock for every process's deadlines
@@ -96,7 +103,7 @@ class Runtime:
             ) from None
         journal = Journal(
             client,
-            keyspace=Keyspace(config.key_prefix),
+            keyspace=Keyspace(config.key_prefix, shards=config.journal_shards),
             hints=HINTS,
             settings=Settings(
                 lease_ttl=config.lease_ttl,
@@ -110,7 +117,7 @@ class Runtime:
             ),
             url=url,
         )
-        keys = DigestKeys(config.key_prefix)
+        keys = DigestKeys(config.key_prefix, cluster=cluster)
         return cls(
             config=config,
             client=client,
