@@ -31,6 +31,55 @@ DELETE = "\0"
 """A field value ``close`` removes instead of writing."""
 
 
+@dataclass(frozen=True)
+class RecordWait:
+    """What each record waits for before its step counts as done, in the record's round trip.
+
+    Attributes:
+        replicas: WAIT for this many replicas to have received the record (in memory): a
+            failover to one of them keeps it. 0 waits for none.
+        local_fsync: WAITAOF for the master's own append-only file to have it on disk: a
+            restart of the master keeps it.
+        timeout_ms: how long either may take before the record is not trusted (``NotDurable``).
+    """
+
+    replicas: int = 0
+    local_fsync: bool = False
+    timeout_ms: int = 1000
+
+    @property
+    def waits(self) -> bool:
+        """Whether a record waits for anything at all."""
+        return self.replicas > 0 or self.local_fsync
+
+    def commands(self) -> list[tuple[KeyOrArg, ...]]:
+        """The commands sent after the record script, in order."""
+        commands: list[tuple[KeyOrArg, ...]] = []
+        if self.replicas:
+            commands.append(("WAIT", self.replicas, self.timeout_ms))
+        if self.local_fsync:
+            commands.append(("WAITAOF", 1, 0, self.timeout_ms))
+        return commands
+
+    def shortfall(self, replies: Sequence[Any]) -> str | None:
+        """What ``replies`` (to ``commands``) fell short of; None when all was confirmed."""
+        replies = list(replies)
+        if self.replicas:
+            acked = replies.pop(0)
+            if isinstance(acked, Exception):
+                return repr(acked)
+            if int(acked) < self.replicas:
+                return f"{int(acked)} of {self.replicas} replicas acknowledged it"
+        if self.local_fsync:
+            synced = replies.pop(0)
+            if isinstance(synced, Exception) or int(synced[0]) < 1:
+                return repr(synced)
+        return None
+
+
+NO_WAIT = RecordWait()
+
+
 def connect(url: str, **options: Any) -> Client:
     """A client of the store at ``url``: a cluster client when that node is in a cluster.
 
@@ -278,7 +327,7 @@ class RedisBackend:
     # -- steps -----------------------------------------------------------------------------
 
     def record(
-        self, keys: RunKeys, holder: str, step: str, encoded: bytes, fsync: bool = False
+        self, keys: RunKeys, holder: str, step: str, encoded: bytes, wait: RecordWait = NO_WAIT
     ) -> tuple[Recorded, Any]:
         """Write a step's record under the fence (HSETNX); what the script found besides.
 
@@ -287,12 +336,12 @@ class RedisBackend:
             holder that owns the run now.
 
         Raises:
-            NotDurable: with ``fsync``, the server did not confirm the record on disk.
+            NotDurable: the server did not confirm what ``wait`` asks for within its timeout.
         """
         run_keys = (keys.lease, keys.steps, keys.meta)
         args = (holder, step, encoded)
-        if fsync:
-            reply = self._record_synced(keys, run_keys, args)
+        if wait.waits:
+            reply = self._record_waited(keys, run_keys, args, wait)
         else:
             try:  # EVALSHA straight away: the hot path of every new step
                 reply = self.client.evalsha(self.scripts.record.sha, 3, *run_keys, *args)
@@ -301,16 +350,22 @@ class RedisBackend:
         status = code("record", reply, Recorded)
         return status, reply[1] if isinstance(reply, list) and len(reply) > 1 else None
 
-    def _record_synced(
-        self, keys: RunKeys, run_keys: Sequence[KeyOrArg], args: Sequence[KeyOrArg]
+    def _record_waited(
+        self,
+        keys: RunKeys,
+        run_keys: Sequence[KeyOrArg],
+        args: Sequence[KeyOrArg],
+        wait: RecordWait,
     ) -> Any:
-        """The record script and WAITAOF in one round trip, with a checked fsync.
+        """The record script, then WAIT and/or WAITAOF, in one round trip, each checked.
 
         EVALSHA goes on the pipeline by hand: a Script on a pipeline makes redis-py send
         SCRIPT EXISTS first, a second round trip per record. On NOSCRIPT, EVAL with the source.
-        WAITAOF answers for the connection that wrote, so on a cluster both go down one
-        connection to the slot's master (a cluster pipeline would send the keyless WAITAOF to
-        any node); a MOVED reply (a failover promoted a replica) re-reads the slot map, once.
+        WAIT and WAITAOF answer for the connection that wrote, so on a cluster all go down one
+        connection to the slot's master (a cluster pipeline would send the keyless waits to
+        any node). A MOVED reply or a lost connection (a failover promoted a replica) re-reads
+        the slot map and sends it all again, once: the record is fenced and first-write-wins,
+        so a second send can only find it already written or the lease gone.
         """
         record = self.scripts.record
         attempts = [("EVALSHA", record.sha), ("EVAL", record.script)]
@@ -319,9 +374,16 @@ class RedisBackend:
             command, script = attempts[0]
             pipe = self._master_of(keys.steps).pipeline(transaction=False)
             pipe.execute_command(command, script, 3, *run_keys, *args)  # type: ignore[no-untyped-call]
-            pipe.execute_command("WAITAOF", 1, 0, 1000)  # type: ignore[no-untyped-call]
-            reply, synced = pipe.execute(raise_on_error=False)
-            if isinstance(reply, redis.exceptions.MovedError) and not moved:
+            for waiting in wait.commands():
+                pipe.execute_command(*waiting)  # type: ignore[no-untyped-call]
+            try:
+                reply, *confirmed = pipe.execute(raise_on_error=False)
+                rerouted = isinstance(reply, redis.exceptions.MovedError)
+            except (redis.ConnectionError, redis.TimeoutError):
+                if moved or not isinstance(self.client, redis.RedisCluster):
+                    raise
+                rerouted = True  # the slot's master is gone: ask the cluster for the new one
+            if rerouted and not moved:
                 moved = True
                 self._reread_slots()
                 continue
@@ -330,8 +392,9 @@ class RedisBackend:
                 continue
             if isinstance(reply, Exception):
                 raise reply
-            if isinstance(synced, Exception) or int(synced[0]) < 1:
-                raise NotDurable(keys.run, str(args[1]), repr(synced))
+            shortfall = wait.shortfall(confirmed)
+            if shortfall is not None:
+                raise NotDurable(keys.run, str(args[1]), shortfall)
             return reply
         raise NotDurable(keys.run, str(args[1]), "the server refused the record script")
 
@@ -341,6 +404,13 @@ class RedisBackend:
             node = self.client.get_node_from_key(key)  # type: ignore[no-untyped-call]
             return self.client.get_redis_connection(node)
         return self.client
+
+    def _masters(self) -> list[redis.Redis]:
+        """A client of each master: the one server, or every master of the cluster."""
+        if isinstance(self.client, redis.RedisCluster):
+            primaries = self.client.get_primaries()  # type: ignore[no-untyped-call]
+            return [self.client.get_redis_connection(node) for node in primaries]
+        return [self.client]
 
     def _reread_slots(self) -> None:
         if isinstance(self.client, redis.RedisCluster):
@@ -359,6 +429,30 @@ class RedisBackend:
                 url,
                 f"fsync_records needs WAITAOF (Redis 7.2+ or Valkey with appendonly yes): {exc}",
             ) from None
+
+    def require_replicas(self, url: str, replicas: int) -> None:
+        """Refuse replica waits at start when a master has fewer replicas than each record needs.
+
+        Every record would otherwise wait its full timeout and stop its run (``NotDurable``).
+
+        Raises:
+            StoreUnsupported: naming the master short of replicas, or the server's refusal.
+        """
+        for master in self._masters():
+            try:
+                info = master.info("replication")
+            except redis.ResponseError as exc:
+                raise StoreUnsupported(
+                    url, f"wait_replicas needs INFO replication to count replicas: {exc}"
+                ) from None
+            found = int(info.get("connected_slaves", 0))
+            if found < replicas:
+                where = master.connection_pool.connection_kwargs.get("port", url)
+                raise StoreUnsupported(
+                    url,
+                    f"wait_replicas={replicas} but the master at {where} has {found} connected "
+                    "replica(s): every record would wait out its timeout",
+                )
 
     # -- a run's status ------------------------------------------------------------------
 

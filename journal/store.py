@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import redis
 
 from journal import codec
-from journal.backend import DELETE, Closed, Opened, Opening, RedisBackend
+from journal.backend import DELETE, Closed, Opened, Opening, RecordWait, RedisBackend
 from journal.cancel import Cancelled
 from journal.clock import Clock, SystemClock, millis
 from journal.errors import (
@@ -57,6 +57,8 @@ class Settings:
             message was lost.
         max_stalled_starts: starts that died without recording anything before a run is parked.
         fsync_records: wait for the local AOF fsync of every record (WAITAOF; Redis 7.2+, Valkey).
+        wait_replicas: wait for this many replicas to have every record (WAIT), so that a
+            failover to one of them loses no recorded step; in the record's round trip.
         run_retry: which failures the due sweep retries, how often and for how long; by
             default none.
     """
@@ -66,6 +68,7 @@ class Settings:
     rearm_after: float = 300.0
     max_stalled_starts: int = 5
     fsync_records: bool = False
+    wait_replicas: int = 0
     run_retry: RunRetry = field(default_factory=RunRetry)
 
     def __post_init__(self) -> None:
@@ -73,6 +76,13 @@ class Settings:
             raise ValueError(f"lease_ttl={self.lease_ttl}: must be at least 0.3 s")
         if self.max_stalled_starts < 1:
             raise ValueError("max_stalled_starts must be at least 1")
+        if self.wait_replicas < 0:
+            raise ValueError("wait_replicas must not be negative")
+
+    @property
+    def record_wait(self) -> RecordWait:
+        """What each record waits for, as the backend sends it."""
+        return RecordWait(replicas=self.wait_replicas, local_fsync=self.fsync_records)
 
 
 @dataclass(frozen=True)
@@ -118,6 +128,8 @@ class Journal:
         self.backend = RedisBackend(self.client, self.keyspace)
         if self.settings.fsync_records:
             self.call(self.backend.require_waitaof, self.url)
+        if self.settings.wait_replicas:
+            self.call(self.backend.require_replicas, self.url, self.settings.wait_replicas)
 
     def keys(self, workflow: str, run_id: str) -> RunKeys:
         """The validated keys of one run."""
@@ -240,7 +252,7 @@ class Journal:
             guard=heartbeat,
             retry_state=wait if wait is not None and wait.kind == "retry" else None,
             on_step=on_step,
-            fsync_records=self.settings.fsync_records,
+            record_wait=self.settings.record_wait,
         )
         heartbeat.start()
         return run, heartbeat

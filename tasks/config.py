@@ -120,6 +120,8 @@ class Config:
         sweep_interval: seconds between due sweeps (wake-ups and crash recovery).
         wait_aof: wait for the local AOF fsync of every record (WAITAOF; Redis 7.2+, Valkey),
             for servers on ``appendfsync everysec``.
+        wait_replicas: replicas every record must reach before the run goes on (WAIT), so a
+            failover to one of them loses no recorded step.
         catch_up_weeks: how many missed weeks the dispatcher enqueues after an outage.
         journal_shards: how many index shards the journal spreads runs over (see
             ``journal.keys``); on a Redis Cluster, more than the masters spreads the sweep's
@@ -169,6 +171,7 @@ class Config:
     approval_timeout: float = 24 * 3600.0
     sweep_interval: float = 15.0
     wait_aof: bool = False
+    wait_replicas: int = 0
     catch_up_weeks: int = 4
     journal_shards: int = 1
     visibility_timeout: float = 3600.0
@@ -499,6 +502,16 @@ SETTINGS: tuple[Setting, ...] = (
         "wait_aof",
         "flag",
         "wait for the local AOF fsync of every record (WAITAOF, Redis 7.2+/Valkey)",
+    ),
+    Setting(
+        "DIGEST_WAIT_REPLICAS",
+        "wait_replicas",
+        "count",
+        "replicas every record must reach before the run goes on (WAIT, in the record's round "
+        "trip): a failover to one of them loses no recorded step; refused at start when a "
+        "master has fewer",
+        0,
+        5,
     ),
     Setting(
         "DIGEST_JOURNAL_SHARDS",

@@ -108,6 +108,7 @@ class Runtime:
             settings=Settings(
                 lease_ttl=config.lease_ttl,
                 fsync_records=config.wait_aof,
+                wait_replicas=config.wait_replicas,
                 run_retry=RunRetry(
                     retryable=is_transient_failure,
                     first_delay=config.run_retry_delay,

@@ -186,8 +186,10 @@ class ValkeyCluster:
                 return False
         return True
 
-    def wait_healthy(self, timeout: float = 30) -> None:
-        """Until every live node says ``cluster_state:ok`` and each master has a replica."""
+    def wait_healthy(self, timeout: float = 30, *, replicated: bool = True) -> None:
+        """Until every live node says ``cluster_state:ok`` and (``replicated``) each master
+        has a replica online; after a failover the promoted master has none.
+        """
 
         def healthy() -> bool:
             live = [node for node in self.nodes if node.alive()]
@@ -198,6 +200,8 @@ class ValkeyCluster:
                     return False
                 if info["cluster_state"] != "ok":
                     return False
+            if not replicated:
+                return True
             masters = [node for node in live if self.role(node) == "master"]
             return all(self._replica_online(master) for master in masters)
 
@@ -276,6 +280,14 @@ class ValkeyCluster:
         """SIGKILL one node, as a crashed host would die: nothing is flushed."""
         node.process.send_signal(signal.SIGKILL)
         node.process.wait(timeout=10)
+
+    def restart(self, node: Node) -> None:
+        """Start a killed node again on its port and directory: it rejoins with its identity,
+        as a replica of whichever node took its slots over.
+        """
+        restarted = self._launch(node.port, node.directory)
+        assert self._answers(restarted), f"node on port {node.port} did not restart"
+        node.process = restarted.process
 
     def promote(self, replica: Node) -> None:
         """Make ``replica`` a master now (its master is dead): CLUSTER FAILOVER TAKEOVER."""
