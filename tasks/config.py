@@ -260,16 +260,27 @@ class Config:
             )
 
     def check_store(self, *, cluster: bool) -> None:
-        """Refuse a Redis Cluster as the broker, once connecting has told what the store is.
+        """Refuse a Redis Cluster where Celery would need it, once connecting has told.
 
         Raises:
-            BadInput: the store is a cluster and no separate broker is set.
+            BadInput: the store is a cluster and no separate broker is set, or the broker is
+                RabbitMQ, which leaves Celery's result backend on the cluster.
         """
-        if cluster and self.broker_url is None:
+        if not cluster:
+            return
+        if self.broker_url is None:
             raise BadInput(
                 f"REDIS_URL={redact(self.redis_url or '')!r} is a Redis Cluster node, which "
                 "Celery's Redis transport cannot use as its broker; set CELERY_BROKER_URL to a "
-                "standalone Redis or RabbitMQ"
+                "standalone Redis"
+            )
+        if urlsplit(self.broker_url).scheme in AMQP_SCHEMES:
+            # With RabbitMQ, task states go to the journal's Redis (see result_backend), and
+            # Celery's Redis result backend has no cluster client either.
+            raise BadInput(
+                f"REDIS_URL={redact(self.redis_url or '')!r} is a Redis Cluster node and "
+                "CELERY_BROKER_URL is RabbitMQ, so Celery's task states would go to the cluster, "
+                "which its Redis result backend cannot use; use a standalone Redis broker"
             )
 
     @property
@@ -370,7 +381,7 @@ SETTINGS: tuple[Setting, ...] = (
         "CELERY_BROKER_URL",
         "broker_url",
         "optional",
-        "Celery broker (Redis or RabbitMQ); required when `REDIS_URL` is a Redis Cluster",
+        "Celery broker (Redis or RabbitMQ); a standalone Redis when `REDIS_URL` is a Redis Cluster",
         shown="`REDIS_URL`",
     ),
     Setting(

@@ -25,7 +25,7 @@ def test_a_cluster_store_without_a_broker_of_its_own_is_refused_in_one_line(
     assert refused.stderr == (
         f"digest: REDIS_URL={valkey_cluster.url!r} is a Redis Cluster node, which Celery's "
         "Redis transport cannot use as its broker; set CELERY_BROKER_URL to a standalone "
-        "Redis or RabbitMQ\n"
+        "Redis\n"
     )
 
 
