@@ -595,15 +595,17 @@ class RedisBackend:
 
     def forget_due(self, member: bytes) -> None:
         """Drop an unreadable member from the due index (every shard: it names no run)."""
+        pipe = self.client.pipeline(transaction=False)
         for index in self.keyspace.indexes():
-            self.client.zrem(index.due, member)
+            pipe.zrem(index.due, member)
+        pipe.execute()
 
     def oldest_due(self) -> float | None:
-        """The earliest due time (ms) over every shard; None when nothing is due ever."""
-        firsts = [
-            self.client.zrange(index.due, 0, 0, withscores=True)
-            for index in self.keyspace.indexes()
-        ]
+        """The earliest due time (ms) over every shard, in one pipelined trip; None for none."""
+        pipe = self.client.pipeline(transaction=False)
+        for index in self.keyspace.indexes():
+            pipe.zrange(index.due, 0, 0, withscores=True)
+        firsts: list[list[tuple[bytes, float]]] = pipe.execute()
         scores = [float(first[0][1]) for first in firsts if first]
         return min(scores) if scores else None
 

@@ -8,6 +8,7 @@ the fork, so no connection is shared between processes.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import ssl
@@ -168,8 +169,11 @@ def serve_metrics(**_: Any) -> None:
     from journal import Journal, Keyspace
     from tasks import metrics
 
-    keyspace = Keyspace(config.key_prefix, shards=config.journal_shards)
-    journal = Journal(connect(store_url(config)), keyspace=keyspace, hints=HINTS)
+    @functools.cache
+    def journal() -> Journal:
+        keyspace = Keyspace(config.key_prefix, shards=config.journal_shards)
+        return Journal(connect(store_url(config)), keyspace=keyspace, hints=HINTS)
+
     start_http_server(config.metrics_port, registry=metrics.registry(journal))
     log.info("metrics on :%d/metrics", config.metrics_port)
 

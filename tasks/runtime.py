@@ -91,10 +91,10 @@ class Runtime:
                 a worker passes ``config.offline`` so it refuses to fake summaries silently.
         """
         url = store_url(config)
-        client = connect(url)
-        cluster = isinstance(client, redis.RedisCluster)
-        config.check_store(cluster=cluster)
         try:
+            client = connect(url)  # asks the server whether it is a cluster node
+            cluster = isinstance(client, redis.RedisCluster)
+            config.check_store(cluster=cluster)
             check_persistence(client, logger=log)
             check_skew(client, SystemClock(), url)  # one clock for every process's deadlines
         except (redis.ConnectionError, redis.TimeoutError) as down:
