@@ -54,6 +54,7 @@ from redis.utils import HIREDIS_AVAILABLE  # noqa: E402
 from journal import Journal, Keyspace, Run, Settings  # noqa: E402
 from journal.clock import millis  # noqa: E402
 from journal.lease import Grant  # noqa: E402
+from journal.scripts import Client  # noqa: E402
 
 WRITE_REPS = 3000
 REPLAY_REPS = {10: 1000, 1_000: 100, 10_000: 15}
@@ -273,7 +274,7 @@ def measure_writes(journal: Journal, run_id: str) -> list[Row]:
     ]
 
 
-def command_stats(client: redis.Redis) -> dict[str, dict[str, Any]]:
+def command_stats(client: Client) -> dict[str, dict[str, Any]]:
     """The server's per-command counters, read-only, or nothing if it will not tell."""
     try:
         return dict(client.info("commandstats"))

@@ -34,6 +34,7 @@ import redis  # noqa: E402
 from journal import Journal, Keyspace, ManualClock  # noqa: E402
 from journal.clock import millis  # noqa: E402
 from journal.contrib.embedded import embedded_url, stop_embedded  # noqa: E402
+from journal.scripts import Client  # noqa: E402
 
 NOW = 1_800_000_000.0
 PREFIX = "timers"
@@ -48,7 +49,7 @@ def member(i: int) -> str:
     return f"bench:t{i:07d}"
 
 
-def add_timers(client: redis.Redis, due: str, start: int, count: int, at_ms: int) -> None:
+def add_timers(client: Client, due: str, start: int, count: int, at_ms: int) -> None:
     """``count`` runs in the due index, all at ``at_ms``, in batches of 10,000."""
     for first in range(start, start + count, 10_000):
         batch = {member(i): at_ms for i in range(first, min(first + 10_000, start + count))}

@@ -8,6 +8,7 @@ change.
 """
 
 from journal import errors
+from journal.backend import connect
 from journal.clock import ManualClock
 from journal.effects import Effect
 from journal.errors import Hints
@@ -31,5 +32,6 @@ __all__ = [
     "Settings",
     "SignalResult",
     "StepEvent",
+    "connect",
     "errors",
 ]

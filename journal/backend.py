@@ -3,8 +3,10 @@
 The rest of the library speaks in run operations (open, record, renew, close, cancel, claim
 an effect, claim due runs, read a snapshot) and typed replies; only this module holds a
 client. Each operation is one round trip, which is what a run's cost (steps + 2) is counted
-in, and each touches one run's keys plus, where it must stay atomic with them, the two global
-indexes: the one place a Cluster backend has to place differently.
+in, and each touches one run's keys plus, where it must stay atomic with them, its index
+shard's two sorted sets: one slot, so the same operations run on one server and on a Redis
+Cluster (``connect`` tells them apart; ``journal.keys`` places the keys). Only the sweep and
+the listing see every shard, one at a time.
 
 Reply codes are the scripts' own numbers (see each ``journal/lua/*.lua`` header), named here;
 a code a script does not document raises ``UnknownScriptStatus``, never a guess.
@@ -12,7 +14,9 @@ a code a script does not document raises ``UnknownScriptStatus``, never a guess.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import heapq
+import random
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, TypeVar, cast
@@ -21,10 +25,81 @@ import redis
 
 from journal.errors import NotDurable, StoreUnsupported, UnknownScriptStatus
 from journal.keys import Keyspace, RunKeys
-from journal.scripts import KeyOrArg, Scripts
+from journal.scripts import Client, KeyOrArg, Scripts
 
 DELETE = "\0"
 """A field value ``close`` removes instead of writing."""
+
+
+@dataclass(frozen=True)
+class RecordWait:
+    """What each record waits for before its step counts as done, in the record's round trip.
+
+    Attributes:
+        replicas: WAIT for this many replicas to have received the record (in memory): a
+            failover to one of them keeps it. 0 waits for none.
+        local_fsync: WAITAOF for the master's own append-only file to have it on disk: a
+            restart of the master keeps it.
+        timeout_ms: how long either may take before the record is not trusted (``NotDurable``).
+    """
+
+    replicas: int = 0
+    local_fsync: bool = False
+    timeout_ms: int = 1000
+
+    @property
+    def waits(self) -> bool:
+        """Whether a record waits for anything at all."""
+        return self.replicas > 0 or self.local_fsync
+
+    def commands(self) -> list[tuple[KeyOrArg, ...]]:
+        """The commands sent after the record script, in order."""
+        commands: list[tuple[KeyOrArg, ...]] = []
+        if self.replicas:
+            commands.append(("WAIT", self.replicas, self.timeout_ms))
+        if self.local_fsync:
+            commands.append(("WAITAOF", 1, 0, self.timeout_ms))
+        return commands
+
+    def shortfall(self, replies: Sequence[Any]) -> str | None:
+        """What ``replies`` (to ``commands``) fell short of; None when all was confirmed."""
+        replies = list(replies)
+        if self.replicas:
+            acked = replies.pop(0)
+            if isinstance(acked, Exception):
+                return repr(acked)
+            if int(acked) < self.replicas:
+                return f"{int(acked)} of {self.replicas} replicas acknowledged it"
+        if self.local_fsync:
+            synced = replies.pop(0)
+            if isinstance(synced, Exception) or int(synced[0]) < 1:
+                return repr(synced)
+        return None
+
+
+NO_WAIT = RecordWait()
+
+
+def connect(url: str, **options: Any) -> Client:
+    """A client of the store at ``url``: a cluster client when that node is in a cluster.
+
+    Any node of a cluster will do: the cluster client learns the others from it. The server
+    is asked (``INFO cluster``), not the URL, since nothing in a URL says cluster.
+
+    Args:
+        url: a ``redis://``, ``rediss://`` or ``unix://`` URL.
+        options: client options (timeouts), passed to whichever client is built.
+    """
+    plain = redis.Redis.from_url(url, **options)
+    try:
+        enabled = plain.info("cluster").get("cluster_enabled") in (1, "1")
+    except redis.ResponseError:  # a server or proxy that refuses INFO is not one to shard for
+        enabled = False
+    if not enabled:
+        return plain
+    plain.close()
+    return redis.RedisCluster.from_url(url, **options)
+
 
 E = TypeVar("E", bound=IntEnum)
 
@@ -190,9 +265,13 @@ class Snapshot:
 
 
 class RedisBackend:
-    """The journal's storage on one Redis (or Valkey) database, standalone or Sentinel-fed."""
+    """The journal's storage on one Redis (or Valkey) database, or on a Redis Cluster.
 
-    def __init__(self, client: redis.Redis, keyspace: Keyspace) -> None:
+    On a cluster every call touches one slot (``keyspace`` must be sharded, which ``Journal``
+    sees to), so redis-py's cluster client routes it whole to the slot's master.
+    """
+
+    def __init__(self, client: Client, keyspace: Keyspace) -> None:
         self.client = client
         self.keyspace = keyspace
         self.scripts = Scripts.register(client)
@@ -213,7 +292,7 @@ class RedisBackend:
         run_keys = [keys.lease, keys.fence, keys.meta, keys.steps]
         args: list[KeyOrArg] = [token, ttl_ms, now_ms, process, dead_holder]
         if opening is not None:
-            run_keys += [self.keyspace.runs, self.keyspace.due]
+            run_keys += [keys.index.runs, keys.index.due]
             args += [opening.max_stalled_starts, opening.due_at_ms, keys.run]
             args += [keys.workflow, keys.run_id, opening.args]
             args.append("1" if opening.count_delivery else "")
@@ -236,7 +315,7 @@ class RedisBackend:
         run_keys = [keys.lease, keys.meta]
         args: list[KeyOrArg] = [holder, ttl_ms]
         if due_at_ms is not None:
-            run_keys.append(self.keyspace.due)
+            run_keys.append(keys.index.due)
             args += [due_at_ms, keys.run]
         return code("renew", self.scripts.renew(keys=run_keys, args=args), Renewed)
 
@@ -248,7 +327,7 @@ class RedisBackend:
     # -- steps -----------------------------------------------------------------------------
 
     def record(
-        self, keys: RunKeys, holder: str, step: str, encoded: bytes, fsync: bool = False
+        self, keys: RunKeys, holder: str, step: str, encoded: bytes, wait: RecordWait = NO_WAIT
     ) -> tuple[Recorded, Any]:
         """Write a step's record under the fence (HSETNX); what the script found besides.
 
@@ -257,12 +336,12 @@ class RedisBackend:
             holder that owns the run now.
 
         Raises:
-            NotDurable: with ``fsync``, the server did not confirm the record on disk.
+            NotDurable: the server did not confirm what ``wait`` asks for within its timeout.
         """
         run_keys = (keys.lease, keys.steps, keys.meta)
         args = (holder, step, encoded)
-        if fsync:
-            reply = self._record_synced(keys, run_keys, args)
+        if wait.waits:
+            reply = self._record_waited(keys, run_keys, args, wait)
         else:
             try:  # EVALSHA straight away: the hot path of every new step
                 reply = self.client.evalsha(self.scripts.record.sha, 3, *run_keys, *args)
@@ -271,28 +350,71 @@ class RedisBackend:
         status = code("record", reply, Recorded)
         return status, reply[1] if isinstance(reply, list) and len(reply) > 1 else None
 
-    def _record_synced(
-        self, keys: RunKeys, run_keys: Sequence[KeyOrArg], args: Sequence[KeyOrArg]
+    def _record_waited(
+        self,
+        keys: RunKeys,
+        run_keys: Sequence[KeyOrArg],
+        args: Sequence[KeyOrArg],
+        wait: RecordWait,
     ) -> Any:
-        """The record script and WAITAOF in one round trip, with a checked fsync.
+        """The record script, then WAIT and/or WAITAOF, in one round trip, each checked.
 
         EVALSHA goes on the pipeline by hand: a Script on a pipeline makes redis-py send
         SCRIPT EXISTS first, a second round trip per record. On NOSCRIPT, EVAL with the source.
+        WAIT and WAITAOF answer for the connection that wrote, so on a cluster all go down one
+        connection to the slot's master (a cluster pipeline would send the keyless waits to
+        any node). A MOVED reply or a lost connection (a failover promoted a replica) re-reads
+        the slot map and sends it all again, once: the record is fenced and first-write-wins,
+        so a second send can only find it already written or the lease gone.
         """
         record = self.scripts.record
-        for command, script in (("EVALSHA", record.sha), ("EVAL", record.script)):
-            pipe = self.client.pipeline(transaction=False)
+        attempts = [("EVALSHA", record.sha), ("EVAL", record.script)]
+        moved = False
+        while attempts:
+            command, script = attempts[0]
+            pipe = self._master_of(keys.steps).pipeline(transaction=False)
             pipe.execute_command(command, script, 3, *run_keys, *args)  # type: ignore[no-untyped-call]
-            pipe.execute_command("WAITAOF", 1, 0, 1000)  # type: ignore[no-untyped-call]
-            reply, synced = pipe.execute(raise_on_error=False)
+            for waiting in wait.commands():
+                pipe.execute_command(*waiting)  # type: ignore[no-untyped-call]
+            try:
+                reply, *confirmed = pipe.execute(raise_on_error=False)
+                rerouted = isinstance(reply, redis.exceptions.MovedError)
+            except (redis.ConnectionError, redis.TimeoutError):
+                if moved or not isinstance(self.client, redis.RedisCluster):
+                    raise
+                rerouted = True  # the slot's master is gone: ask the cluster for the new one
+            if rerouted and not moved:
+                moved = True
+                self._reread_slots()
+                continue
+            attempts.pop(0)
             if isinstance(reply, redis.exceptions.NoScriptError):
                 continue
             if isinstance(reply, Exception):
                 raise reply
-            if isinstance(synced, Exception) or int(synced[0]) < 1:
-                raise NotDurable(keys.run, str(args[1]), repr(synced))
+            shortfall = wait.shortfall(confirmed)
+            if shortfall is not None:
+                raise NotDurable(keys.run, str(args[1]), shortfall)
             return reply
         raise NotDurable(keys.run, str(args[1]), "the server refused the record script")
+
+    def _master_of(self, key: str) -> redis.Redis:
+        """The client of the one server that holds ``key``: on a cluster, its slot's master."""
+        if isinstance(self.client, redis.RedisCluster):
+            node = self.client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+            return self.client.get_redis_connection(node)
+        return self.client
+
+    def _masters(self) -> list[redis.Redis]:
+        """A client of each master: the one server, or every master of the cluster."""
+        if isinstance(self.client, redis.RedisCluster):
+            primaries = self.client.get_primaries()  # type: ignore[no-untyped-call]
+            return [self.client.get_redis_connection(node) for node in primaries]
+        return [self.client]
+
+    def _reread_slots(self) -> None:
+        if isinstance(self.client, redis.RedisCluster):
+            self.client.nodes_manager.initialize()
 
     def require_waitaof(self, url: str) -> None:
         """Refuse record fsyncs at start on a server that cannot honour them.
@@ -307,6 +429,30 @@ class RedisBackend:
                 url,
                 f"fsync_records needs WAITAOF (Redis 7.2+ or Valkey with appendonly yes): {exc}",
             ) from None
+
+    def require_replicas(self, url: str, replicas: int) -> None:
+        """Refuse replica waits at start when a master has fewer replicas than each record needs.
+
+        Every record would otherwise wait its full timeout and stop its run (``NotDurable``).
+
+        Raises:
+            StoreUnsupported: naming the master short of replicas, or the server's refusal.
+        """
+        for master in self._masters():
+            try:
+                info = master.info("replication")
+            except redis.ResponseError as exc:
+                raise StoreUnsupported(
+                    url, f"wait_replicas needs INFO replication to count replicas: {exc}"
+                ) from None
+            found = int(info.get("connected_slaves", 0))
+            if found < replicas:
+                where = master.connection_pool.connection_kwargs.get("port", url)
+                raise StoreUnsupported(
+                    url,
+                    f"wait_replicas={replicas} but the master at {where} has {found} connected "
+                    "replica(s): every record would wait out its timeout",
+                )
 
     # -- a run's status ------------------------------------------------------------------
 
@@ -331,7 +477,7 @@ class RedisBackend:
             if value != DELETE:
                 sets += [name, value]
         reply = self.scripts.close(
-            keys=[keys.lease, keys.meta, keys.signals, self.keyspace.runs, self.keyspace.due],
+            keys=[keys.lease, keys.meta, keys.signals, keys.index.runs, keys.index.due],
             args=[
                 holder,
                 unless_signal,
@@ -356,8 +502,8 @@ class RedisBackend:
         status = code("cancel", reply, Cancelling)
         if status is Cancelling.CANCELLED:
             pipe = self.client.pipeline(transaction=False)
-            pipe.zrem(self.keyspace.due, keys.run)
-            pipe.zadd(self.keyspace.runs, {keys.run: now_ms})
+            pipe.zrem(keys.index.due, keys.run)
+            pipe.zadd(keys.index.runs, {keys.run: now_ms})
             pipe.execute()
         return status, _text(reply[1]) if status is Cancelling.ENDED else ""
 
@@ -379,8 +525,8 @@ class RedisBackend:
         """Remove every key of one run and its index entries; how many keys there were."""
         pipe = self.client.pipeline(transaction=False)
         pipe.delete(*keys.all())
-        pipe.zrem(self.keyspace.runs, keys.run)
-        pipe.zrem(self.keyspace.due, keys.run)
+        pipe.zrem(keys.index.runs, keys.run)
+        pipe.zrem(keys.index.due, keys.run)
         return int(pipe.execute()[0])
 
     # -- effects ---------------------------------------------------------------------------
@@ -428,18 +574,40 @@ class RedisBackend:
 
     def make_due(self, keys: RunKeys, at_ms: int) -> None:
         """Put the run in the due index at ``at_ms`` (now, for a wake-up)."""
-        self.client.zadd(self.keyspace.due, {keys.run: at_ms})
+        self.client.zadd(keys.index.due, {keys.run: at_ms})
 
     def claim_due(self, now_ms: int, limit: int, rearm_at_ms: int) -> list[bytes]:
-        """Claim up to ``limit`` due runs, re-armed at ``rearm_at_ms`` (atomic across sweepers)."""
-        claimed: list[bytes] = self.scripts.claim_due(
-            keys=[self.keyspace.due], args=[now_ms, limit, rearm_at_ms]
-        )
+        """Claim up to ``limit`` due runs, re-armed at ``rearm_at_ms`` (atomic across sweepers).
+
+        Shard by shard, one script each, so two sweepers never claim one run twice; starting
+        at a random shard, so a backlog in one shard does not starve the others' wake-ups.
+        """
+        indexes = self.keyspace.indexes()
+        first = random.randrange(len(indexes))
+        claimed: list[bytes] = []
+        for index in indexes[first:] + indexes[:first]:
+            if len(claimed) >= limit:
+                break
+            claimed += self.scripts.claim_due(
+                keys=[index.due], args=[now_ms, limit - len(claimed), rearm_at_ms]
+            )
         return claimed
 
     def forget_due(self, member: bytes) -> None:
-        """Drop an unreadable member from the due index."""
-        self.client.zrem(self.keyspace.due, member)
+        """Drop an unreadable member from the due index (every shard: it names no run)."""
+        pipe = self.client.pipeline(transaction=False)
+        for index in self.keyspace.indexes():
+            pipe.zrem(index.due, member)
+        pipe.execute()
+
+    def oldest_due(self) -> float | None:
+        """The earliest due time (ms) over every shard, in one pipelined trip; None for none."""
+        pipe = self.client.pipeline(transaction=False)
+        for index in self.keyspace.indexes():
+            pipe.zrange(index.due, 0, 0, withscores=True)
+        firsts: list[list[tuple[bytes, float]]] = pipe.execute()
+        scores = [float(first[0][1]) for first in firsts if first]
+        return min(scores) if scores else None
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -466,12 +634,28 @@ class RedisBackend:
         meta, steps = pipe.execute()
         return meta, steps
 
-    def runs_page(self, start: int, count: int) -> list[tuple[bytes, float]]:
-        """Members of the runs index, newest first, from ``start``, with their scores."""
-        members = self.client.zrevrange(
-            self.keyspace.runs, start, start + count - 1, withscores=True
-        )
-        return cast(list[tuple[bytes, float]], members)
+    def runs_newest(self, page: int) -> Iterator[tuple[bytes, float]]:
+        """Members of the runs index with their scores, newest first, over every shard.
+
+        Each shard is read a page at a time as the merge needs it, so a listing of the newest
+        few reads a page per shard, not the whole index.
+        """
+        shards = [self._runs_of(index.runs, page) for index in self.keyspace.indexes()]
+        if len(shards) == 1:
+            return shards[0]
+        return heapq.merge(*shards, key=lambda member: -member[1])
+
+    def _runs_of(self, key: str, page: int) -> Iterator[tuple[bytes, float]]:
+        start = 0
+        while True:
+            members = cast(
+                list[tuple[bytes, float]],
+                self.client.zrevrange(key, start, start + page - 1, withscores=True),
+            )
+            yield from members
+            if len(members) < page:
+                return
+            start += page
 
     def metas(self, runs: Iterable[RunKeys], with_steps: bool) -> list[dict[bytes, bytes]]:
         """Each run's meta (and, when asked, steps right after it), in one pipelined trip."""
@@ -499,7 +683,7 @@ class RedisBackend:
         if steps:
             pipe.hset(keys.steps, mapping=steps)  # type: ignore[arg-type]
         pipe.hset(keys.meta, mapping=meta)
-        pipe.zadd(self.keyspace.runs, {keys.run: now_ms})
+        pipe.zadd(keys.index.runs, {keys.run: now_ms})
         pipe.execute()
 
     # -- the server ------------------------------------------------------------------------

@@ -16,7 +16,7 @@
     ├── StoreUnavailable      Redis could not be reached
     ├── StoreUnsupported      the server lacks what a setting needs (WAITAOF for fsync_records)
     ├── ClockSkewed           this process's clock is too far from the Redis server's
-    ├── NotDurable            a record was written but its fsync was not confirmed in time
+    ├── NotDurable            a record was written but its fsync or replication was not confirmed
     ├── EmbeddedServerError   the embedded Valkey server could not be started or reached
     └── UnknownScriptStatus   a Lua script returned a code this version does not know (a bug)
 
@@ -288,12 +288,13 @@ class ClockSkewed(JournalError):
 
 
 class NotDurable(_StepError):
-    """WAITAOF did not confirm the local fsync of a record; the run stops rather than trust it."""
+    """WAITAOF or WAIT did not confirm a record in time; the run stops rather than trust it."""
 
     def __str__(self) -> str:
         return (
-            f"run {self.run}: step {self.step!r} was written but its fsync was not confirmed "
-            f"({self.detail}); check the Redis server's disk, then resume the run"
+            f"run {self.run}: step {self.step!r} was written but its fsync or replication was "
+            f"not confirmed ({self.detail}); check the Redis server's disk and replicas, then "
+            "resume the run"
         )
 
 

@@ -135,15 +135,11 @@ def list_runs(
 def _rows(
     journal: Journal, state: str | None, with_steps: bool, page: int = 100
 ) -> Iterator[RunRow]:
-    start = 0
-    while True:
-        members = journal.call(journal.backend.runs_page, start, page)
-        if not members:
-            return
-        start += page
-        keys = [journal.keyspace.parse_run(member.decode()) for member, _ in members]
+    members = journal.call(journal.backend.runs_newest, page)
+    while chunk := journal.call(list, islice(members, page)):
+        keys = [journal.keyspace.parse_run(member.decode()) for member, _ in chunk]
         replies = iter(journal.call(journal.backend.metas, keys, with_steps))
-        for run_keys, (_, score) in zip(keys, members, strict=True):
+        for run_keys, (_, score) in zip(keys, chunk, strict=True):
             meta = decode_meta(run_keys.run, next(replies))
             records = (
                 ordered(decode_journal(run_keys.run, next(replies)).values()) if with_steps else []

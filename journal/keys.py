@@ -1,16 +1,28 @@
 """The one place every Redis key of the journal is built.
 
 Scripts receive these names through ``KEYS`` and never rebuild them, so a typo cannot leak a
-key and a key layout change is one edit. Every key of one run carries the run's full id in a
-``{...}`` hash tag, so a script that touches several of them stays inside one Redis Cluster
-slot. The two global indexes (``runs`` and ``due``) are outside it: the scripts that open,
-renew and close a run write them in the same script as the run's own keys, fenced and in one
-round trip, which needs one server (or Sentinel), not Cluster.
+key and a key layout change is one edit. The scripts that open, renew and close a run write
+the two indexes (``runs`` and ``due``) in the same script as the run's own keys, fenced and in
+one round trip, so where the indexes live decides where a run's keys must live:
+
+- **One index** (``shards=1`` on one server, or Sentinel; today's layout): the run's keys
+  carry the run's full id as hash tag, ``journal:{digest:2026-w42}:steps``, and the indexes
+  are ``journal:runs`` and ``journal:due``.
+- **Sharded** (a Redis Cluster, or ``shards > 1``): runs are spread over ``shards`` index
+  shards by a CRC32 of their full id, and a run's keys carry its *shard's* hash tag, as its
+  shard's two indexes do: ``journal:{s3}:digest:2026-w42:steps`` beside ``journal:{s3}:due``.
+  Every script then touches one slot; the sweep claims shard by shard and the listing merges
+  the shards, newest first. The shard count is part of the layout: changing it moves runs to
+  other keys, so choose it once (more shards than masters spreads the indexes over them).
+
+Rejected: choosing shard tags whose slots land on distinct masters, for an even spread with
+few shards. Slot ownership changes with every resharding or failover; a layout must not.
 """
 
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass
 
 from journal.errors import InvalidRunId
@@ -50,12 +62,26 @@ def validate_workflow(name: str) -> str:
 
 
 @dataclass(frozen=True)
+class Index:
+    """One shard's two sorted sets; the single-index layout has exactly one."""
+
+    runs: str
+    due: str
+
+
+@dataclass(frozen=True)
 class RunKeys:
-    """The keys of one run, all sharing the ``{workflow:run_id}`` hash tag."""
+    """The keys of one run, and of the index shard it is listed in, all in one slot.
+
+    Attributes:
+        shard: the run's index shard in the sharded layout (the hash tag is the shard's);
+            None in the single-index layout (the hash tag is the run's full id).
+    """
 
     prefix: str
     workflow: str
     run_id: str
+    shard: int | None = None
 
     @property
     def run(self) -> str:
@@ -63,7 +89,14 @@ class RunKeys:
         return f"{self.workflow}:{self.run_id}"
 
     def _key(self, part: str) -> str:
-        return f"{self.prefix}:{{{self.run}}}:{part}"
+        if self.shard is None:
+            return f"{self.prefix}:{{{self.run}}}:{part}"
+        return f"{_shard_tag(self.prefix, self.shard)}:{self.run}:{part}"
+
+    @property
+    def index(self) -> Index:
+        """The runs and due indexes this run is listed in."""
+        return _index(self.prefix, self.shard)
 
     @property
     def steps(self) -> str:
@@ -100,19 +133,58 @@ class RunKeys:
         return (self.steps, self.meta, self.lease, self.fence, self.signals, self.effects)
 
 
+def _shard_tag(prefix: str, shard: int) -> str:
+    return f"{prefix}:{{s{shard}}}"
+
+
+def _index(prefix: str, shard: int | None) -> Index:
+    if shard is None:
+        return Index(f"{prefix}:runs", f"{prefix}:due")
+    tag = _shard_tag(prefix, shard)
+    return Index(f"{tag}:runs", f"{tag}:due")
+
+
 @dataclass(frozen=True)
 class Keyspace:
-    """The journal's namespace: a prefix, and the global indexes under it."""
+    """The journal's namespace: a prefix, its index shards, and the layout they imply.
+
+    Attributes:
+        prefix: the start of every key.
+        shards: how many index shards runs are spread over (see the module docstring).
+        cluster: the store is a Redis Cluster: the layout is sharded even with one shard.
+            The journal sets it when it finds itself connected to a cluster.
+    """
 
     prefix: str = "journal"
+    shards: int = 1
+    cluster: bool = False
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9._:-]{1,64}", self.prefix):
             raise ValueError(f"key prefix {self.prefix!r} must be 1-64 of [A-Za-z0-9._:-]")
+        if not 1 <= self.shards <= 1024:
+            raise ValueError(f"shards={self.shards}: must be from 1 to 1024")
+
+    @property
+    def sharded(self) -> bool:
+        """Whether runs carry their shard's hash tag instead of their own."""
+        return self.cluster or self.shards > 1
 
     def run(self, workflow: str, run_id: str) -> RunKeys:
         """Keys of one run, after validating both names."""
-        return RunKeys(self.prefix, validate_workflow(workflow), validate_run_id(run_id))
+        keys = RunKeys(self.prefix, validate_workflow(workflow), validate_run_id(run_id))
+        if not self.sharded:
+            return keys
+        return RunKeys(keys.prefix, keys.workflow, keys.run_id, self._shard_of(keys.run))
+
+    def _shard_of(self, run: str) -> int:
+        return zlib.crc32(run.encode()) % self.shards
+
+    def indexes(self) -> tuple[Index, ...]:
+        """Every index shard, in shard order: one in the single-index layout."""
+        if not self.sharded:
+            return (_index(self.prefix, None),)
+        return tuple(_index(self.prefix, shard) for shard in range(self.shards))
 
     def parse_run(self, full_id: str) -> RunKeys:
         """Keys from a full id read back from an index (``digest:2026-w42``)."""
@@ -123,14 +195,23 @@ class Keyspace:
 
     @property
     def runs(self) -> str:
-        """Sorted set: full run id by last update (ms), for listing without SCAN."""
-        return f"{self.prefix}:runs"
+        """Sorted set: full run id by last update (ms), for listing without SCAN.
+
+        The single-index layout's; sharded, each run's is ``RunKeys.index.runs``.
+        """
+        return self._single().runs
 
     @property
     def due(self) -> str:
         """Sorted set: full run id by the time (ms) someone must look at it again.
 
         Holds waiting runs by wake-up time and running runs by lease expiry plus a grace, so
-        one sweep both wakes sleepers and recovers runs whose worker died.
+        one sweep both wakes sleepers and recovers runs whose worker died. The single-index
+        layout's; sharded, each run's is ``RunKeys.index.due``.
         """
-        return f"{self.prefix}:due"
+        return self._single().due
+
+    def _single(self) -> Index:
+        if self.sharded:
+            raise ValueError(f"{self!r} is sharded: each run's indexes are RunKeys.index")
+        return _index(self.prefix, None)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import redis
 
 from journal import codec
-from journal.backend import DELETE, Closed, Opened, Opening
+from journal.backend import DELETE, Closed, Opened, Opening, RecordWait
 from journal.cancel import Cancelled
 from journal.clock import millis
 from journal.errors import (
@@ -59,6 +59,8 @@ class Settings:
             message was lost.
         max_stalled_starts: starts that died without recording anything before a run is parked.
         fsync_records: wait for the local AOF fsync of every record (WAITAOF; Redis 7.2+, Valkey).
+        wait_replicas: wait for this many replicas to have every record (WAIT), so that a
+            failover to one of them loses no recorded step; in the record's round trip.
         run_retry: which failures the due sweep retries, how often and for how long; by
             default none.
     """
@@ -68,6 +70,7 @@ class Settings:
     rearm_after: float = 300.0
     max_stalled_starts: int = 5
     fsync_records: bool = False
+    wait_replicas: int = 0
     run_retry: RunRetry = field(default_factory=RunRetry)
 
     def __post_init__(self) -> None:
@@ -75,6 +78,13 @@ class Settings:
             raise ValueError(f"lease_ttl={self.lease_ttl}: must be at least 0.3 s")
         if self.max_stalled_starts < 1:
             raise ValueError("max_stalled_starts must be at least 1")
+        if self.wait_replicas < 0:
+            raise ValueError("wait_replicas must not be negative")
+
+    @property
+    def record_wait(self) -> RecordWait:
+        """What each record waits for, as the backend sends it."""
+        return RecordWait(replicas=self.wait_replicas, local_fsync=self.fsync_records)
 
 
 @dataclass(frozen=True)
@@ -199,7 +209,7 @@ class Runner:
             guard=heartbeat,
             retry_state=wait if wait is not None and wait.kind == "retry" else None,
             on_step=on_step,
-            fsync_records=self.settings.fsync_records,
+            record_wait=self.settings.record_wait,
         )
         heartbeat.start()
         return run, heartbeat

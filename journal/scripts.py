@@ -35,11 +35,14 @@ def _source(name: str) -> str:
 
 KeyOrArg = bytes | str | int | float
 
+Client = redis.Redis | redis.RedisCluster
+"""A client of one server, or of a Redis Cluster: every script touches keys of one slot."""
+
 
 class Script:
     """One Lua script bound to a client: EVALSHA, and EVAL with the source on NOSCRIPT."""
 
-    def __init__(self, client: redis.Redis, source: str) -> None:
+    def __init__(self, client: Client, source: str) -> None:
         self.client = client
         self.script = source
         self.sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
@@ -48,7 +51,7 @@ class Script:
         self,
         keys: Sequence[KeyOrArg] = (),
         args: Sequence[KeyOrArg] = (),
-        client: redis.Redis | None = None,
+        client: Client | None = None,
     ) -> Any:
         """The script's reply; ``client`` sends it on another connection than the bound one."""
         target = self.client if client is None else client
@@ -73,6 +76,6 @@ class Scripts:
     cancel: Script
 
     @classmethod
-    def register(cls, client: redis.Redis) -> Scripts:
+    def register(cls, client: Client) -> Scripts:
         """Register every script on ``client``; call once per client, not per call."""
         return cls(**{name: Script(client, _source(name)) for name in SCRIPT_NAMES})

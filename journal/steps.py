@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from journal import codec, records
-from journal.backend import Recorded, RedisBackend
+from journal.backend import NO_WAIT, Recorded, RecordWait, RedisBackend
 from journal.clock import Clock, millis
 from journal.effects import Effect, run_effect
 from journal.errors import (
@@ -103,7 +103,7 @@ class Run:
         guard: Heartbeat,
         retry_state: Wait | None = None,
         on_step: Callable[[StepEvent], None] | None = None,
-        fsync_records: bool = False,
+        record_wait: RecordWait = NO_WAIT,
     ) -> None:
         self.keys = keys
         self.holder = holder
@@ -114,7 +114,7 @@ class Run:
         self._guard = guard
         self._retry_state = retry_state
         self._on_step = on_step
-        self._fsync_records = fsync_records
+        self._record_wait = record_wait
         self._lock = self._cursor.lock
         self.ran = 0
         self.args: dict[str, Any] = {}
@@ -410,7 +410,7 @@ class Run:
             group=group,
         )
         status, found = self._backend.record(
-            self.keys, self.holder, key, encoded, self._fsync_records
+            self.keys, self.holder, key, encoded, self._record_wait
         )
         if status is Recorded.RECORDED_CANCEL_PENDING:  # an operator cancelled the run:
             self._guard.cancelled.set()  # no step starts after this one

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import redis
@@ -22,6 +22,7 @@ from journal.clock import Clock, SystemClock, millis
 from journal.errors import Hints, StoreUnavailable
 from journal.keys import Keyspace, RunKeys
 from journal.runner import Outcome, Runner, Settings, decode_meta, frozen_args
+from journal.scripts import Client
 from journal.status import RunStatus
 from journal.steps import Run, StepEvent
 from journal.waits import Wait
@@ -33,9 +34,14 @@ R = TypeVar("R")
 
 @dataclass
 class Journal:
-    """A handle on the journal in one Redis database; cheap to share across threads."""
+    """A handle on the journal in one Redis database or Cluster; cheap to share across threads.
 
-    client: redis.Redis
+    Given a cluster client (``journal.connect`` builds one for a cluster node's URL), the
+    keyspace takes its sharded layout, whatever its shard count: every run's keys and its
+    shard's indexes then share one hash tag, so every script stays in one slot.
+    """
+
+    client: Client
     keyspace: Keyspace = field(default_factory=Keyspace)
     settings: Settings = field(default_factory=Settings)
     clock: Clock = field(default_factory=SystemClock)
@@ -43,10 +49,14 @@ class Journal:
     hints: Hints = field(default_factory=Hints)
 
     def __post_init__(self) -> None:
+        if isinstance(self.client, redis.RedisCluster) and not self.keyspace.cluster:
+            self.keyspace = replace(self.keyspace, cluster=True)
         self.backend = RedisBackend(self.client, self.keyspace)
         self.runner = Runner(self)
         if self.settings.fsync_records:
             self.call(self.backend.require_waitaof, self.url)
+        if self.settings.wait_replicas:
+            self.call(self.backend.require_replicas, self.url, self.settings.wait_replicas)
 
     def keys(self, workflow: str, run_id: str) -> RunKeys:
         """The validated keys of one run."""

@@ -171,17 +171,20 @@ def import_model_sdk(**_: Any) -> None:
 def refuse_a_skewed_clock(**_: Any) -> None:
     """A worker whose clock is off the store's exits at start, in one line, status 2.
 
-    Refusing each delivery instead would fail and ack the week's message on this worker, when a
-    worker with a good clock could have run it. A store that is down is not refused here: the
+    So does one whose broker would be a Redis Cluster (no ``CELERY_BROKER_URL``). Refusing
+    each delivery instead would fail and ack the week's message on this worker, when a worker
+    with a good clock could have run it. A store that is down is not refused here: the
     deliveries wait for it, as they do for any outage.
     """
     url = store_url(settings())
     try:
-        check_skew(connect(url), SystemClock(), url)
+        client = connect(url)
+        settings().check_store(cluster=isinstance(client, redis.RedisCluster))
+        check_skew(client, SystemClock(), url)
     except (redis.ConnectionError, redis.TimeoutError):
         return
-    except ClockSkewed as skewed:
-        print(f"digest: {skewed}", file=sys.stderr, flush=True)
+    except (ClockSkewed, BadInput) as refused:
+        print(f"digest: {refused}", file=sys.stderr, flush=True)
         os._exit(2)  # Celery logs and swallows exceptions raised by signal handlers
 
 
@@ -211,7 +214,11 @@ def serve_metrics(**_: Any) -> None:
     from journal import Journal, Keyspace
     from tasks import metrics
 
-    journal = Journal(connect(store_url(config)), keyspace=Keyspace(config.key_prefix), hints=HINTS)
+    @functools.cache
+    def journal() -> Journal:
+        keyspace = Keyspace(config.key_prefix, shards=config.journal_shards)
+        return Journal(connect(store_url(config)), keyspace=keyspace, hints=HINTS)
+
     start_http_server(config.metrics_port, registry=metrics.registry(journal))
     log.info("metrics on :%d/metrics", config.metrics_port)
 

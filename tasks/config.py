@@ -121,7 +121,12 @@ class Config:
         sweep_interval: seconds between due sweeps (wake-ups and crash recovery).
         wait_aof: wait for the local AOF fsync of every record (WAITAOF; Redis 7.2+, Valkey),
             for servers on ``appendfsync everysec``.
+        wait_replicas: replicas every record must reach before the run goes on (WAIT), so a
+            failover to one of them loses no recorded step.
         catch_up_weeks: how many missed weeks the dispatcher enqueues after an outage.
+        journal_shards: how many index shards the journal spreads runs over (see
+            ``journal.keys``); on a Redis Cluster, more than the masters spreads the sweep's
+            and the listing's load over them. Part of the key layout: set it once.
         visibility_timeout: the Redis broker's redelivery timeout, in seconds.
         task_time_limit: the hard limit of one delivery, in seconds.
         queue: the Celery queue digests are sent to and workers consume; one per deployment
@@ -167,7 +172,9 @@ class Config:
     approval_timeout: float = 24 * 3600.0
     sweep_interval: float = 15.0
     wait_aof: bool = False
+    wait_replicas: int = 0
     catch_up_weeks: int = 4
+    journal_shards: int = 1
     visibility_timeout: float = 3600.0
     task_time_limit: float = 1800.0
     queue: str = "celery"
@@ -251,6 +258,30 @@ class Config:
                 f"DIGEST_LEASE_TTL={self.lease_ttl:g} is too long for "
                 f"DIGEST_VISIBILITY_TIMEOUT={self.visibility_timeout:g}: a busy delivery waits "
                 "up to the lease's remaining time, which must stay a fraction of it"
+            )
+
+    def check_store(self, *, cluster: bool) -> None:
+        """Refuse a Redis Cluster where Celery would need it, once connecting has told.
+
+        Raises:
+            BadInput: the store is a cluster and no separate broker is set, or the broker is
+                RabbitMQ, which leaves Celery's result backend on the cluster.
+        """
+        if not cluster:
+            return
+        if self.broker_url is None:
+            raise BadInput(
+                f"REDIS_URL={redact(self.redis_url or '')!r} is a Redis Cluster node, which "
+                "Celery's Redis transport cannot use as its broker; set CELERY_BROKER_URL to a "
+                "standalone Redis"
+            )
+        if urlsplit(self.broker_url).scheme in AMQP_SCHEMES:
+            # With RabbitMQ, task states go to the journal's Redis (see result_backend), and
+            # Celery's Redis result backend has no cluster client either.
+            raise BadInput(
+                f"REDIS_URL={redact(self.redis_url or '')!r} is a Redis Cluster node and "
+                "CELERY_BROKER_URL is RabbitMQ, so Celery's task states would go to the cluster, "
+                "which its Redis result backend cannot use; use a standalone Redis broker"
             )
 
     @property
@@ -340,7 +371,8 @@ SETTINGS: tuple[Setting, ...] = (
         "REDIS_URL",
         "redis_url",
         "optional",
-        "journal store, and broker unless `CELERY_BROKER_URL`; `rediss://` verifies the "
+        "journal store (any node of a Redis Cluster will do), and broker unless "
+        "`CELERY_BROKER_URL`; `rediss://` verifies the "
         "certificate and host name, for the journal, the broker and the result backend alike; "
         "redis-py's options go in the query (`?ssl_ca_certs=/etc/ssl/private-ca.pem`, "
         "`ssl_cert_reqs`, `ssl_check_hostname`, `ssl_certfile`, `ssl_keyfile`)",
@@ -350,7 +382,7 @@ SETTINGS: tuple[Setting, ...] = (
         "CELERY_BROKER_URL",
         "broker_url",
         "optional",
-        "Celery broker (Redis or RabbitMQ)",
+        "Celery broker (Redis or RabbitMQ); a standalone Redis when `REDIS_URL` is a Redis Cluster",
         shown="`REDIS_URL`",
     ),
     Setting(
@@ -482,6 +514,25 @@ SETTINGS: tuple[Setting, ...] = (
         "wait_aof",
         "flag",
         "wait for the local AOF fsync of every record (WAITAOF, Redis 7.2+/Valkey)",
+    ),
+    Setting(
+        "DIGEST_WAIT_REPLICAS",
+        "wait_replicas",
+        "count",
+        "replicas every record must reach before the run goes on (WAIT, in the record's round "
+        "trip): a failover to one of them loses no recorded step; refused at start when a "
+        "master has fewer",
+        0,
+        5,
+    ),
+    Setting(
+        "DIGEST_JOURNAL_SHARDS",
+        "journal_shards",
+        "count",
+        "index shards runs are spread over (a Redis Cluster: more than its masters); part of "
+        "the key layout, so set it once",
+        1,
+        1024,
     ),
     Setting(
         "DIGEST_CATCH_UP_WEEKS",

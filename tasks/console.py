@@ -210,7 +210,9 @@ def create_app(runtime: Runtime, *, token: str | None = None) -> Flask:
 
         from tasks import metrics as exported
 
-        return Response(generate_latest(exported.registry(journal)), mimetype=CONTENT_TYPE_LATEST)
+        return Response(
+            generate_latest(exported.registry(lambda: journal)), mimetype=CONTENT_TYPE_LATEST
+        )
 
     @app.get("/runs/<run_id>")
     def run(run_id: str) -> Any:

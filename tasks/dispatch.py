@@ -21,9 +21,8 @@ from collections.abc import Callable
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
-import redis
-
 from journal.holder import ProcessIdentity
+from journal.scripts import Client
 from tasks.faults import before_publishing
 from tasks.keys import DigestKeys, text
 from tasks.schedule import run_ids_due
@@ -34,7 +33,7 @@ CLAIM = "claimed by "
 
 
 def dispatch_due(
-    client: redis.Redis,
+    client: Client,
     keys: DigestKeys,
     now: datetime,
     *,
@@ -68,7 +67,7 @@ def dispatch_due(
     return enqueued
 
 
-def _claim(client: redis.Redis, marker: str) -> bool:
+def _claim(client: Client, marker: str) -> bool:
     """Claim the right to publish one run id: free, or held by a provably dead dispatcher."""
     claim = CLAIM + ProcessIdentity.current().encode()
     if client.set(marker, claim, nx=True, ex=CLAIM_TTL_S):

@@ -16,19 +16,30 @@ def text(raw: bytes | str) -> str:
 
 @dataclass(frozen=True)
 class DigestKeys:
-    """Keys that outlive single runs: what earlier digests covered, and dispatch markers."""
+    """Keys that outlive single runs: what earlier digests covered, and dispatch markers.
+
+    Attributes:
+        cluster: the store is a Redis Cluster: ``seen`` and ``claims``, written in one MULTI
+            when a digest marks its items seen, share a hash tag so they share a slot. On one
+            server they keep the names they have always had.
+    """
 
     prefix: str = "journal"
+    cluster: bool = False
+
+    @property
+    def _items(self) -> str:
+        return f"{self.prefix}:{{digest}}" if self.cluster else f"{self.prefix}:digest"
 
     @property
     def seen(self) -> str:
         """Set: ids of items covered by earlier digests (updated as a set union)."""
-        return f"{self.prefix}:digest:seen"
+        return f"{self._items}:seen"
 
     @property
     def claims(self) -> str:
         """Hash: item id -> the run (``digest:<run_id>``) that selected it and has not ended."""
-        return f"{self.prefix}:digest:claims"
+        return f"{self._items}:claims"
 
     def dispatched(self, run_id: str) -> str:
         """String: set once when beat enqueues a weekly run, so restarts never enqueue twice."""

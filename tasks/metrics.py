@@ -15,7 +15,7 @@ time: the due index's lag (age of its oldest overdue entry) and runs by state.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, multiprocess
@@ -62,34 +62,40 @@ listen(count)
 
 
 class JournalCollector(Collector):
-    """What only Redis knows, read at scrape time: due-index lag and runs by state."""
+    """What only Redis knows, read at scrape time: due-index lag and runs by state.
 
-    def __init__(self, journal: Journal, limit: int = 1000) -> None:
+    The journal comes from a factory called at each scrape, so a worker whose store was down
+    when it started still serves its counters, and the gauges once the store is back
+    (connecting asks the server whether it is a cluster node, which needs it up).
+    """
+
+    def __init__(self, journal: Callable[[], Journal], limit: int = 1000) -> None:
         self.journal = journal
         self.limit = limit
 
     def collect(self) -> Iterator[Any]:
         """Yield the two gauges."""
+        journal = self.journal()
         lag = GaugeMetricFamily(
             "digest_due_lag_seconds", "Age of the oldest overdue entry of the due index (0: none)."
         )
-        oldest = self.journal.client.zrange(self.journal.keyspace.due, 0, 0, withscores=True)
-        overdue = time.time() - float(oldest[0][1]) / 1000 if oldest else 0.0
+        oldest = journal.call(journal.backend.oldest_due)
+        overdue = 0.0 if oldest is None else time.time() - oldest / 1000
         lag.add_metric([], max(overdue, 0.0))
         yield lag
         states = GaugeMetricFamily(
             "digest_runs", "Runs in the runs index by state (the newest 1000).", labels=["state"]
         )
         counts = dict.fromkeys(STATES, 0)
-        for row in list_runs(self.journal, limit=self.limit):
+        for row in list_runs(journal, limit=self.limit):
             counts[row.state] = counts.get(row.state, 0) + 1
         for state, n in counts.items():
             states.add_metric([state], n)
         yield states
 
 
-def registry(journal: Journal) -> CollectorRegistry:
-    """A registry summing every process's counters, plus the journal's gauges."""
+def registry(journal: Callable[[], Journal]) -> CollectorRegistry:
+    """A registry summing every process's counters, plus the gauges of ``journal()``."""
     collected = CollectorRegistry()
     multiprocess.MultiProcessCollector(collected)  # type: ignore[no-untyped-call]
     collected.register(JournalCollector(journal))

@@ -16,10 +16,12 @@ from pathlib import Path
 import redis
 
 from journal import Hints, Journal, Keyspace, RunRetry, Settings
+from journal import connect as journal_connect
 from journal.clock import SystemClock
 from journal.contrib.checks import check_persistence, check_skew
 from journal.contrib.embedded import embedded_broker_url, embedded_url
 from journal.errors import StoreUnavailable
+from journal.scripts import Client
 from tasks.config import Config
 from tasks.errors import ModelNotConfigured, is_transient_failure
 from tasks.items import Item
@@ -60,9 +62,12 @@ def broker_url(config: Config) -> str:
     return config.broker_url or config.redis_url or embedded_broker_url(config.state_dir)
 
 
-def connect(url: str) -> redis.Redis:
-    """A client that fails fast: a dead store surfaces as an error within seconds, not hangs."""
-    return redis.Redis.from_url(
+def connect(url: str) -> Client:
+    """A client that fails fast: a dead store surfaces as an error within seconds, not hangs.
+
+    A cluster client when ``url`` names a cluster node (``journal.connect`` asks the server).
+    """
+    return journal_connect(
         url, socket_timeout=5, socket_connect_timeout=3, health_check_interval=30
     )
 
@@ -72,7 +77,7 @@ class Runtime:
     """The process's journal, store client, summarizer and mailer."""
 
     config: Config
-    client: redis.Redis
+    client: Client
     journal: Journal
     keys: DigestKeys
     summarizer: Summarizer
@@ -88,8 +93,10 @@ class Runtime:
                 a worker passes ``config.offline`` so it refuses to fake summaries silently.
         """
         url = store_url(config)
-        client = connect(url)
         try:
+            client = connect(url)  # asks the server whether it is a cluster node
+            cluster = isinstance(client, redis.RedisCluster)
+            config.check_store(cluster=cluster)
             check_persistence(client, logger=log)
             check_skew(client, SystemClock(), url)  # one clock for every process's deadlines
         except (redis.ConnectionError, redis.TimeoutError) as down:
@@ -98,11 +105,12 @@ class Runtime:
             ) from None
         journal = Journal(
             client,
-            keyspace=Keyspace(config.key_prefix),
+            keyspace=Keyspace(config.key_prefix, shards=config.journal_shards),
             hints=HINTS,
             settings=Settings(
                 lease_ttl=config.lease_ttl,
                 fsync_records=config.wait_aof,
+                wait_replicas=config.wait_replicas,
                 run_retry=RunRetry(
                     retryable=is_transient_failure,
                     first_delay=config.run_retry_delay,
@@ -112,7 +120,7 @@ class Runtime:
             ),
             url=url,
         )
-        keys = DigestKeys(config.key_prefix)
+        keys = DigestKeys(config.key_prefix, cluster=cluster)
         return cls(
             config=config,
             client=client,

@@ -258,7 +258,7 @@ def take_over_from_cancelled(
     with runtime.client.pipeline() as pipe:
         while True:
             try:
-                pipe.watch(claims)  # type: ignore[no-untyped-call]
+                pipe.watch(claims)
                 holders = pipe.hmget(claims, ids)
                 taken = [
                     item_id

@@ -176,3 +176,16 @@ def throwaway_valkeys(tmp_path: Path) -> Iterator[ThrowawayValkeys]:
     servers = ThrowawayValkeys(tmp_path)
     yield servers
     servers.close()
+
+
+@pytest.fixture(scope="module")
+def valkey_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A 3-master, 3-replica Valkey cluster on loopback, shared by one module's tests.
+
+    Each test keeps to its own key prefix; a test that kills nodes starts a cluster of its
+    own (``tests.cluster.valkey_cluster``) instead.
+    """
+    from tests.cluster import valkey_cluster
+
+    with valkey_cluster(tmp_path_factory.mktemp("cluster"), "--appendonly", "yes") as cluster:
+        yield cluster

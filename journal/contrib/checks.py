@@ -22,6 +22,7 @@ import redis
 
 from journal.clock import Clock
 from journal.errors import ClockSkewed
+from journal.scripts import Client
 
 __all__ = ["MAX_SKEW_S", "Persistence", "check_persistence", "check_skew", "wait_for_local_fsync"]
 
@@ -55,12 +56,14 @@ class Persistence:
     server: str
 
 
-def check_persistence(client: redis.Redis, *, logger: logging.Logger | None = None) -> Persistence:
+def check_persistence(client: Client, *, logger: logging.Logger | None = None) -> Persistence:
     """Read the store's persistence settings and warn about each lost guarantee.
 
     Reads CONFIG GET first; managed services often disable CONFIG, so INFO is the fallback,
     and a server that refuses both is reported as unknown rather than failing the start.
     Connection errors are not caught: an unreachable store is the caller's error to report.
+    On a Redis Cluster every master is read and warned about; the first one's settings are
+    returned.
 
     Args:
         client: A client for the journal store.
@@ -69,6 +72,10 @@ def check_persistence(client: redis.Redis, *, logger: logging.Logger | None = No
     Returns:
         The settings found.
     """
+    if isinstance(client, redis.RedisCluster):
+        masters = [client.get_redis_connection(node) for node in client.get_primaries()]  # type: ignore[no-untyped-call]
+        checked = [check_persistence(master, logger=logger) for master in masters]  # all warn
+        return checked[0]
     log = logger or _LOG
     found = _from_config(client) or _from_info(client)
     appendonly, appendfsync, policy = found or (None, UNKNOWN, UNKNOWN)
@@ -200,7 +207,7 @@ def _text(value: object) -> str:
 MAX_SKEW_S = 2.0
 
 
-def check_skew(client: redis.Redis, clock: Clock, url: str, bound: float = MAX_SKEW_S) -> float:
+def check_skew(client: Client, clock: Clock, url: str, bound: float = MAX_SKEW_S) -> float:
     """Refuse to work with a clock too far from the Redis server's; returns the skew.
 
     Due times, wake-ups and lease deadlines are written by every worker from its own clock and

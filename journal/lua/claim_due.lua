@@ -1,7 +1,7 @@
 -- Claim the runs whose time has come, so that two sweepers never both enqueue one run.
 -- A claimed run is not removed but re-armed at a later time: if the message that wakes it
 -- is lost, a later sweep claims it again; a run that starts pushes its own time forward.
--- KEYS[1] - the due index (sorted set: full run id -> time in milliseconds)
+-- KEYS[1] - the due index, or one shard of it (sorted set: full run id -> time in milliseconds)
 -- ARGV[1] - now, in milliseconds
 -- ARGV[2] - the most runs to claim
 -- ARGV[3] - when to look at a claimed run again, in milliseconds

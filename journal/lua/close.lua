@@ -18,7 +18,8 @@
 --         4 when a cancel is pending (nothing written: the caller cancels the run),
 --         -1 when the lease has expired, -2 when another holder owns it (nothing written:
 --         the indexes belong to whoever holds the run now).
--- The indexes are outside the run's hash tag: this script needs one server, not Cluster.
+-- The indexes are the run's shard's (journal/keys.py): sharded, they share the run's hash tag,
+-- so this script touches one slot, on one server or a Redis Cluster alike.
 local holder = redis.call('GET', KEYS[1])
 if not holder then
   return -1

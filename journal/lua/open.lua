@@ -35,7 +35,8 @@
 --           pending: the caller cancels the run.
 -- A start makes progress when the steps hash grew since the previous start; counting it here,
 -- once per start, keeps the per-step record script down to one check and one write.
--- The indexes are outside the run's hash tag: this script needs one server, not Cluster.
+-- The indexes are the run's shard's (journal/keys.py): sharded, they share the run's hash tag,
+-- so this script touches one slot, on one server or a Redis Cluster alike.
 local opening = ARGV[6] ~= nil
 local meta
 if opening then

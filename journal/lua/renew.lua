@@ -9,7 +9,8 @@
 -- ARGV[4] - the run's full id, "<workflow>:<run_id>", as the due index holds it
 -- returns 1 when extended, 2 when extended and a cancel of the run is pending,
 --         0 when the lease is gone or held by someone else (nothing written).
--- The due index is outside the run's hash tag: this script needs one server, not Cluster.
+-- The due index is the run's shard's (journal/keys.py): sharded, it shares the run's hash tag,
+-- so this script touches one slot, on one server or a Redis Cluster alike.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   if KEYS[3] then

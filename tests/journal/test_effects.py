@@ -19,7 +19,7 @@ import redis
 from journal import Effect, Journal, Run
 from journal.errors import LeaseLost
 from journal.holder import ProcessIdentity
-from journal.scripts import KeyOrArg, Script
+from journal.scripts import Client, KeyOrArg, Script
 from tests.conftest import MakeJournal
 from tests.support import as_text
 
@@ -37,7 +37,7 @@ class AfterReply(Script):
         self,
         keys: Sequence[KeyOrArg] = (),
         args: Sequence[KeyOrArg] = (),
-        client: redis.Redis | None = None,
+        client: Client | None = None,
     ) -> Any:
         reply = super().__call__(keys, args, client)
         self.then()

@@ -20,6 +20,7 @@ import pytest
 import redis
 
 from journal import Journal, Keyspace, Run
+from journal.scripts import Client
 from tests.support import returning
 
 STEPS = 10
@@ -34,7 +35,7 @@ def own_client(own_redis_url: str, prefix: str) -> Iterator[redis.Redis]:
     client.close()
 
 
-def round_trips(client: redis.Redis, action: Callable[[], Any]) -> list[str]:
+def round_trips(client: Client, action: Callable[[], Any]) -> list[str]:
     """The commands ``action`` sent to the server, one per round trip."""
     start, end = f"start-{uuid.uuid4().hex}", f"end-{uuid.uuid4().hex}"
     seen: list[str] = []

@@ -312,3 +312,22 @@ def test_every_field_is_set_by_exactly_one_variable() -> None:
     assert len(fields) == len(set(fields))
     assert set(fields) == set(Config.__dataclass_fields__) - {"prices"}
     assert len({s.env for s in SETTINGS}) == len(SETTINGS)
+
+
+def test_a_cluster_store_is_refused_where_celery_would_need_it() -> None:
+    store = {"REDIS_URL": "redis://:hunter2@node-1:7000/0"}
+    alone = Config.from_env(store)
+    alone.check_store(cluster=False)  # one server: the broker by default, as always
+    with pytest.raises(BadInput) as caught:
+        alone.check_store(cluster=True)
+    assert str(caught.value) == (
+        "REDIS_URL='redis://:***@node-1:7000/0' is a Redis Cluster node, which Celery's Redis "
+        "transport cannot use as its broker; set CELERY_BROKER_URL to a standalone Redis"
+    )
+    amqp = {"CELERY_BROKER_URL": "amqp://guest@rabbit//", "DIGEST_TASK_TIME_LIMIT": "1500"}
+    rabbit = Config.from_env({**store, **amqp})
+    with pytest.raises(BadInput, match="RabbitMQ, so Celery's task states would go to the"):
+        rabbit.check_store(cluster=True)
+    Config.from_env({**store, "CELERY_BROKER_URL": "redis://broker:6379/0"}).check_store(
+        cluster=True
+    )
