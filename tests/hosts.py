@@ -189,7 +189,8 @@ def unavailable() -> str | None:
     probe = f"{PREFIX}-probe-{uuid.uuid4().hex[:8]}"
     made = ip("netns", "add", probe, check=False)
     if made.returncode != 0:
-        return f"`ip netns add` failed: {made.stderr.strip()}"
+        said = made.stderr.strip().splitlines()
+        return f"`ip netns add` failed: {said[0] if said else f'exit {made.returncode}'}"
     ip("netns", "del", probe, check=False)
     return None
 
