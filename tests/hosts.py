@@ -20,7 +20,6 @@ Needs root and ``ip netns``; ``network`` skips, saying which is missing, otherwi
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import os
 import random
@@ -174,10 +173,12 @@ def _remove_abandoned() -> None:
             continue
         if time.time() - made < ABANDONED_AFTER:
             continue
-        with contextlib.suppress(ProcessLookupError, PermissionError):
+        try:
             os.kill(int(parts[1]), 0)
-            continue
-        ip("netns", "del", name, check=False)
+        except ProcessLookupError:
+            ip("netns", "del", name, check=False)
+        except PermissionError:
+            pass  # alive, another user's
 
 
 def unavailable() -> str | None:
