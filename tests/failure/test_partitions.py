@@ -16,6 +16,7 @@ back: the answers the fake sent meanwhile reach it through TCP's retransmissions
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Iterator
@@ -89,21 +90,20 @@ def site(
         *("--appendonly", "yes", "--appendfsync", "always"),
         on=store.command,
     )
-    inbox = Inbox()
-    smtp = LoopbackController(inbox, hostname=network.test.address, port=0)
-    smtp.start()
-    fake = FakeAnthropic(host=network.test.address).start()
-    deployment.env.update(
-        fake.env(),
-        REDIS_URL=f"redis://{store.address}:6379/0",
-        DIGEST_SMTP_URL=f"smtp://{network.test.address}:{smtp.port}",
-    )
-    deployment.beat(on=store.command)
-    try:
+    with contextlib.ExitStack() as servers:
+        inbox = Inbox()
+        smtp = LoopbackController(inbox, hostname=network.test.address, port=0)
+        smtp.start()
+        servers.callback(smtp.stop)
+        fake = FakeAnthropic(host=network.test.address).start()
+        servers.callback(fake.stop)
+        deployment.env.update(
+            fake.env(),
+            REDIS_URL=f"redis://{store.address}:6379/0",
+            DIGEST_SMTP_URL=f"smtp://{network.test.address}:{smtp.port}",
+        )
+        deployment.beat(on=store.command)
         yield Site(network, store, hosts, deployment, fake, inbox)
-    finally:
-        fake.stop()
-        smtp.stop()
 
 
 def ran(worker: Worker) -> list[str]:
