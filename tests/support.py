@@ -56,6 +56,10 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, every: f
 
 T = TypeVar("T")
 
+# Wraps a command line to run it elsewhere (``Host.command`` of ``tests/hosts.py`` runs it in a
+# network namespace); it must exec the command, so the pid a test signals stays the command's.
+Launcher = Callable[..., list[str]]
+
 
 def returning(value: T) -> Callable[[], T]:
     """A step body that returns ``value``; a lambda made in a loop would see the last value."""
@@ -170,8 +174,13 @@ class Deployment:
         concurrency: int = 2,
         env: Mapping[str, str] | None = None,
         extra: tuple[str, ...] = (),
+        on: Launcher | None = None,
     ) -> Worker:
-        """Start ``celery -A tasks worker`` and wait until it is ready."""
+        """Start ``celery -A tasks worker`` and wait until it is ready.
+
+        Args:
+            on: runs the worker elsewhere, such as on a host of ``tests/hosts.py``.
+        """
         log = self.state_dir / f"worker-{name}.log"
         process = self._celery(
             "worker",
@@ -182,21 +191,31 @@ class Deployment:
             *extra,
             log=log,
             env=env,
+            on=on,
         )
         worker = Worker(process, log)
         wait_until(worker.ready, 30, f"worker {name} to be ready (log: {log})")
         return worker
 
-    def beat(self, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def beat(
+        self,
+        env: Mapping[str, str] | None = None,
+        on: Launcher | None = None,
+    ) -> subprocess.Popen[bytes]:
         """Start ``celery -A tasks beat`` with its schedule file in the state dir."""
         schedule = f"--schedule={self.state_dir / 'beat-schedule'}"
-        return self._celery("beat", schedule, log=self.state_dir / "beat.log", env=env)
+        return self._celery("beat", schedule, log=self.state_dir / "beat.log", env=env, on=on)
 
     def _celery(
-        self, *args: str, log: Path, env: Mapping[str, str] | None
+        self,
+        *args: str,
+        log: Path,
+        env: Mapping[str, str] | None,
+        on: Launcher | None = None,
     ) -> subprocess.Popen[bytes]:
+        command = [str(BIN / "celery"), "-A", "tasks", *args, "--loglevel=INFO"]
         process = subprocess.Popen(
-            [str(BIN / "celery"), "-A", "tasks", *args, "--loglevel=INFO"],
+            on(*command) if on is not None else command,
             cwd=ROOT,
             env={**self.env, **(env or {})},
             stdout=log.open("ab"),
@@ -272,8 +291,15 @@ class ThrowawayValkeys:
         self.directory = directory
         self.processes: list[subprocess.Popen[bytes]] = []
 
-    def start(self, *options: str) -> Path:
-        """Start one and wait for its PING; returns its socket."""
+    def start(self, *options: str, on: Launcher | None = None) -> Path:
+        """Start one and wait for its PING; returns its socket.
+
+        Args:
+            options: server options; they override the defaults (``--port 6379`` with a
+                ``--bind`` serves TCP as well).
+            on: runs the server elsewhere, such as on a host of ``tests/hosts.py``; the socket
+                is a file, so the test reaches the server on any host.
+        """
         sock = self.directory / f"v{len(self.processes)}.sock"
         base = [
             "--port",
@@ -285,8 +311,9 @@ class ThrowawayValkeys:
             "--dir",
             str(self.directory),
         ]
+        command = [str(get_binary_path()), *base, *options]
         process = subprocess.Popen(
-            [str(get_binary_path()), *base, *options], stdout=subprocess.DEVNULL
+            on(*command) if on is not None else command, stdout=subprocess.DEVNULL
         )
         self.processes.append(process)
         probe = redis.Redis(unix_socket_path=str(sock))

@@ -1,4 +1,4 @@
-"""A fake Anthropic Messages API served over real HTTP on 127.0.0.1.
+"""A fake Anthropic Messages API served over real HTTP on 127.0.0.1 (or an address given).
 
 Tests point the real SDK at it (``base_url=server.url``, or ``ANTHROPIC_BASE_URL`` for a CLI or a
 Celery worker in another process), so the SDK's own request building, error mapping and timeouts
@@ -162,6 +162,8 @@ class FakeAnthropic:
 
     Args:
         port: 0 picks a free port.
+        host: the address served: loopback, or a test network's address for workers on
+            other hosts (``tests/hosts.py``).
         delay: Seconds every call waits before it is answered (settable later).
         reply: The text of a successful answer, from the request.
         log: Receives one line per call (the CLI prints them).
@@ -171,12 +173,14 @@ class FakeAnthropic:
         self,
         port: int = 0,
         *,
+        host: str = "127.0.0.1",
         delay: float = 0.0,
         reply: Callable[[Received], str] = default_reply,
         log: Callable[[str], None] | None = None,
     ) -> None:
         self.delay = delay
         self._port = port
+        self._host = host
         self._reply = reply
         self._log = log
         self._lock = threading.Lock()
@@ -196,7 +200,7 @@ class FakeAnthropic:
     # --- lifecycle
 
     def start(self) -> FakeAnthropic:
-        httpd = _Server(("127.0.0.1", self._port), _Handler)
+        httpd = _Server((self._host, self._port), _Handler)
         httpd.fake = self
         self._httpd = httpd
         self._thread = threading.Thread(
@@ -230,7 +234,7 @@ class FakeAnthropic:
     def url(self) -> str:
         if self._httpd is None:
             raise RuntimeError("the fake Anthropic server is not started; call start() first")
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        return f"http://{self._host}:{self._httpd.server_address[1]}"
 
     def env(self) -> dict[str, str]:
         """The variables that send the SDK, in this process or a child, to this server."""
