@@ -78,6 +78,8 @@ class PasswordValkey:
         lines = []
         for key in self.client.scan_iter(count=1000):
             kind = as_text(self.client.type(key))
+            if kind == "none":  # gone between SCAN and TYPE: a broker key the worker removed
+                continue
             readers: dict[str, Callable[[bytes | str], object]] = {
                 "string": self.client.get,
                 "hash": self.client.hgetall,
