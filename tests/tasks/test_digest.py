@@ -39,7 +39,10 @@ from tasks.workflow import DigestOptions, run_digest
 from tests.fakes.anthropic_server import CREDIT_TOO_LOW, PROMPT_TOO_LONG, FakeAnthropic
 from tests.support import wait_until
 
-LEASE_TTL = 0.5
+# Renewed every third of it by the heartbeat thread: at 0.5 s a loaded two-core machine missed
+# the renewals long enough for a live run to lose its lease mid-map. The expiry waits cost
+# a crashed holder's remaining lease, a second or two.
+LEASE_TTL = 1.5
 ITEMS = [{"id": i, "title": f"Item {i}", "body": f"Body {i}."} for i in ("a", "b", "c")]
 
 
