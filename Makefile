@@ -48,7 +48,7 @@ coverage: install
 mutants: install
 	$(BIN)/python -m tests.mutants
 
-# mutmut over the lease, steps and store modules, judged by the fast journal tests, from
+# mutmut over the run protocol's modules, judged by the fast journal tests, from
 # scratch; then the score of each module (docs/mutation.md). Minutes, not CI: not in make test.
 # The tests share one Valkey of this target's own, started here and stopped after. The suite
 # mostly waits on real time (leases, heartbeats), so 6 mutants at once use about one core.
