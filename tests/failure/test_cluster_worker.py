@@ -7,13 +7,11 @@ hands the run to a second worker, which replays what the first recorded.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.cluster import ValkeyCluster
-from tests.failure.conftest import enqueue, log_problems, wait_for_status
-from tests.failure.test_worker_kills import CALL_TIME, assert_resumed_once, hold_mid_summaries
+from tests.failure.conftest import log_problems
+from tests.failure.test_worker_kills import assert_resumed_once, whole_worker_killed_mid_run
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.support import Deployment, ThrowawayValkeys
 
@@ -34,19 +32,7 @@ def test_a_worker_killed_mid_run_on_a_cluster_is_replaced_through_the_sweep(
         DIGEST_WAIT_REPLICAS="1",
         DIGEST_CONCURRENCY="1",
     )
-    fake_anthropic.delay = CALL_TIME
-    first = live.worker("a", concurrency=1)
-    live.beat()
-    enqueue(live)
-    hold_mid_summaries(live, fake_anthropic)
-    first.kill()
-    killed = time.monotonic()
-    first.process.wait(timeout=10)
-    fake_anthropic.release()
-    fake_anthropic.delay = 0
-    second = live.worker("b", concurrency=1)
-    wait_for_status(live, "done", 30)
-    recovery = time.monotonic() - killed
+    _, second, recovery = whole_worker_killed_mid_run(live, fake_anthropic)
 
     assert_resumed_once(live, fake_anthropic, final_fence=2)
     assert "due sweep enqueued 1 run(s)" in second.text()

@@ -30,7 +30,7 @@ from tests.failure.conftest import (
     wait_for_status,
 )
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.support import Deployment, wait_until
+from tests.support import Deployment, Worker, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -130,12 +130,14 @@ def test_pool_child_killed_mid_call_is_redelivered_at_once(
     print(f"child SIGKILL: done {recovery:.1f}s after the kill, {fake_anthropic.calls} calls")
 
 
-def test_whole_worker_killed_is_recovered_by_the_sweep_not_the_visibility_timeout(
+def whole_worker_killed_mid_run(
     live: Deployment, fake_anthropic: FakeAnthropic
-) -> None:
-    live.env["DIGEST_CONCURRENCY"] = "1"
-    config = live.config
-    assert config.visibility_timeout == 3600  # the broker alone would wait an hour
+) -> tuple[str, Worker, float]:
+    """Worker ``a`` and beat; ``a`` SIGKILLed mid-summaries, worker ``b`` started after.
+
+    Returns:
+        The delivery's task id, worker ``b``, and the seconds from the kill to the run done.
+    """
     fake_anthropic.delay = CALL_TIME
     first = live.worker("a", concurrency=1)
     live.beat()
@@ -148,7 +150,16 @@ def test_whole_worker_killed_is_recovered_by_the_sweep_not_the_visibility_timeou
     fake_anthropic.delay = 0
     second = live.worker("b", concurrency=1)
     wait_for_status(live, "done", 30)
-    recovery = time.monotonic() - killed
+    return task, second, time.monotonic() - killed
+
+
+def test_whole_worker_killed_is_recovered_by_the_sweep_not_the_visibility_timeout(
+    live: Deployment, fake_anthropic: FakeAnthropic
+) -> None:
+    live.env["DIGEST_CONCURRENCY"] = "1"
+    config = live.config
+    assert config.visibility_timeout == 3600  # the broker alone would wait an hour
+    task, second, recovery = whole_worker_killed_mid_run(live, fake_anthropic)
 
     # The due entry is pushed to lease expiry + recovery grace at every renewal; the sweep
     # finds it within one interval. The slack covers the new worker's start and the run.
