@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import secrets
 import threading
@@ -157,6 +158,10 @@ class _Beats:
     at its end); one shared thread costs a dictionary entry. A renewal runs outside the lock,
     so a slow one delays the others' but never blocks a run registering or leaving. Forked
     children (Celery's pool) start with none, and their own thread is made on first use.
+
+    A run's first renewal is an interval away, so it is rarely sooner than the thread's next
+    wake-up: the thread is woken only when it is, and otherwise keeps sleeping. Waking it for
+    every run (it would find nothing due) cost a thread switch per run, under the GIL.
     """
 
     def __init__(self) -> None:
@@ -167,15 +172,19 @@ class _Beats:
         self._changed = threading.Condition()
         self._due: dict[Heartbeat, float] = {}
         self._thread: threading.Thread | None = None
+        self._wakes_at = -math.inf  # when the waiting thread looks again; -inf: not waiting
+        self._shortest = math.inf  # the shortest interval of any beat added
 
     def add(self, beat: Heartbeat, at: float) -> None:
         """Renew ``beat`` at ``at`` (``time.monotonic()``), then every interval after."""
         with self._changed:
             self._due[beat] = at
+            self._shortest = min(self._shortest, beat.interval)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="lease-beats", daemon=True)
                 self._thread.start()
-            self._changed.notify()
+            elif at < self._wakes_at:
+                self._changed.notify()
 
     def remove(self, beat: Heartbeat) -> None:
         """Renew ``beat`` no more (a renewal already started still finishes)."""
@@ -190,8 +199,12 @@ class _Beats:
                     ready = [beat for beat, at in self._due.items() if at <= now]
                     if ready:
                         break
-                    soonest = min(self._due.values(), default=now + 60)
+                    # With none left, look again an interval from now: a run added meanwhile
+                    # is first due no sooner, so adding it wakes nobody.
+                    soonest = min(self._due.values(), default=now + self._shortest)
+                    self._wakes_at = soonest
                     self._changed.wait(soonest - now)
+                    self._wakes_at = -math.inf
                 for beat in ready:
                     self._due[beat] = now + beat.interval
             for beat in ready:

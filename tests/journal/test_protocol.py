@@ -618,6 +618,26 @@ def test_a_renewal_that_hits_a_redis_error_is_retried_at_the_next_beat(
         heartbeat.stop()
 
 
+def test_a_short_lease_added_while_the_beats_sleep_on_a_long_one_is_renewed_in_time(
+    make_journal: MakeJournal,
+) -> None:
+    """The beat thread is woken only for a beat due before it would look again: this one is."""
+    journal = make_journal()
+    slow = Lease(journal.keys("wf", "slow"), journal.backend, 60_000)
+    fast = Lease(journal.keys("wf", "fast"), journal.backend, 300)
+    slow_grant, fast_grant = slow.acquire(0), fast.acquire(0)
+    sleeper = Heartbeat(slow, slow_grant.holder, slow_grant.confirmed_at).start()
+    time.sleep(0.05)  # the thread now sleeps until the slow beat is due, 20 s away
+    beating = Heartbeat(fast, fast_grant.holder, fast_grant.confirmed_at).start()
+    try:
+        wait_until(lambda: beating.renewals >= 3, 1.0, "three renewals of the 0.3 s lease")
+        assert sleeper.renewals == 0
+        assert not beating.lost.is_set()
+    finally:
+        beating.stop()
+        sleeper.stop()
+
+
 # -- the heartbeat and the step boundary -------------------------------------------------------
 
 
