@@ -343,10 +343,7 @@ class RedisBackend:
         if wait.waits:
             reply = self._record_waited(keys, run_keys, args, wait)
         else:
-            try:  # EVALSHA straight away: the hot path of every new step
-                reply = self.client.evalsha(self.scripts.record.sha, 3, *run_keys, *args)
-            except redis.exceptions.NoScriptError:  # flushed or restarted: EVAL sends the source
-                reply = self.scripts.record(keys=run_keys, args=args)
+            reply = self.scripts.record(keys=run_keys, args=args)
         status = code("record", reply, Recorded)
         return status, reply[1] if isinstance(reply, list) and len(reply) > 1 else None
 

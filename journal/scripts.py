@@ -4,6 +4,13 @@ A script is sent as EVALSHA; when the server does not know it (a ``SCRIPT FLUSH`
 a failover to a replica), as EVAL with its source, which also caches it. redis-py's own
 ``Script`` answers NOSCRIPT with SCRIPT LOAD and EVALSHA instead: two round trips, and a server
 restarted between the two fails the call, where EVAL cannot miss.
+
+On one server, EVALSHA goes straight down a pooled connection, under the connection's own
+retry policy: redis-py's command path adds event dispatch and metrics recording around every
+command, about a third of the client's time per script (49 against 36 us of CPU here), and a
+run sends one script per step. A cluster client, or a client of one fixed connection, keeps
+redis-py's path, which routes and locks. The scripts are then missing from redis-py's own
+command metrics; the journal's (``journal.events``) count them.
 """
 
 from __future__ import annotations
@@ -56,9 +63,32 @@ class Script:
         """The script's reply; ``client`` sends it on another connection than the bound one."""
         target = self.client if client is None else client
         try:
-            return target.evalsha(self.sha, len(keys), *keys, *args)
+            return evalsha(target, self.sha, keys, args)
         except redis.exceptions.NoScriptError:
             return target.eval(self.script, len(keys), *keys, *args)
+
+
+def evalsha(client: Client, sha: str, keys: Sequence[KeyOrArg], args: Sequence[KeyOrArg]) -> Any:
+    """EVALSHA, straight down a pooled connection of a one-server client (see the module).
+
+    Raises:
+        redis.exceptions.NoScriptError: the server does not have the script.
+    """
+    if type(client) is not redis.Redis or client.connection is not None:
+        return client.evalsha(sha, len(keys), *keys, *args)
+    pool = client.connection_pool
+    connection = pool.get_connection()
+    command = ("EVALSHA", sha, len(keys), *keys, *args)
+
+    def send() -> Any:
+        connection.send_command(*command)  # type: ignore[no-untyped-call]
+        return connection.read_response()
+
+    try:
+        disconnect = connection.disconnect
+        return connection.retry.call_with_retry(send, lambda _: disconnect())  # type: ignore[no-untyped-call]
+    finally:
+        pool.release(connection)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,111 @@
+"""The scripts' direct path down a pooled connection: released, retried, and EVAL on NOSCRIPT.
+
+``journal.scripts.evalsha`` skips redis-py's command wrapper on a one-server client, so what
+that wrapper did for every command must still hold: the connection goes back to the pool
+whatever the reply, a connection the server dropped is replaced under the client's retry
+policy, and an error reply reaches the caller as redis-py's typed exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from journal.scripts import Script, evalsha
+
+ECHO = "return {KEYS[1], ARGV[1]}"
+FAIL = "return redis.error_reply('ERR refused on purpose')"
+
+
+@pytest.fixture
+def one_connection(own_redis_url: str) -> Iterator[redis.Redis]:
+    """A client whose pool holds one connection: a call that kept it would starve the next."""
+    pool = redis.BlockingConnectionPool.from_url(own_redis_url, max_connections=1, timeout=0.5)
+    client = redis.Redis(connection_pool=pool)
+    yield client
+    client.close()
+
+
+def test_every_call_gives_its_connection_back(one_connection: redis.Redis) -> None:
+    script = Script(one_connection, ECHO)
+    for i in range(5):
+        assert script(keys=[f"k{i}"], args=["v"]) == [f"k{i}".encode(), b"v"]
+    with pytest.raises(redis.ResponseError, match="refused on purpose"):
+        Script(one_connection, FAIL)()
+    assert script(keys=["after"], args=["an error"]) == [b"after", b"an error"]
+
+
+def test_an_unknown_script_raises_noscript_and_the_script_sends_its_source(
+    one_connection: redis.Redis,
+) -> None:
+    script = Script(one_connection, ECHO + " -- " + "unknown")
+    one_connection.script_flush()
+    with pytest.raises(redis.exceptions.NoScriptError):
+        evalsha(one_connection, script.sha, ["k"], ["v"])
+    assert script(keys=["k"], args=["v"]) == [b"k", b"v"]  # EVAL, which caches it
+    assert evalsha(one_connection, script.sha, ["k"], ["w"]) == [b"k", b"w"]
+
+
+def single(url: str, **options: object) -> redis.Redis:
+    """A client of one pooled connection, so the one killed is the one the next call uses."""
+    pool = redis.BlockingConnectionPool.from_url(url, max_connections=1, timeout=0.5, **options)
+    return redis.Redis(connection_pool=pool)
+
+
+def drop(client: redis.Redis, admin: redis.Redis) -> None:
+    """The server closes ``client``'s connection, as a restart or a proxy's idle cut would."""
+    assert admin.client_kill_filter(_id=str(client.client_id())) == 1
+
+
+def test_a_connection_the_server_dropped_is_replaced_under_the_retry_policy(
+    own_redis_url: str,
+) -> None:
+    client, admin = single(own_redis_url), redis.Redis.from_url(own_redis_url)
+    script = Script(client, ECHO)
+    try:
+        assert script(keys=["k"], args=["before"]) == [b"k", b"before"]
+        drop(client, admin)
+        assert script(keys=["k"], args=["after"]) == [b"k", b"after"]
+    finally:
+        client.close()
+        admin.close()
+
+
+def test_a_reply_that_times_out_is_sent_again_under_the_retry_policy(
+    own_redis_url: str,
+) -> None:
+    """The server holds every client for 0.3 s; each try waits 0.1 s for its reply."""
+    retry = redis.retry.Retry(redis.backoff.ConstantBackoff(0.1), 8)
+    client, admin = (
+        single(own_redis_url, retry=retry, socket_timeout=0.1),
+        redis.Redis.from_url(own_redis_url),
+    )
+    script = Script(client, ECHO)
+    try:
+        script(keys=["k"], args=["before"])
+        admin.client_pause(300, all=True)
+        assert script(keys=["k"], args=["after"]) == [b"k", b"after"]
+    finally:
+        admin.client_unpause()
+        client.close()
+        admin.close()
+
+
+def test_without_retries_the_timeout_reaches_the_caller(own_redis_url: str) -> None:
+    no_retry = redis.retry.Retry(redis.backoff.NoBackoff(), 0)
+    client, admin = (
+        single(own_redis_url, retry=no_retry, socket_timeout=0.1),
+        redis.Redis.from_url(own_redis_url),
+    )
+    script = Script(client, ECHO)
+    try:
+        script(keys=["k"], args=["before"])
+        admin.client_pause(300, all=True)
+        with pytest.raises(redis.TimeoutError):
+            script(keys=["k"], args=["after"])
+    finally:
+        admin.client_unpause()
+        client.close()
+        admin.close()
