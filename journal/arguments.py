@@ -28,7 +28,9 @@ def check_arguments(run: str, fn: Callable[..., Any], options: Mapping[str, Any]
     Raises:
         InvalidArguments: an unknown option, or a value of the wrong type.
     """
-    signature, hints, takes = _declared(fn)
+    signature, hints, takes, bare = _declared(fn)
+    if bare and not options:
+        return
     try:
         signature.bind(None, **options)
     except TypeError as exc:
@@ -40,15 +42,22 @@ def check_arguments(run: str, fn: Callable[..., Any], options: Mapping[str, Any]
 
 
 @functools.cache
-def _declared(fn: Callable[..., Any]) -> tuple[inspect.Signature, dict[str, Any], str]:
-    """What ``fn`` declares, read once per workflow.
+def _declared(fn: Callable[..., Any]) -> tuple[inspect.Signature, dict[str, Any], str, bool]:
+    """What ``fn`` declares, read once per workflow, and whether it may be called bare.
 
-    Every delivery is checked against it, and resolving the annotations compiles each one.
+    Every delivery is checked against it, and resolving the annotations compiles each one;
+    a delivery with no options, the common case, is then checked without binding.
     """
     signature = inspect.signature(fn)
     params = list(signature.parameters.values())[1:]  # after the Run
     takes = ", ".join(p.name for p in params if p.kind is not p.VAR_KEYWORD)
-    return signature, typing.get_type_hints(fn), takes
+    try:
+        signature.bind(None)
+    except TypeError:
+        bare = False
+    else:
+        bare = True
+    return signature, typing.get_type_hints(fn), takes, bare
 
 
 def _conforms(value: Any, hint: Any) -> bool:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 import zlib
 from dataclasses import dataclass
+from functools import cached_property
 
 from journal.errors import InvalidRunId
 
@@ -76,6 +77,8 @@ class RunKeys:
     Attributes:
         shard: the run's index shard in the sharded layout (the hash tag is the shard's);
             None in the single-index layout (the hash tag is the run's full id).
+
+    Each name is built on first use and kept: a run reads its keys dozens of times.
     """
 
     prefix: str
@@ -83,7 +86,7 @@ class RunKeys:
     run_id: str
     shard: int | None = None
 
-    @property
+    @cached_property
     def run(self) -> str:
         """The run's full id, ``<workflow>:<run_id>``, as stored in the indexes."""
         return f"{self.workflow}:{self.run_id}"
@@ -93,37 +96,37 @@ class RunKeys:
             return f"{self.prefix}:{{{self.run}}}:{part}"
         return f"{_shard_tag(self.prefix, self.shard)}:{self.run}:{part}"
 
-    @property
+    @cached_property
     def index(self) -> Index:
         """The runs and due indexes this run is listed in."""
         return _index(self.prefix, self.shard)
 
-    @property
+    @cached_property
     def steps(self) -> str:
         """Hash: step key -> JSON record."""
         return self._key("steps")
 
-    @property
+    @cached_property
     def meta(self) -> str:
         """Hash: status, timestamps, deliveries, last error, waits."""
         return self._key("meta")
 
-    @property
+    @cached_property
     def lease(self) -> str:
         """String ``<fence>:<token>`` of the current holder, with a PX expiry."""
         return self._key("lease")
 
-    @property
+    @cached_property
     def fence(self) -> str:
         """Counter incremented on every acquisition."""
         return self._key("fence")
 
-    @property
+    @cached_property
     def signals(self) -> str:
         """Hash: signal name -> JSON payload, first one wins."""
         return self._key("signals")
 
-    @property
+    @cached_property
     def effects(self) -> str:
         """Hash: effect step key -> ``<fence>:<deadline_ms>:<state>``, its claimant, receipt."""
         return self._key("effects")
