@@ -44,6 +44,22 @@ def items_file(directory: Path, tag: str) -> Path:
     return path
 
 
+def sdk_import_time() -> float:
+    """What importing the Anthropic SDK alone costs a fresh interpreter, in seconds.
+
+    Timed as two whole processes, ``import anthropic`` against an empty one, so the
+    interpreter's own start-up cancels out; the first model call of a ``digest run`` cannot
+    start before it.
+    """
+
+    def wall(code: str) -> float:
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], check=True)
+        return time.perf_counter() - started
+
+    return wall("import anthropic") - wall("pass")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Start the fake API and the server, time the rounds, print the line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
@@ -54,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     target = floor * SLACK
     walls: list[float] = []
     firsts: list[float] = []  # process start to the first model request's arrival
+    imports: list[float] = []  # the SDK's import alone, timed between the rounds
     arrivals: list[float] = []
 
     def arrived(line: str) -> None:
@@ -85,6 +102,7 @@ def main(argv: list[str] | None = None) -> None:
                 )
                 walls.append(time.perf_counter() - started)
                 firsts.append(arrivals[0] - started)
+                imports.append(sdk_import_time())
         finally:
             stop_embedded(state)
         calls = fake.calls
@@ -99,6 +117,11 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"  of which: process start to the first model request {first:.2f} s, "
         f"first request to exit {wall - first:.2f} s (the floor's part: {floor:.1f} s)"
+    )
+    print(
+        f"  the Anthropic SDK's import alone, in a fresh interpreter: {median(imports):.2f} s "
+        f"median (min {min(imports):.2f}, max {max(imports):.2f}); the target leaves "
+        f"{target - floor:.2f} s for everything before the first call"
     )
 
 
