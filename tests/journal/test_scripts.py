@@ -9,6 +9,7 @@ policy, and an error reply reaches the caller as redis-py's typed exception.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import redis
@@ -73,39 +74,32 @@ def test_a_connection_the_server_dropped_is_replaced_under_the_retry_policy(
         admin.close()
 
 
+@contextmanager
+def paused_server(url: str, retry: redis.retry.Retry) -> Iterator[Script]:
+    """A script whose client waits 0.1 s per reply, sent once, then the server held 0.3 s."""
+    client, admin = single(url, retry=retry, socket_timeout=0.1), redis.Redis.from_url(url)
+    script = Script(client, ECHO)
+    try:
+        script(keys=["k"], args=["before"])
+        admin.client_pause(300, all=True)
+        yield script
+    finally:
+        admin.client_unpause()
+        client.close()
+        admin.close()
+
+
 def test_a_reply_that_times_out_is_sent_again_under_the_retry_policy(
     own_redis_url: str,
 ) -> None:
-    """The server holds every client for 0.3 s; each try waits 0.1 s for its reply."""
     retry = redis.retry.Retry(redis.backoff.ConstantBackoff(0.1), 8)
-    client, admin = (
-        single(own_redis_url, retry=retry, socket_timeout=0.1),
-        redis.Redis.from_url(own_redis_url),
-    )
-    script = Script(client, ECHO)
-    try:
-        script(keys=["k"], args=["before"])
-        admin.client_pause(300, all=True)
+    with paused_server(own_redis_url, retry) as script:
         assert script(keys=["k"], args=["after"]) == [b"k", b"after"]
-    finally:
-        admin.client_unpause()
-        client.close()
-        admin.close()
 
 
 def test_without_retries_the_timeout_reaches_the_caller(own_redis_url: str) -> None:
-    no_retry = redis.retry.Retry(redis.backoff.NoBackoff(), 0)
-    client, admin = (
-        single(own_redis_url, retry=no_retry, socket_timeout=0.1),
-        redis.Redis.from_url(own_redis_url),
-    )
-    script = Script(client, ECHO)
-    try:
-        script(keys=["k"], args=["before"])
-        admin.client_pause(300, all=True)
-        with pytest.raises(redis.TimeoutError):
-            script(keys=["k"], args=["after"])
-    finally:
-        admin.client_unpause()
-        client.close()
-        admin.close()
+    with (
+        paused_server(own_redis_url, redis.retry.Retry(redis.backoff.NoBackoff(), 0)) as script,
+        pytest.raises(redis.TimeoutError),
+    ):
+        script(keys=["k"], args=["after"])
