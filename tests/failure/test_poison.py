@@ -46,8 +46,10 @@ def test_poison_run_is_parked_then_retried_deliberately(
         f"run digest:{RUN} was parked after 5 starts without progress; "
         "fix the cause, then reset it deliberately (digest run RUN --retry)"
     )
+    # The park is written before the worker logs it: wait for the line, do not race it.
+    parked_line = f"run digest:{RUN} was parked after 5 starts"
+    wait_until(lambda: parked_line in worker.text(), 10, "the worker's parked line")
     assert worker.text().count("simulated crash at before-save:send") == 6
-    assert f"run digest:{RUN} was parked after 5 starts" in worker.text()
     assert len(deployment.outbox()) == 1
     assert fake_anthropic.calls == 9
     assert [record.key for record in deployment.view(RUN).steps] == JOURNAL[:10]

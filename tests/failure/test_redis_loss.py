@@ -139,5 +139,7 @@ def test_redis_killed_mid_run_then_restarted(
         float(c) for c in re.findall(r"retrying this delivery in ([\d.]+)s", worker.text())
     ]
     assert 1.0 <= countdowns[0] <= 1.2 and 2.0 <= countdowns[1] <= 2.4, countdowns
+    # The run is done in Redis before Celery logs the task's success: wait for that line.
+    wait_until(lambda: "'status': 'done'" in worker.text(), 10, "the task's success line")
     assert worker.text().count("'status': 'done'") == 1
     assert "'model_calls': 6" in worker.text() and "'ran': 9, 'replayed': 4" in worker.text()

@@ -50,7 +50,9 @@ def test_out_of_credit_fails_loudly_on_a_worker_and_on_the_command_line(
 
     # What monitoring of the task queue sees.
     wait_until(lambda: task_state(live, task_id) == "FAILURE", 10, "the task's failure")
-    assert "ModelRefused: the Anthropic account's credit balance is too low" in worker.text()
+    # The pool child stores the failure before it logs it: wait for the line, do not race it.
+    refused = "ModelRefused: the Anthropic account's credit balance is too low"
+    wait_until(lambda: refused in worker.text(), 10, "the worker's error line")
     view = live.view(RUN)
     assert view.meta["last_error"].startswith("ModelRefused: the Anthropic account's credit")
     assert fake_anthropic.calls == 1

@@ -174,11 +174,11 @@ def test_past_give_up_after_the_run_fails_for_good_loudly(
     failures = int(view.meta["failures"])
     assert failures >= 3  # the first failure, retries 1 s apart, the last on the deadline
     assert fake_anthropic.calls == 5 * failures  # five attempts of summarize:i1 each time
+    # The run gives up in Redis before the worker logs it: wait for the line, do not race it.
+    gave_up_line = f"run digest:{RUN} failed for good after {failures} transient failures"
+    wait_until(lambda: gave_up_line in worker.text(), 10, "the worker's give-up line")
     errors = [line for line in worker.text().splitlines() if "ERROR/" in line]
-    assert any(
-        f"run digest:{RUN} failed for good after {failures} transient failures" in line
-        for line in errors
-    ), worker.text()
+    assert any(gave_up_line in line for line in errors), worker.text()
     shown = retrying.cli("show", RUN).stdout
     assert "status   failed for good (gave up " in shown
     assert f"transient failures: {failures}; not retried again)" in shown
