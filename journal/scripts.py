@@ -10,7 +10,7 @@ retry policy: redis-py's command path adds event dispatch and metrics recording 
 command, about a third of the client's time per script (49 against 36 us of CPU here), and a
 run sends one script per step. A cluster client, or a client of one fixed connection, keeps
 redis-py's path, which routes and locks. The scripts are then missing from redis-py's own
-command metrics; the journal's (``journal.events``) count them.
+command metrics (its OpenTelemetry recorder); the server's command statistics still count them.
 """
 
 from __future__ import annotations
@@ -85,8 +85,7 @@ def evalsha(client: Client, sha: str, keys: Sequence[KeyOrArg], args: Sequence[K
         return connection.read_response()
 
     try:
-        disconnect = connection.disconnect
-        return connection.retry.call_with_retry(send, lambda _: disconnect())  # type: ignore[no-untyped-call]
+        return connection.retry.call_with_retry(send, lambda _: connection.disconnect())  # type: ignore[no-untyped-call]
     finally:
         pool.release(connection)
 

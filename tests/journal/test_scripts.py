@@ -2,8 +2,9 @@
 
 ``journal.scripts.evalsha`` skips redis-py's command wrapper on a one-server client, so what
 that wrapper did for every command must still hold: the connection goes back to the pool
-whatever the reply, a connection the server dropped is replaced under the client's retry
-policy, and an error reply reaches the caller as redis-py's typed exception.
+whatever the reply, a connection the server dropped is replaced, a reply that times out is sent
+again under the client's retry policy, and an error reply reaches the caller as redis-py's typed
+exception.
 """
 
 from __future__ import annotations
@@ -20,11 +21,16 @@ ECHO = "return {KEYS[1], ARGV[1]}"
 FAIL = "return redis.error_reply('ERR refused on purpose')"
 
 
+def single(url: str, **options: object) -> redis.Redis:
+    """A client of one pooled connection: a call that kept it would starve the next, and the
+    connection the server drops is the one the next call uses."""
+    pool = redis.BlockingConnectionPool.from_url(url, max_connections=1, timeout=0.5, **options)
+    return redis.Redis(connection_pool=pool)
+
+
 @pytest.fixture
 def one_connection(own_redis_url: str) -> Iterator[redis.Redis]:
-    """A client whose pool holds one connection: a call that kept it would starve the next."""
-    pool = redis.BlockingConnectionPool.from_url(own_redis_url, max_connections=1, timeout=0.5)
-    client = redis.Redis(connection_pool=pool)
+    client = single(own_redis_url)
     yield client
     client.close()
 
@@ -49,18 +55,12 @@ def test_an_unknown_script_raises_noscript_and_the_script_sends_its_source(
     assert evalsha(one_connection, script.sha, ["k"], ["w"]) == [b"k", b"w"]
 
 
-def single(url: str, **options: object) -> redis.Redis:
-    """A client of one pooled connection, so the one killed is the one the next call uses."""
-    pool = redis.BlockingConnectionPool.from_url(url, max_connections=1, timeout=0.5, **options)
-    return redis.Redis(connection_pool=pool)
-
-
 def drop(client: redis.Redis, admin: redis.Redis) -> None:
     """The server closes ``client``'s connection, as a restart or a proxy's idle cut would."""
     assert admin.client_kill_filter(_id=str(client.client_id())) == 1
 
 
-def test_a_connection_the_server_dropped_is_replaced_under_the_retry_policy(
+def test_a_connection_the_server_dropped_is_replaced(
     own_redis_url: str,
 ) -> None:
     client, admin = single(own_redis_url), redis.Redis.from_url(own_redis_url)
