@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 
-from journal import codec
+from journal import codec, logcontext
 from journal.backend import DELETE, Closed, Opened, Opening, RecordWait
 from journal.cancel import Cancelled
 from journal.clock import millis
@@ -135,6 +135,7 @@ class Runner:
         if isinstance(taken, Found):
             return self._found(keys, taken)
         grant = taken
+        logcontext.set_fence(grant.fence)
         try:
             if grant.status is Opened.STALLED:
                 self._park(keys, grant.holder, grant.starts_without_progress - 1)

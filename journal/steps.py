@@ -8,6 +8,7 @@ parallel steps safe, and what lets drift be detected by name.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import threading
 import uuid as uuid_module
@@ -245,7 +246,10 @@ class Run:
                 order.done(index)
 
         pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=prefix)
-        futures: dict[Future[T], int] = {pool.submit(one, i): i for i in todo}
+        # Each call in its own copy of this context: its log lines name the run's delivery.
+        futures: dict[Future[T], int] = {
+            pool.submit(contextvars.copy_context().run, one, i): i for i in todo
+        }
         try:
             for index, record in enumerate(recorded):
                 if record is not None:

@@ -37,6 +37,7 @@ from journal.contrib.embedded import embedded_broker_url
 from journal.durable import SWEEP_TASK, Durable, at_least_once_settings
 from journal.errors import ClockSkewed
 from journal.events import emit
+from journal.logcontext import log_with_run_context
 from journal.redact import redact_logging
 from tasks import workflow
 from tasks.config import Config
@@ -191,11 +192,16 @@ def refuse_a_skewed_clock(**_: Any) -> None:
 @after_setup_logger.connect
 @after_setup_task_logger.connect
 def mask_secrets_in_logs(logger: logging.Logger, **_: Any) -> None:
-    """Mask secrets in every line the worker or beat logs, Celery's and the libraries' too.
+    """Mask secrets in every line the worker or beat logs, and name the run in each.
 
-    The task logger has handlers of its own and does not propagate, hence both signals.
+    The task logger has handlers of its own and does not propagate, hence both signals. Every
+    line a delivery writes, Celery's and the libraries' too, carries its run id, task id,
+    attempt and fence, as text at the end of the line or as JSON keys (``DIGEST_LOG_FORMAT``).
     """
     redact_logging(logger)
+    json = settings().log_format == "json"
+    for handler in logger.handlers:
+        log_with_run_context(handler, json=json)
 
 
 @worker_init.connect
