@@ -36,7 +36,6 @@ from journal.contrib.checks import check_skew
 from journal.contrib.embedded import embedded_broker_url
 from journal.durable import SWEEP_TASK, Durable, at_least_once_settings
 from journal.errors import ClockSkewed
-from journal.events import emit
 from journal.logcontext import log_with_run_context
 from journal.redact import redact_logging
 from tasks import workflow
@@ -44,7 +43,6 @@ from tasks.config import Config
 from tasks.dispatch import dispatch_due
 from tasks.errors import BadInput
 from tasks.runtime import (
-    HINTS,
     broker_url,
     connect,
     prepare_metrics,
@@ -209,7 +207,9 @@ def serve_metrics(**_: Any) -> None:
     """With ``DIGEST_METRICS_PORT``, the main process serves every pool child's counters, summed.
 
     Set up before the pool forks, so each child counts into its own files in the shared
-    multiprocess directory and a scrape here adds them up, dead children's included.
+    multiprocess directory and a scrape here adds them up, dead children's included. What
+    Redis holds (runs by state, the due lag) is exported once, by the console or ``digest
+    metrics``, not by every worker.
     """
     config = settings()
     if config.metrics_port is None:
@@ -217,15 +217,9 @@ def serve_metrics(**_: Any) -> None:
     prepare_metrics(config.state_dir / f"metrics-{os.getpid()}")
     from prometheus_client import start_http_server
 
-    from journal import Journal, Keyspace
     from tasks import metrics
 
-    @functools.cache
-    def journal() -> Journal:
-        keyspace = Keyspace(config.key_prefix, shards=config.journal_shards)
-        return Journal(connect(store_url(config)), keyspace=keyspace, hints=HINTS)
-
-    start_http_server(config.metrics_port, registry=metrics.registry(journal))
+    start_http_server(config.metrics_port, registry=metrics.worker_registry())
     log.info("metrics on :%d/metrics", config.metrics_port)
 
 
@@ -239,9 +233,8 @@ def forget_child(pid: int | None = None, **_: Any) -> None:
 
 
 def on_step(event: StepEvent) -> None:
-    """Log and count each step a delivery runs or replays."""
+    """Log each step a delivery runs or replays (the journal counts them)."""
     log.info("%s %s", "replayed" if event.replayed else "ran", event.key)
-    emit("step", "replayed" if event.replayed else "ran")
 
 
 durable = Durable(

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
+from journal.events import emit
 from tasks.errors import DigestError, ItemRefused, ModelAuthFailed, ModelRefused
 from tasks.items import Item
 from tasks.prompts import INTRO_SYSTEM, SUMMARY_SYSTEM, intro_prompt, summary_prompt
@@ -194,6 +195,7 @@ class AnthropicSummarizer:
             if self._client is None:
                 self._client = self._connect()
             client = self._client
+        started = time.monotonic()
         try:
             message = client.messages.create(
                 model=model,
@@ -208,6 +210,8 @@ class AnthropicSummarizer:
                 raise  # transient: the step's retry policy decides
             where = f"the Anthropic API at {client.base_url}"
             raise refusal.error(refusal.describe(exc, where, model, setting)) from exc
+        finally:
+            emit("model_call_seconds", model, time.monotonic() - started)
         if message.stop_reason == "refusal":
             raise ItemRefused(
                 f"model {model} declined to answer (stop_reason refusal); the item stays unseen "
