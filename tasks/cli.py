@@ -264,8 +264,9 @@ def cmd_console(config: Config, run_id: str, args: argparse.Namespace) -> int:
     from tasks import console
 
     token = console.check_binding(args.host)
+    names = console.Names.bound(args.host, args.port, os.environ.get("DIGEST_CONSOLE_ORIGIN"))
     runtime = Runtime.build(config, allow_offline=True)
-    console.serve(runtime, args.host, args.port, token)
+    console.serve(runtime, args.host, args.port, names, token)
     return EXIT_OK
 
 
