@@ -184,7 +184,10 @@ def _readlink(path: Path) -> str:
 
 
 def _stat_fields(pid: int) -> list[str] | None:
-    """Fields 3 onwards of ``/proc/PID/stat``; None when the pid does not exist."""
+    """Fields 3 onwards of ``/proc/PID/stat``; None when ``/proc`` has no entry for it.
+
+    No entry is not proof that no process has the pid: ``hidepid`` hides other users' ones.
+    """
     try:
         raw = (PROC / str(pid) / "stat").read_bytes()
     except (FileNotFoundError, ProcessLookupError):
