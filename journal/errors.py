@@ -15,6 +15,7 @@
     ├── ControlRefused        an operator's cancel, retry or fork does not apply to that run
     ├── StoreUnavailable      Redis could not be reached
     ├── StoreUnsupported      the server lacks what a setting needs (WAITAOF for fsync_records)
+    ├── StoreEvicts           the server deletes keys when its memory fills (maxmemory-policy)
     ├── ClockSkewed           this process's clock is too far from the Redis server's
     ├── NotDurable            a record was written but its fsync or replication was not confirmed
     ├── EmbeddedServerError   the embedded Valkey server could not be started or reached
@@ -260,6 +261,22 @@ class StoreUnavailable(_StoreError):
 
     def __str__(self) -> str:
         return f"cannot reach the journal store at {self.url} ({self.detail}); {self.hint}"
+
+
+class StoreEvicts(_StoreError):
+    """The server's ``maxmemory-policy`` evicts keys; refused at start, before any write.
+
+    An evicted lease lets a second holder in, an evicted record is work done again, an
+    evicted marker re-sends what was sent; none of it says so. ``detail`` is the policy.
+    """
+
+    def __str__(self) -> str:
+        return (
+            f"the journal store at {self.url} has maxmemory-policy {self.detail}: when its "
+            "memory fills it deletes keys silently, leases and journal records included; set "
+            "`maxmemory-policy noeviction` (a full store then refuses writes loudly) and start "
+            "again"
+        )
 
 
 class StoreUnsupported(_StoreError):

@@ -5,13 +5,29 @@ an expiry needs no one to clean up after a crash. But a crashed process on *this
 be proved dead at once, and waiting out its whole lease then only delays the run (a ``digest
 run`` crashed and run again at once, a Celery pool child killed by the OOM killer).
 
-The holder records its host, the kernel's boot id, its pid namespace, its pid and the start
-time of that pid (``/proc/PID/stat`` field 22, in clock ticks since boot). An acquirer that
-shares host, boot and pid namespace with the holder can look the pid up: if it is absent, a
-zombie, or now belongs to a process started at another time (the pid was reused), the holder
-can never act again, and the lease may be taken over at once, fenced as usual. In every other
-case (another host, another container, no ``/proc``, anything unreadable) nothing is proved,
-and the acquirer waits for the lease to expire as it always did.
+The holder records its host, the kernel's boot id, its pid and time namespaces, its pid and
+the start time of that pid (``/proc/PID/stat`` field 22, in clock ticks since boot). An
+acquirer that shares host, boot, pid and time namespace with the holder can look the pid up:
+if no process has it, or it is a zombie, or it now belongs to a process started at another
+time (the pid was reused), the holder can never act again, and the lease may be taken over at
+once, fenced as usual. In every other case (another host, another container, no ``/proc``,
+anything unreadable or hidden) nothing is proved, and the acquirer waits for the lease to
+expire as it always did.
+
+Only what the reader can really see counts:
+
+- An absent ``/proc/PID`` proves nothing by itself: a ``/proc`` mounted ``hidepid=invisible``
+  (systemd's ``ProtectProc=invisible``, hardened hosts) shows no other user's process. Absence
+  is proved by ``kill(pid, 0)`` answering ESRCH; EPERM is a live process of another user.
+  (The mount's options in ``/proc/self/mountinfo`` say that ``hidepid`` is on, not which
+  processes it hides from this reader: that depends on its uid, the mount's ``gid=`` and the
+  ptrace rules. The kernel's answer to ``kill`` depends on none of them.)
+- ``/proc`` must be the reader's own pid namespace's (``NSpid`` lists one pid, its own): one
+  mounted for another namespace shows other processes under the same numbers. Where it is
+  not, a process records no start time and proves nothing.
+- The start time the kernel shows is shifted by the *reader's* time namespace offset (``unshare
+  -T``, LXC, CRIU), so a holder in another time namespace would look like a reused pid: a
+  different time namespace proves nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +51,9 @@ class ProcessIdentity:
         host: the host name.
         boot: the kernel's boot id; a pid from another boot proves nothing about this one.
         pidns: the pid namespace (``pid:[4026531836]``); pids are only comparable inside one.
+        timens: the time namespace (``time:[4026531834]``); start times are only comparable
+            inside one. Empty on a kernel without time namespaces, or in an identity stored
+            before it was recorded (a reader that has one then proves nothing).
         pid: the process id.
         start: the process start time in clock ticks since boot; tells a reused pid apart.
     """
@@ -42,6 +61,7 @@ class ProcessIdentity:
     host: str
     boot: str
     pidns: str
+    timens: str
     pid: int
     start: int
 
@@ -61,6 +81,7 @@ class ProcessIdentity:
                 "host": self.host,
                 "boot": self.boot,
                 "pidns": self.pidns,
+                "timens": self.timens,
                 "pid": self.pid,
                 "start": self.start,
             }
@@ -77,6 +98,7 @@ class ProcessIdentity:
                 host=str(data["host"]),
                 boot=str(data["boot"]),
                 pidns=str(data["pidns"]),
+                timens=str(data.get("timens", "")),
                 pid=int(data["pid"]),
                 start=int(data["start"]),
             )
@@ -86,18 +108,22 @@ class ProcessIdentity:
     def provably_gone(self, observer: ProcessIdentity | None = None) -> bool:
         """Whether ``observer`` (this process by default) can prove this process has ended.
 
-        Only from the same host, boot and pid namespace; a stopped process (SIGSTOP, a paused
-        VM) still exists and is never taken for dead.
+        Only from the same host, boot, pid and time namespace, by an observer whose ``/proc``
+        shows its own pid namespace (it recorded a start time); a stopped process (SIGSTOP, a
+        paused VM) still exists and is never taken for dead, nor is one hidden from us.
         """
         me = observer or ProcessIdentity.current()
-        comparable = (self.host, self.boot, self.pidns) == (me.host, me.boot, me.pidns)
+        where = (self.host, self.boot, self.pidns, self.timens)
+        comparable = where == (me.host, me.boot, me.pidns, me.timens)
         if not comparable or not self.boot or not self.pidns or self.pid <= 0 or self.start <= 0:
             return False
+        if me.start <= 0:
+            return False  # our /proc is not our pid namespace's: what it shows proves nothing
         if self.pid == me.pid and self.start == me.start:
             return False  # ourselves: alive by definition
         fields = _stat_fields(self.pid)
         if fields is None:
-            return True  # no such pid in our namespace
+            return not _exists(self.pid)  # absent from /proc, perhaps only hidden from us
         if len(fields) < 20:
             return False  # there but unreadable: nothing proved
         # A zombie cannot act; a different start time means the pid now names another process.
@@ -110,9 +136,37 @@ def _identity(pid: int) -> ProcessIdentity:
         host=socket.gethostname(),
         boot=_read(PROC / "sys" / "kernel" / "random" / "boot_id"),
         pidns=_readlink(PROC / "self" / "ns" / "pid"),
+        timens=_readlink(PROC / "self" / "ns" / "time"),
         pid=pid,
-        start=_start_time(pid) or 0,
+        start=(_start_time(pid) or 0) if _proc_is_own(pid) else 0,
     )
+
+
+def _proc_is_own(pid: int) -> bool:
+    """Whether ``/proc`` shows this process's own pid namespace, where ``pid`` is its pid.
+
+    ``NSpid`` lists the process's pid in every namespace from the one ``/proc`` was mounted
+    for down to its own: one entry, equal to ``pid``, means they are the same.
+    """
+    try:
+        status = (PROC / "self" / "status").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            return line.split()[1:] == [str(pid)]
+    return False
+
+
+def _exists(pid: int) -> bool:
+    """Whether any process of our pid namespace has ``pid``, visible to us or not."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False  # ESRCH: the kernel has no such process in our namespace
+    except OSError:
+        return True  # EPERM: another user's live process; anything else proves nothing
+    return True
 
 
 def _read(path: Path) -> str:
@@ -130,7 +184,10 @@ def _readlink(path: Path) -> str:
 
 
 def _stat_fields(pid: int) -> list[str] | None:
-    """Fields 3 onwards of ``/proc/PID/stat``; None when the pid does not exist."""
+    """Fields 3 onwards of ``/proc/PID/stat``; None when ``/proc`` has no entry for it.
+
+    No entry is not proof that no process has the pid: ``hidepid`` hides other users' ones.
+    """
     try:
         raw = (PROC / str(pid) / "stat").read_bytes()
     except (FileNotFoundError, ProcessLookupError):

@@ -5,8 +5,9 @@ value in one script, so every later write can prove, inside the same script as t
 that it still comes from the current holder. A worker that was paused past its lease (GC,
 SIGSTOP, a slow network) and wakes up after another took over is refused at its next write.
 
-A holder that is provably dead (see ``journal.holder``: same host, boot and pid namespace, and
-its pid gone or reused) is not waited for: its lease is taken over at once, with a new fence.
+A holder that is provably dead (see ``journal.holder``: same host, boot, pid and time
+namespace, and its pid gone or reused) is not waited for: its lease is taken over at once, with
+a new fence.
 """
 
 from __future__ import annotations

@@ -32,10 +32,10 @@ from celery.signals import (
 
 from journal import StepEvent
 from journal.clock import SystemClock
-from journal.contrib.checks import check_skew
+from journal.contrib.checks import check_persistence, check_skew
 from journal.contrib.embedded import embedded_broker_url
 from journal.durable import SWEEP_TASK, Durable, at_least_once_settings
-from journal.errors import ClockSkewed
+from journal.errors import ClockSkewed, StoreEvicts
 from journal.logcontext import log_with_run_context
 from journal.redact import redact_logging
 from tasks import workflow
@@ -167,10 +167,11 @@ def import_model_sdk(**_: Any) -> None:
 
 
 @worker_init.connect
-def refuse_a_skewed_clock(**_: Any) -> None:
+def refuse_a_bad_store_or_clock(**_: Any) -> None:
     """A worker whose clock is off the store's exits at start, in one line, status 2.
 
-    So does one whose broker would be a Redis Cluster (no ``CELERY_BROKER_URL``). Refusing
+    So does one whose store evicts keys (``maxmemory-policy``), and one whose broker would be
+    a Redis Cluster (no ``CELERY_BROKER_URL``). Refusing
     each delivery instead would fail and ack the week's message on this worker, when a worker
     with a good clock could have run it. A store that is down is not refused here: the
     deliveries wait for it, as they do for any outage.
@@ -179,10 +180,11 @@ def refuse_a_skewed_clock(**_: Any) -> None:
     try:
         client = connect(url)
         settings().check_store(cluster=isinstance(client, redis.RedisCluster))
+        check_persistence(client, logger=log)
         check_skew(client, SystemClock(), url)
     except (redis.ConnectionError, redis.TimeoutError):
         return
-    except (ClockSkewed, BadInput) as refused:
+    except (ClockSkewed, StoreEvicts, BadInput) as refused:
         print(f"digest: {refused}", file=sys.stderr, flush=True)
         os._exit(2)  # Celery logs and swallows exceptions raised by signal handlers
 

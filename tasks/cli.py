@@ -20,7 +20,14 @@ from typing import Any, NoReturn
 
 from journal import StepEvent
 from journal.control import retry as retry_run
-from journal.errors import ControlRefused, InvalidRunId, JournalError, LeaseBusy, RunParked
+from journal.errors import (
+    ControlRefused,
+    InvalidRunId,
+    JournalError,
+    LeaseBusy,
+    RunParked,
+    StoreEvicts,
+)
 from journal.inspect import STATES, RunView, inspect_run, list_runs
 from journal.keys import validate_run_id
 from journal.redact import redact, redact_logging
@@ -101,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_id = iso_week_run_id(datetime.now(config.zone)) if given is None else given
         validate_run_id(run_id)
         return int(COMMANDS[args.command](config, run_id, args))
-    except (BadInput, InvalidRunId, ControlRefused) as bad:
+    except (BadInput, InvalidRunId, ControlRefused, StoreEvicts) as bad:
         print(f"digest: {_printable(redact(str(bad)))}", file=sys.stderr)
         return EXIT_USAGE
     except LeaseBusy as busy:
@@ -269,8 +276,9 @@ def cmd_console(config: Config, run_id: str, args: argparse.Namespace) -> int:
     from tasks import console
 
     token = console.check_binding(args.host)
+    names = console.Names.bound(args.host, args.port, os.environ.get("DIGEST_CONSOLE_ORIGIN"))
     runtime = Runtime.build(config, allow_offline=True)
-    console.serve(runtime, args.host, args.port, token)
+    console.serve(runtime, args.host, args.port, names, token)
     return EXIT_OK
 
 

@@ -655,6 +655,14 @@ SETTINGS: tuple[Setting, ...] = (
         shown="unset",
     ),
     Setting(
+        "DIGEST_CONSOLE_ORIGIN",
+        None,
+        "text",
+        "the origin browsers reach `digest console` by, besides the address it is bound to "
+        "(a public name or a proxy: `https://digest.example.com`); required with `--host 0.0.0.0`",
+        shown="unset",
+    ),
+    Setting(
         "DIGEST_MAX_COST_USD",
         "max_cost_usd",
         "optional_number",

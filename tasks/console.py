@@ -11,6 +11,12 @@ JavaScript at all: plain forms, and a refresh header while something is running.
 is a POST carrying a per-process CSRF token that another site cannot read, and checked against
 ``Sec-Fetch-Site``/``Origin``. Bound to 127.0.0.1 unless told otherwise; any other address
 requires ``DIGEST_CONSOLE_TOKEN``, asked once and kept in a same-site cookie.
+
+It answers only to its own names (``Names``): a request whose ``Host`` is not the address it
+is bound to, or the public origin configured (``DIGEST_CONSOLE_ORIGIN``), is refused with 421
+before anything is read. A page on another site whose name was rebound to 127.0.0.1 (DNS
+rebinding) is same-origin to the browser, ``Origin`` and ``Host`` alike, so comparing the two
+proves nothing: ``Origin`` is compared with the console's own origins instead.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from tasks.errors import BadInput, DigestError
 from tasks.runtime import Runtime, prepare_metrics
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+WILDCARDS = ("0.0.0.0", "::", "")
 TOKEN_COOKIE = "digest_console"
 LIVE = ("running", "cancelling", "retrying", "new")
 REFRESH_SECONDS = 3
@@ -152,8 +159,64 @@ def row_summary(row: RunRow) -> dict[str, Any]:
     }
 
 
-def create_app(runtime: Runtime, *, token: str | None = None) -> Flask:
-    """The console for one deployment; ``token`` guards it when it is not bound locally."""
+@dataclass(frozen=True)
+class Names:
+    """The names a browser reaches this console by, as ``Host`` values and as origins.
+
+    Attributes:
+        hosts: every accepted ``Host`` header, lower case, with its port (also without it on
+            its scheme's default port, as browsers send it).
+        origins: every accepted ``Origin``, ``scheme://host[:port]``.
+    """
+
+    hosts: frozenset[str]
+    origins: frozenset[str]
+
+    @classmethod
+    def bound(cls, host: str, port: int, public: str | None = None) -> Names:
+        """The names of a console bound to ``host:port``, and reached at ``public`` if given.
+
+        On loopback, each of 127.0.0.1, localhost and [::1] with the port; on another address,
+        that address; on a wildcard one (0.0.0.0, ::), none but ``public``.
+
+        Raises:
+            BadInput: ``public`` is not an origin (``http(s)://name[:port]``, no path), or a
+                wildcard binding has none.
+        """
+        names = LOCAL_HOSTS if host in LOCAL_HOSTS else () if host in WILDCARDS else (host,)
+        reached = [_reached("http", name, port) for name in names]
+        if public:
+            parts = urlsplit(public.strip().lower())
+            if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.strip("/"):
+                raise BadInput(
+                    f"DIGEST_CONSOLE_ORIGIN={public}: not an origin; give the scheme, name and "
+                    "port browsers use, e.g. https://digest.example.com"
+                )
+            reached.append(_reached(parts.scheme, parts.hostname, parts.port))
+        if not reached:
+            raise BadInput(
+                f"--host {host} answers to no name a browser sends; set DIGEST_CONSOLE_ORIGIN to "
+                f"the origin browsers use (e.g. http://digest.example.com:{port})"
+            )
+        hosts = frozenset(host for _, each in reached for host in each)
+        return cls(hosts, frozenset(origin for origin, _ in reached))
+
+
+def _reached(scheme: str, name: str, port: int | None) -> tuple[str, set[str]]:
+    """The ``Origin`` a browser sends for ``scheme://name:port``, and the ``Host`` values."""
+    netloc = f"[{name}]" if ":" in name else name
+    default = 443 if scheme == "https" else 80
+    port = default if port is None else port
+    if port == default:  # browsers leave a default port out of both
+        return f"{scheme}://{netloc}", {netloc, f"{netloc}:{port}"}
+    return f"{scheme}://{netloc}:{port}", {f"{netloc}:{port}"}
+
+
+def create_app(runtime: Runtime, names: Names, *, token: str | None = None) -> Flask:
+    """The console for one deployment, answering to ``names`` only.
+
+    ``token`` guards it when it is not bound locally.
+    """
     app = Flask(__name__)
     app.secret_key = secrets.token_bytes(32)
     app.config.update(SESSION_COOKIE_SAMESITE="Strict", SESSION_COOKIE_HTTPONLY=True)
@@ -162,6 +225,12 @@ def create_app(runtime: Runtime, *, token: str | None = None) -> Flask:
 
     @app.before_request
     def guard() -> Any:
+        if request.host.lower() not in names.hosts:
+            return Response(
+                "digest console: this is not a name it answers to; open it by its own address\n",
+                status=421,
+                mimetype="text/plain",
+            )
         if token is not None and not _authorised(token):
             offered = request.args.get("token", "")
             if offered and hmac.compare_digest(offered, token):
@@ -173,7 +242,7 @@ def create_app(runtime: Runtime, *, token: str | None = None) -> Flask:
                 status=401,
                 mimetype="text/plain",
             )
-        if request.method == "POST" and not _same_origin(csrf):
+        if request.method == "POST" and not _same_origin(csrf, names):
             abort(403)
         return None
 
@@ -302,14 +371,18 @@ def _authorised(token: str) -> bool:
     return bool(offered) and hmac.compare_digest(offered, token)
 
 
-def _same_origin(csrf: str) -> bool:
-    """A POST from this console's own page: its token, and no sign of another site."""
+def _same_origin(csrf: str, names: Names) -> bool:
+    """A POST from this console's own page: its token, and no sign of another site.
+
+    ``Origin`` is compared with the console's own origins, never with ``Host``: under DNS
+    rebinding the two agree on the attacker's name.
+    """
     if not hmac.compare_digest(request.form.get("csrf", ""), csrf):
         return False
     if request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
         return False
     origin = request.headers.get("Origin")
-    return origin is None or urlsplit(origin).netloc == request.host
+    return origin is None or origin.lower().rstrip("/") in names.origins
 
 
 def _refreshing(page: str, live: bool) -> Response:
@@ -337,11 +410,11 @@ def check_binding(host: str, env: dict[str, str] | None = None) -> str | None:
     return token
 
 
-def serve(runtime: Runtime, host: str, port: int, token: str | None) -> None:
+def serve(runtime: Runtime, host: str, port: int, names: Names, token: str | None) -> None:
     """Serve the console with waitress (a production WSGI server, pure Python)."""
     from waitress import serve as waitress_serve
 
-    app = create_app(runtime, token=token)
+    app = create_app(runtime, names, token=token)
     print(f"digest console on http://{host}:{port}/ (Ctrl-C stops it)", flush=True)
     try:
         waitress_serve(app, host=host, port=port, threads=4, ident="")

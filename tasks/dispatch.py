@@ -10,7 +10,9 @@ The marker is taken in two steps so a crash between it and the publish cannot lo
 short *claim* naming the dispatcher's process (``CLAIM_TTL_S``), the publish, then the
 long-lived marker. A dispatcher that died holding a claim is proved gone on its host
 (``journal.holder``) and its claim taken over at once; anywhere else the claim expires within
-a minute and the hourly catch-up dispatches the week. A publish that happens twice (a claim
+a minute and the hourly catch-up dispatches the week. The watermark (where the next dispatch
+starts looking) moves only over weeks already published, so a week claimed elsewhere is
+looked at again by every dispatch until it is. A publish that happens twice (a claim
 taken over from a dispatcher that had published but not yet marked) is two deliveries of one
 run: the run's journal and lease make that one email.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
+from enum import Enum
 from zoneinfo import ZoneInfo
 
 from journal.holder import ProcessIdentity
@@ -41,15 +44,24 @@ def dispatch_due(
     catch_up_weeks: int,
     enqueue: Callable[[str], None],
 ) -> list[str]:
-    """Enqueue every due, not yet dispatched run id, oldest first; returns those enqueued."""
-    due = run_ids_due(now, ZoneInfo(zone), catch_up_weeks)
+    """Enqueue every due, not yet dispatched run id, oldest first; returns those enqueued.
+
+    The watermark moves only over weeks that are published, from the oldest on: a week that
+    another dispatcher claimed and has not published (it may have died where its death cannot
+    be proved) stops it there, so every later dispatch looks at that week again until it is
+    published, by its claimant or, once the claim expires, by a later dispatch.
+    """
+    tz = ZoneInfo(zone)
+    due = run_ids_due(now, tz, catch_up_weeks)
     raw = client.get(keys.dispatch_watermark)
-    watermark = text(raw) if raw else None
-    candidates = due[-1:] if watermark is None else [r for r in due if r > watermark]
+    # A first deployment sends only the latest week: as if the one before had been dispatched.
+    watermark = text(raw) if raw else run_ids_due(now, tz, 1)[0]
     enqueued: list[str] = []
-    for run_id in candidates:
+    published, gap = watermark, False
+    for run_id in (r for r in due if r > watermark):
         marker = keys.dispatched(run_id)
-        if _claim(client, marker):
+        held = _claim(client, marker)
+        if held is Held.OURS:
             before_publishing()
             try:
                 enqueue(run_id)
@@ -60,22 +72,37 @@ def dispatch_due(
                 raise
             client.set(marker, now.isoformat(), ex=MARKER_TTL_S)
             enqueued.append(run_id)
-    if candidates:
-        # Markers already make every enqueue unique; the watermark only bounds the catch-up,
-        # so a race between two dispatchers setting the same value is harmless.
-        client.set(keys.dispatch_watermark, candidates[-1])
+        gap = gap or held is Held.ELSEWHERE
+        if not gap:
+            published = run_id  # this week and every one before it are published
+    if raw is None or published != text(raw):
+        # Two dispatchers may race here. Either value is a week up to which every week is
+        # published; the lower one only makes the next dispatch look at a few again.
+        client.set(keys.dispatch_watermark, published)
     return enqueued
 
 
-def _claim(client: Client, marker: str) -> bool:
+class Held(Enum):
+    """Who holds a week's marker, as one dispatch found it."""
+
+    OURS = "claimed by this dispatch, to publish now"
+    PUBLISHED = "published already"
+    ELSEWHERE = "claimed by a dispatcher that may still publish it, or let go a moment ago"
+
+
+def _claim(client: Client, marker: str) -> Held:
     """Claim the right to publish one run id: free, or held by a provably dead dispatcher."""
     claim = CLAIM + ProcessIdentity.current().encode()
     if client.set(marker, claim, nx=True, ex=CLAIM_TTL_S):
-        return True
+        return Held.OURS
     held = client.get(marker)
-    if held is None or not text(held).startswith(CLAIM):
-        return False  # published already
+    if held is None:
+        return Held.ELSEWHERE  # the claim expired or was dropped since the SET: look again
+    if not text(held).startswith(CLAIM):
+        return Held.PUBLISHED
     claimant = ProcessIdentity.decode(text(held).removeprefix(CLAIM))
     if claimant is None or not claimant.provably_gone():
-        return False  # a live dispatcher is publishing it now, or its claim will expire
-    return bool(client.set(marker, claim, xx=True, ex=CLAIM_TTL_S))
+        return Held.ELSEWHERE  # a live dispatcher is publishing it now, or its claim will expire
+    if client.set(marker, claim, xx=True, ex=CLAIM_TTL_S):
+        return Held.OURS
+    return Held.ELSEWHERE

@@ -4,7 +4,9 @@ The journal is only as durable as Redis is. A step recorded in memory but not ye
 append-only file disappears when Redis restarts, and the run then does that step again:
 a model call is paid for twice, an email goes out twice unless the mail side has its own
 idempotency key. :func:`check_persistence` reads the settings that decide this and says,
-once and plainly, which guarantee a misconfigured server loses.
+once and plainly, which guarantee a misconfigured server loses. A server that evicts keys
+when its memory fills (any ``maxmemory-policy`` but ``noeviction``) is refused outright: it
+would delete leases, records and markers without a word, so no warning could make it safe.
 
 ``appendfsync everysec`` is a fair trade when each recorded step is followed by
 :func:`wait_for_local_fsync` (``WAITAOF``, Redis 7.2 and later, every Valkey); ``appendfsync
@@ -21,7 +23,7 @@ from typing import Any
 import redis
 
 from journal.clock import Clock
-from journal.errors import ClockSkewed
+from journal.errors import ClockSkewed, StoreEvicts
 from journal.scripts import Client
 
 __all__ = ["MAX_SKEW_S", "Persistence", "check_persistence", "check_skew", "wait_for_local_fsync"]
@@ -57,7 +59,7 @@ class Persistence:
 
 
 def check_persistence(client: Client, *, logger: logging.Logger | None = None) -> Persistence:
-    """Read the store's persistence settings and warn about each lost guarantee.
+    """Read the store's persistence settings: refuse an evicting one, warn about the rest.
 
     Reads CONFIG GET first; managed services often disable CONFIG, so INFO is the fallback,
     and a server that refuses both is reported as unknown rather than failing the start.
@@ -71,6 +73,10 @@ def check_persistence(client: Client, *, logger: logging.Logger | None = None) -
 
     Returns:
         The settings found.
+
+    Raises:
+        StoreEvicts: a ``maxmemory-policy`` other than ``noeviction``. A policy the server
+            would not tell is warned about instead.
     """
     if isinstance(client, redis.RedisCluster):
         masters = [client.get_redis_connection(node) for node in client.get_primaries()]  # type: ignore[no-untyped-call]
@@ -86,9 +92,12 @@ def check_persistence(client: Client, *, logger: logging.Logger | None = None) -
         supports_waitaof=_supports_waitaof(client),
         server=_server(client),
     )
-    where = f"the journal store at {_address(client)}"
+    address = _address(client)
     if persistence.server != UNKNOWN:
-        where += f" ({persistence.server})"
+        address += f" ({persistence.server})"
+    if policy not in (UNKNOWN, "noeviction"):
+        raise StoreEvicts(address, policy)
+    where = f"the journal store at {address}"
     if appendonly is None:
         log.warning(
             "%s refused CONFIG GET and INFO, so its durability is unknown: if it runs without "
@@ -104,14 +113,6 @@ def check_persistence(client: Client, *, logger: logging.Logger | None = None) -
             "has its own idempotency key; set %s in its configuration",
             where,
             _SAFE_AOF,
-        )
-    if policy not in (UNKNOWN, "noeviction"):
-        log.warning(
-            "%s has maxmemory-policy %s: when memory fills it silently deletes keys, journal "
-            "records and leases included; set `maxmemory-policy noeviction` so writes fail "
-            "loudly instead",
-            where,
-            policy,
         )
     return persistence
 

@@ -1,4 +1,5 @@
-"""check_persistence reads what the store keeps and warns once per lost guarantee."""
+"""check_persistence reads what the store keeps, warns once per lost guarantee and refuses
+an evicting store."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import redis
 
 from journal.contrib.checks import Persistence, check_persistence, wait_for_local_fsync
 from journal.contrib.embedded import embedded_url, stop_embedded
+from journal.errors import StoreEvicts
 from tests.support import ThrowawayValkeys
 
 StartServer = Callable[..., redis.Redis]
@@ -84,20 +86,13 @@ def test_appendonly_off_is_one_warning_naming_the_loss_and_the_fix(
 
 
 @pytest.mark.slow
-def test_evicting_policy_is_one_warning(
-    throwaway: StartServer, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_an_evicting_policy_is_refused_and_info_tells_it_too(throwaway: StartServer) -> None:
     client = throwaway("--appendonly", "yes", "--maxmemory-policy", "allkeys-lru")
-    logger = logging.getLogger("test.durability")
-
-    found = check_persistence(client, logger=logger)
-
-    assert (found.appendonly, found.appendfsync) == (True, "everysec")
-    assert found.maxmemory_policy == "allkeys-lru"
-    [record] = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert record.name == "test.durability"
-    assert "maxmemory-policy allkeys-lru" in record.getMessage()
-    assert "noeviction" in record.getMessage()
+    with pytest.raises(StoreEvicts, match=r"has maxmemory-policy allkeys-lru: .*noeviction"):
+        check_persistence(client)
+    hidden = throwaway("--maxmemory-policy", "volatile-lru", "--rename-command", "CONFIG", "")
+    with pytest.raises(StoreEvicts, match="maxmemory-policy volatile-lru"):
+        check_persistence(hidden)  # read from INFO when CONFIG is disabled
 
 
 @pytest.mark.slow

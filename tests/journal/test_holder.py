@@ -8,6 +8,7 @@ are in ``tests/failure/test_dead_holder.py``.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import TypedDict
 
@@ -28,6 +29,7 @@ def me() -> ProcessIdentity:
 def test_this_process_knows_who_it_is_and_is_not_gone() -> None:
     identity = me()
     assert identity.boot and identity.pidns.startswith("pid:[") and identity.start > 0
+    assert identity.timens.startswith("time:[")
     assert ProcessIdentity.decode(identity.encode()) == identity
     assert not identity.provably_gone()
 
@@ -43,15 +45,36 @@ class Elsewhere(TypedDict, total=False):
     host: str
     boot: str
     pidns: str
+    timens: str
 
 
 @pytest.mark.parametrize(
     "elsewhere",
-    [{"host": "elsewhere"}, {"boot": "another-boot"}, {"pidns": "pid:[1]"}, {"boot": ""}],
-    ids=["host", "boot", "pidns", "no-boot"],
+    [
+        {"host": "elsewhere"},
+        {"boot": "another-boot"},
+        {"pidns": "pid:[1]"},
+        {"timens": "time:[1]"},
+        {"timens": ""},
+        {"boot": ""},
+    ],
+    ids=["host", "boot", "pidns", "timens", "no-timens", "no-boot"],
 )
 def test_nothing_is_proved_from_another_host_boot_or_namespace(elsewhere: Elsewhere) -> None:
     assert not dataclasses.replace(me(), pid=PID_MAX + 1, **elsewhere).provably_gone()
+
+
+def test_an_identity_stored_without_its_time_namespace_proves_nothing() -> None:
+    stored = json.loads(dataclasses.replace(me(), pid=PID_MAX + 1).encode())
+    del stored["timens"]
+    older = ProcessIdentity.decode(json.dumps(stored))
+    assert older is not None and older.timens == ""
+    assert not older.provably_gone()
+
+
+def test_an_observer_whose_proc_is_not_its_own_proves_nothing() -> None:
+    blind = dataclasses.replace(me(), start=0)  # what an observer records in that case
+    assert not dataclasses.replace(me(), pid=PID_MAX + 1).provably_gone(blind)
 
 
 def test_an_unreadable_identity_proves_nothing() -> None:

@@ -15,13 +15,15 @@ import redis
 from journal import Journal, Keyspace, Run
 from journal.redact import add_secret
 from tasks.config import Config
-from tasks.console import check_binding, create_app
+from tasks.console import Names, check_binding, create_app
 from tasks.errors import BadInput
 from tasks.keys import DigestKeys
 from tasks.mail import FileOutbox
 from tasks.model import OfflineSummarizer
 from tasks.runtime import Runtime
 
+# The test client's requests name ``localhost`` on the default port.
+LOCAL = Names.bound("127.0.0.1", 80)
 HOSTILE = '<img src=x onerror="alert(1)"><script>alert(2)</script>'
 
 
@@ -56,7 +58,7 @@ def hostile_run(run: Run) -> None:
 def test_model_output_is_escaped_and_secrets_masked(runtime: Runtime) -> None:
     add_secret("sk-secret-123")
     runtime.journal.execute("digest", "w1", hostile_run)
-    client = create_app(runtime).test_client()
+    client = create_app(runtime, LOCAL).test_client()
 
     page = client.get("/runs/w1").get_data(as_text=True)
     listing = client.get("/").get_data(as_text=True)
@@ -74,7 +76,7 @@ def test_an_action_without_the_pages_token_or_from_another_site_is_refused(
     runtime: Runtime,
 ) -> None:
     runtime.journal.execute("digest", "w1", hostile_run)
-    client = create_app(runtime).test_client()
+    client = create_app(runtime, LOCAL).test_client()
     token = re.search(r'name="csrf" value="([^"]+)"', client.get("/runs/w1").get_data(as_text=True))
     assert token is not None
 
@@ -100,7 +102,7 @@ def test_a_console_beyond_loopback_needs_its_token(runtime: Runtime) -> None:
     assert check_binding("127.0.0.1", {}) is None
     secret = "a-long-console-token"
     assert check_binding("0.0.0.0", {"DIGEST_CONSOLE_TOKEN": secret}) == secret
-    client = create_app(runtime, token=secret).test_client()
+    client = create_app(runtime, LOCAL, token=secret).test_client()
 
     assert client.get("/").status_code == 401
     assert client.get("/?token=wrong").status_code == 401
@@ -108,7 +110,7 @@ def test_a_console_beyond_loopback_needs_its_token(runtime: Runtime) -> None:
     assert entered.status_code == 302
     assert client.get("/").status_code == 200  # the cookie it set
     assert (
-        create_app(runtime, token=secret)
+        create_app(runtime, LOCAL, token=secret)
         .test_client()
         .get("/", headers={"Authorization": f"Bearer {secret}"})
         .status_code
@@ -122,10 +124,33 @@ def test_the_console_serves_the_journals_gauges_at_metrics(
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
     runtime.journal.execute("digest", "w1", hostile_run)
 
-    page = create_app(runtime).test_client().get("/metrics").get_data(as_text=True)
+    page = create_app(runtime, LOCAL).test_client().get("/metrics").get_data(as_text=True)
 
     assert 'journal_runs{state="waiting",workflow="digest"} 1.0' in page
     assert 'journal_runs{state="done",workflow="digest"} 0.0' in page
     assert "journal_due_lag_seconds 0.0" in page
     assert 'digest_build_info{python="' in page
     assert "process_cpu_seconds_total" in page
+
+
+def test_a_console_answers_to_its_bound_address_and_its_configured_origin_only() -> None:
+    local = Names.bound("127.0.0.1", 8765)
+    assert local.hosts == {"127.0.0.1:8765", "localhost:8765", "[::1]:8765"}
+    assert "http://[::1]:8765" in local.origins
+    public = Names.bound("0.0.0.0", 8765, "https://Digest.Example.com/")
+    assert public.hosts == {"digest.example.com", "digest.example.com:443"}
+    assert public.origins == {"https://digest.example.com"}
+    assert Names.bound("10.0.0.5", 8080).hosts == {"10.0.0.5:8080"}
+    with pytest.raises(BadInput, match="answers to no name"):
+        Names.bound("0.0.0.0", 8765)
+    with pytest.raises(BadInput, match="not an origin"):
+        Names.bound("127.0.0.1", 8765, "digest.example.com")
+
+
+def test_a_foreign_host_is_refused_before_anything_is_read(runtime: Runtime) -> None:
+    runtime.journal.execute("digest", "w1", hostile_run)
+    client = create_app(runtime, LOCAL).test_client()
+    refused = client.get("/runs/w1", headers={"Host": "rebound.example"})
+    assert refused.status_code == 421
+    assert "csrf" not in refused.get_data(as_text=True)
+    assert client.get("/runs/w1", headers={"Host": "127.0.0.1"}).status_code == 200
