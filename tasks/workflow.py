@@ -167,7 +167,7 @@ def run_digest(
             week,
             lambda item: summarize(runtime, run, item, calls),
             key=lambda item: item.id,
-            concurrency=config.concurrency,
+            concurrency=config.concurrency if runtime.summarizer.remote else 1,
             retry=policy,
         )
     kept = [(item, s["text"]) for item, s in zip(week, summaries, strict=True) if "text" in s]
