@@ -12,6 +12,7 @@ from typing import Any
 
 from journal import control
 from journal.inspect import inspect_run
+from tasks.claims import STUCK, holdings, let_go
 from tasks.errors import BadInput
 from tasks.runtime import Runtime
 from tasks.workflow import digest, draft_digest
@@ -38,11 +39,49 @@ def cancel(runtime: Runtime, run_id: str, reason: str = "") -> Answer:
     """Cancel a digest: at once if nobody runs it, else before its next step."""
     landed = control.cancel(runtime.journal, WORKFLOW, run_id, reason)
     if landed.immediate:
+        # Ended without sending, now: its items go to the next run.
+        let_go(runtime, landed.run)
         return Answer(run_id, f"cancelled {landed.run}; nothing more will run or be sent")
     return Answer(
         run_id,
         f"cancelling {landed.run}: its worker stops before its next step and sends nothing "
         "more; `digest show` says cancelled once it has",
+    )
+
+
+def release(runtime: Runtime, run_id: str) -> Answer:
+    """End a failed digest for good and let go of its items, for the next run to take.
+
+    The run is cancelled first, so no retry can send what it held, then its claims go.
+
+    Raises:
+        BadInput: it holds no items, or it is not failed (a running or waiting run still
+            sends them; a cancel of it ends it and lets them go).
+    """
+    owner = f"{WORKFLOW}:{run_id}"
+    held = holdings(runtime).get(owner, 0)
+    if not held:
+        raise BadInput(
+            f"{owner} holds no items; nothing was released: release a failed run "
+            "`digest runs` shows holding items"
+        )
+    status = runtime.journal.meta(runtime.journal.keys(WORKFLOW, run_id)).get("status")
+    if status not in STUCK:
+        raise BadInput(
+            f"{owner} is {status}, not failed; nothing was released: it may still send its "
+            f"{held} items (`digest cancel {run_id}` ends it and lets them go)"
+        )
+    landed = control.cancel(runtime.journal, WORKFLOW, run_id, "released: its items go on")
+    if not landed.immediate:  # a retry took it meanwhile: it stops at its next step
+        raise BadInput(
+            f"{owner} started again meanwhile; nothing was released: it stops before its next "
+            "step, then its items go to the next run"
+        )
+    count = let_go(runtime, owner)
+    return Answer(
+        run_id,
+        f"released {count} items of {owner}: it is cancelled and will send nothing; "
+        "the next run takes them",
     )
 
 

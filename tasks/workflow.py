@@ -23,6 +23,7 @@ from journal import Effect, Journal, RetryPolicy, Run, SignalResult, codec
 from journal.events import emit
 from journal.workflow import workflow
 from tasks import faults
+from tasks.claims import Held, held_elsewhere, let_go
 from tasks.cost import BudgetExceeded, is_call
 from tasks.errors import EveryItemRefused, ItemRefused, ModelUnavailable
 from tasks.items import Item, load_items
@@ -158,7 +159,7 @@ def run_digest(
     )
     if not week:
         run.step("done", lambda: True)
-        return report("nothing-new", 0, calls)
+        return report("nothing-new", 0, calls, held=held_elsewhere(runtime, owner))
 
     # 2. One model call per item, each its own step: a crash loses at most the calls in flight.
     with giving_up("summarize", policy):
@@ -209,7 +210,8 @@ def run_digest(
     # 5. Remember what this digest covered. A set union: safe to repeat.
     run.step("mark-seen", lambda: mark_seen(runtime, [item.id for item, _ in kept]))
     run.step("done", lambda: release(runtime, owner, [entry["id"] for entry in skipped]))
-    return report("sent", len(kept), calls, skipped=skipped, receipt=receipt)
+    held = held_elsewhere(runtime, owner)
+    return report("sent", len(kept), calls, skipped=skipped, receipt=receipt, held=held)
 
 
 # -- the steps' bodies ------------------------------------------------------------------------
@@ -284,13 +286,7 @@ def run_status(runtime: Runtime, owner: str) -> str | None:
 def release(runtime: Runtime, owner: str, ids: list[str]) -> bool:
     """Let go of ``owner``'s claims on ``ids`` (items it ends without sending): next week's."""
     if ids:
-        claims = runtime.keys.claims
-        holders = runtime.client.hmget(claims, ids)
-        mine = [
-            i for i, holder in zip(ids, holders, strict=True) if holder and text(holder) == owner
-        ]
-        if mine:  # only the owner deletes its claims, and nobody claims a held item meanwhile
-            runtime.client.hdel(claims, *mine)
+        let_go(runtime, owner, ids)
     return True
 
 
@@ -405,8 +401,13 @@ def report(
     receipt: dict[str, Any] | None = None,
     email: Email | None = None,
     reason: str | None = None,
+    held: list[Held] | None = None,
 ) -> dict[str, Any]:
-    """The run's result: JSON, so it survives Celery's result backend and the journal."""
+    """The run's result: JSON, so it survives Celery's result backend and the journal.
+
+    ``held`` names the items other runs hold (a failed run keeps its own): a week that finds
+    nothing new because another run holds it all says so.
+    """
     result: dict[str, Any] = {"status": status, "items": items, "model_calls": calls.count}
     if skipped:
         result["skipped"] = skipped
@@ -416,6 +417,8 @@ def report(
         result["email"] = email_json(email)
     if reason:
         result["reason"] = reason
+    if held:
+        result["held"] = [entry.to_json() for entry in held]
     return result
 
 

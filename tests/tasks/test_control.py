@@ -79,11 +79,16 @@ def test_a_waiting_digest_is_cancelled_at_once_and_stays_cancelled(deployment: D
     offline(deployment)
     digest(deployment, "run", RUN, "--approval")
     held = digest(deployment, "run", "2026-w43")  # the waiting run holds the week's items
-    assert held.stdout.endswith("nothing-new: 0 items, 0 model calls in this attempt\n")
+    assert held.stdout.endswith(
+        "nothing-new: 0 new items, 0 model calls in this attempt; "
+        f"8 are held by digest:{RUN} (waiting)\n"
+    )
+    assert digest(deployment, "runs").stdout.splitlines()[-1].endswith("holds 8 items")
 
     done = digest(deployment, "cancel", RUN)
-    # A cancelled run never sends: the next run takes its items over and sends them.
-    digest(deployment, "run", "2026-w44")
+    assert "holds" not in digest(deployment, "runs").stdout  # let go at the cancel
+    # A cancelled run never sends: the next run takes its items and sends them.
+    assert "sent: 8 items" in digest(deployment, "run", "2026-w44").stdout
 
     assert done.stdout == f"cancelled digest:{RUN}; nothing more will run or be sent\n"
     listed = digest(deployment, "runs", "--status", "cancelled").stdout.splitlines()
