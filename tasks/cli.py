@@ -33,7 +33,14 @@ from tasks.items import load_items
 from tasks.model import OfflineSummarizer
 from tasks.runtime import Runtime, use_runtime
 from tasks.schedule import iso_week_run_id
-from tasks.workflow import DigestOptions, digest, draft_digest, preview, receipt_line
+from tasks.workflow import (
+    DigestOptions,
+    digest,
+    draft_digest,
+    email_state,
+    preview,
+    receipt_line,
+)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BUSY = 0, 1, 2, 3
 
@@ -392,6 +399,7 @@ def _render(view: RunView, held: int = 0) -> str:
         f"starts   {meta.get('starts', '0')} (deliveries {meta.get('deliveries', '0')}, "
         f"fence {meta.get('fence', '0')})"
     )
+    lines.append(f"email    {email_state(view)}")
     if meta.get("last_error"):
         lines.append(f"error    {_printable(meta['last_error'])}")
     if view.wait is not None:

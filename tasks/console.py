@@ -37,6 +37,7 @@ from tasks.claims import holdings
 from tasks.cost import dollars, is_call, usage_of
 from tasks.errors import BadInput, DigestError
 from tasks.runtime import Runtime, prepare_metrics
+from tasks.workflow import email_state
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 TOKEN_COOKIE = "digest_console"
@@ -244,6 +245,7 @@ def create_app(runtime: Runtime, *, token: str | None = None) -> Flask:
             draft=_masked(draft.result) if waiting_approval and draft else None,
             error=redact(view.meta.get("last_error", "")),
             held=holdings(runtime).get(view.run, 0),
+            email=email_state(view),
         )
         return _refreshing(page, view.state in LIVE)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from journal import control
+from journal.errors import ControlRefused, EffectUnderway
 from journal.inspect import inspect_run
 from tasks.claims import STUCK, holdings, let_go
 from tasks.errors import BadInput
@@ -36,8 +37,23 @@ def enqueue(run_id: str, kwargs: dict[str, Any] | None = None) -> str:
 
 
 def cancel(runtime: Runtime, run_id: str, reason: str = "") -> Answer:
-    """Cancel a digest: at once if nobody runs it, else before its next step."""
-    landed = control.cancel(runtime.journal, WORKFLOW, run_id, reason)
+    """Cancel a digest: at once if nobody runs it, else before its next step.
+
+    Refused once its send is claimed: the email may be out, and the run must mark its items
+    seen, or the next week would email them again.
+
+    Raises:
+        ControlRefused: the run does not exist, has ended, or its email is under way.
+    """
+    try:
+        landed = control.cancel(runtime.journal, WORKFLOW, run_id, reason)
+    except EffectUnderway as underway:
+        if underway.effect != "send":
+            raise
+        said = "is being sent" if underway.state == "claimed" else "was sent"
+        raise ControlRefused(
+            underway.run, f"its email {said}; it will finish; nothing was cancelled"
+        ) from None
     if landed.immediate:
         # Ended without sending, now: its items go to the next run.
         let_go(runtime, landed.run)

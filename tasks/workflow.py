@@ -21,6 +21,7 @@ import redis
 
 from journal import Effect, Journal, RetryPolicy, Run, SignalResult, codec
 from journal.events import emit
+from journal.inspect import RunView
 from journal.workflow import workflow
 from tasks import faults
 from tasks.claims import Held, held_elsewhere, let_go
@@ -250,10 +251,16 @@ def take_over_from_cancelled(
 
     A cancelled run ends without sending and never runs again, but it is stopped from outside,
     between two of its steps, so it cannot let go of its claims itself. The claims are moved
-    under ``WATCH``: of two runs taking one item over at once, one wins.
+    under ``WATCH``: of two runs taking one item over at once, one wins. A run whose send was
+    claimed is never taken from, cancelled or not: its email may be out (a cancel is refused
+    then; this is the second lock on the same door).
     """
     others = {text(holder) for holder in holders if holder is not None and text(holder) != owner}
-    cancelled = {other for other in others if run_status(runtime, other) == "cancelled"}
+    cancelled = {
+        other
+        for other in others
+        if run_status(runtime, other) == "cancelled" and not send_claimed(runtime, other)
+    }
     if not cancelled:
         return holders
     claims = runtime.keys.claims
@@ -275,6 +282,13 @@ def take_over_from_cancelled(
                 return list(pipe.execute()[-1])
             except redis.WatchError:
                 continue
+
+
+def send_claimed(runtime: Runtime, owner: str) -> bool:
+    """Whether the run named ``workflow:run`` claimed its send (it may have emailed)."""
+    workflow, _, run_id = owner.partition(":")
+    claim = runtime.client.hget(runtime.journal.keys(workflow, run_id).effects, "send")
+    return claim is not None and not text(claim).endswith(":released")
 
 
 def run_status(runtime: Runtime, owner: str) -> str | None:
@@ -430,6 +444,19 @@ def receipt_line(result: dict[str, Any]) -> str:
     receipt = Receipt.from_json(raw)
     state = "sent" if receipt.sent else "already sent earlier, not resent"
     return f", email {state} ({receipt.id})"
+
+
+def email_state(view: RunView) -> str:
+    """Whether a run's email went out, as ``digest show`` and the console say it."""
+    send = view.step("send")
+    if send is not None:
+        return f"sent ({Receipt.from_json(send.result).id})"
+    state = view.effects.get("send")
+    if state == "claimed":
+        return "being sent (the run finishes it)"
+    if state == "done":
+        return "sent (the run finishes its bookkeeping)"
+    return "not sent"
 
 
 def _refusal(decision: SignalResult, digest: str) -> str | None:
