@@ -85,7 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     fork = sub.add_parser("fork", help="a new run with this one's steps before STEP; runs the rest")
     fork.add_argument("run_id")
     fork.add_argument("--from", dest="step", required=True, metavar="STEP")
-    fork.add_argument("--as", dest="new_run_id", metavar="NEW", help="default: RUN-forkN")
+    fork.add_argument(
+        "--as", dest="new_run_id", metavar="NEW", help="RUN-fork-NAME (default: RUN-forkN)"
+    )
 
     approve = sub.add_parser("approve", help="approve a digest waiting for approval")
     approve.add_argument("run_id")

@@ -7,6 +7,7 @@ at once; the Celery app is imported then, not before, so the other commands stay
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,7 @@ from journal.inspect import inspect_run
 from tasks.claims import STUCK, holdings, let_go
 from tasks.errors import BadInput
 from tasks.runtime import Runtime
+from tasks.schedule import is_week_id
 from tasks.workflow import digest, draft_digest
 
 WORKFLOW = digest.name
@@ -110,7 +112,19 @@ def retry(runtime: Runtime, run_id: str) -> Answer:
 
 
 def fork(runtime: Runtime, run_id: str, step: str, new_run_id: str | None = None) -> Answer:
-    """Start a new digest from ``run_id``'s journal up to ``step``; it sends under its own key."""
+    """Start a new digest from ``run_id``'s journal up to ``step``; it sends under its own key.
+
+    Raises:
+        BadInput: ``new_run_id`` is a week's id, which the schedule owns (a fork under it
+            would make the real week answer already-done and never send its items), or is
+            not of the fork form ``RUN-fork-NAME``; nothing is written.
+    """
+    if new_run_id is not None and not fork_id(run_id, new_run_id):
+        what = "is a week the schedule runs" if is_week_id(new_run_id) else "is not a fork's id"
+        raise BadInput(
+            f"{new_run_id} {what}; nothing was forked: a fork takes an id of its own, "
+            f"--as {run_id}-fork-NAME, or leave --as out for {run_id}-forkN"
+        )
     keys = control.fork(runtime.journal, WORKFLOW, run_id, step, new_run_id)
     task = enqueue(keys.run_id, runtime.journal.run_args(keys))
     return Answer(
@@ -118,6 +132,15 @@ def fork(runtime: Runtime, run_id: str, step: str, new_run_id: str | None = None
         f"forked {WORKFLOW}:{run_id} at {step} as {keys.run} (task {task}); it keeps the steps "
         f"before {step} and runs the rest, its email keyed digest-{keys.run_id}",
     )
+
+
+def fork_id(run_id: str, new_run_id: str) -> bool:
+    """Whether ``new_run_id`` is of the fork form: ``RUN-forkN`` or ``RUN-fork-NAME``.
+
+    Derived from the forked run's id, it can never be a week's id the schedule will reach.
+    """
+    rest = new_run_id.removeprefix(f"{run_id}-fork")
+    return rest != new_run_id and bool(re.fullmatch(r"\d+|-[A-Za-z0-9._-]+", rest))
 
 
 def decide(runtime: Runtime, run_id: str, decision: dict[str, Any]) -> Answer:
