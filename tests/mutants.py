@@ -246,6 +246,12 @@ MUTANTS = (
     ),
     lua(
         "cancel",
+        "a run whose effect is claimed is cancelled anyway",
+        "if state and state ~= 'released' then",
+        "if false then",
+    ),
+    lua(
+        "cancel",
         "a held run is cancelled under its holder",
         "if redis.call('EXISTS', KEYS[1]) == 1 then",
         "if false then",
