@@ -164,6 +164,7 @@ class Cancelling(IntEnum):
     ENDED = 1
     AT_NEXT_STEP = 2
     CANCELLED = 3
+    EFFECT_CLAIMED = 4
 
 
 class EffectClaimed(IntEnum):
@@ -262,6 +263,7 @@ class Snapshot:
     holder: bytes | None
     lease_ttl_ms: int
     signals: dict[bytes, bytes]
+    effects: dict[bytes, bytes]
 
 
 class RedisBackend:
@@ -489,20 +491,25 @@ class RedisBackend:
         )
         return code("close", reply, Closed)
 
-    def cancel(self, keys: RunKeys, now_ms: int, reason: str) -> tuple[Cancelling, str]:
-        """Cancel now if nobody holds the run, else ask its holder; the ended status, if so.
+    def cancel(self, keys: RunKeys, now_ms: int, reason: str) -> tuple[Cancelling, tuple[str, ...]]:
+        """Cancel now if nobody holds the run, else ask its holder.
 
-        A run cancelled now leaves the due index (a sweep must not wake it) and is re-scored
-        in the runs index.
+        Returns the status and what it names: the ended status, or the claimed effect and its
+        state. A run cancelled now leaves the due index (a sweep must not wake it) and is
+        re-scored in the runs index.
         """
-        reply = self.scripts.cancel(keys=[keys.lease, keys.meta], args=[now_ms, reason])
+        reply = self.scripts.cancel(
+            keys=[keys.lease, keys.meta, keys.effects], args=[now_ms, reason]
+        )
         status = code("cancel", reply, Cancelling)
         if status is Cancelling.CANCELLED:
             pipe = self.client.pipeline(transaction=False)
             pipe.zrem(keys.index.due, keys.run)
             pipe.zadd(keys.index.runs, {keys.run: now_ms})
             pipe.execute()
-        return status, _text(reply[1]) if status is Cancelling.ENDED else ""
+        if status in (Cancelling.ENDED, Cancelling.EFFECT_CLAIMED):
+            return status, tuple(_text(part) for part in reply[1:])
+        return status, ()
 
     def un_park(self, keys: RunKeys) -> bool:
         """Clear a parked run's mark and stall count, if it is parked (WATCH, then MULTI)."""
@@ -613,15 +620,16 @@ class RedisBackend:
         return cast(dict[bytes, bytes], self.client.hgetall(keys.meta))
 
     def snapshot(self, keys: RunKeys) -> Snapshot:
-        """One consistent read of a run: meta, steps, lease and signals in one MULTI."""
+        """One consistent read of a run: meta, steps, lease, signals, effects in one MULTI."""
         pipe = self.client.pipeline(transaction=True)
         pipe.hgetall(keys.meta)
         pipe.hgetall(keys.steps)
         pipe.get(keys.lease)
         pipe.pttl(keys.lease)
         pipe.hgetall(keys.signals)
-        meta, steps, holder, ttl, signals = pipe.execute()
-        return Snapshot(meta, steps, holder, int(ttl), signals)
+        pipe.hgetall(keys.effects)
+        meta, steps, holder, ttl, signals, effects = pipe.execute()
+        return Snapshot(meta, steps, holder, int(ttl), signals, effects)
 
     def journal(self, keys: RunKeys) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
         """The run's meta and steps hashes, read together in one MULTI."""

@@ -14,7 +14,7 @@ from typing import Any
 from journal.backend import Cancelling
 from journal.cancel import CANCEL_FIELD
 from journal.clock import millis
-from journal.errors import ControlRefused
+from journal.errors import ControlRefused, EffectUnderway
 from journal.keys import RunKeys
 from journal.records import decode_fields
 from journal.status import RunStatus
@@ -42,16 +42,22 @@ class Cancellation:
 def cancel(journal: Journal, workflow: str, run_id: str, reason: str = "") -> Cancellation:
     """Cancel a run: at once when nobody holds it (waiting, failed), else at its next step.
 
+    Refused once an effect of the run is claimed: it may have happened, and what follows it
+    (the digest's mark-seen) must run, or the run's work would be done again by another.
+
     Raises:
         ControlRefused: the run does not exist or has already ended.
+        EffectUnderway: an effect of the run is claimed or done; nothing was written.
     """
     keys = journal.keys(workflow, run_id)
     now = millis(journal.clock.now())
-    status, ended = journal.call(journal.backend.cancel, keys, now, reason or "cancelled")
+    status, named = journal.call(journal.backend.cancel, keys, now, reason or "cancelled")
     if status is Cancelling.NO_SUCH_RUN:
         raise ControlRefused(keys.run, "no such run")
     if status is Cancelling.ENDED:
-        raise ControlRefused(keys.run, f"it is {ended} already; there is nothing to cancel")
+        raise ControlRefused(keys.run, f"it is {named[0]} already; there is nothing to cancel")
+    if status is Cancelling.EFFECT_CLAIMED:
+        raise EffectUnderway(keys.run, effect=named[0], state=named[1])
     return Cancellation(keys.run, immediate=status is Cancelling.CANCELLED)
 
 

@@ -13,6 +13,7 @@
     ├── RetryScheduled        the run failed for a transient cause; the due sweep retries it
     ├── GaveUp                transient failures outlasted the retry deadline: failed for good
     ├── ControlRefused        an operator's cancel, retry or fork does not apply to that run
+    │   └── EffectUnderway    a cancel refused: an effect of the run is claimed or done
     ├── StoreUnavailable      Redis could not be reached
     ├── StoreUnsupported      the server lacks what a setting needs (WAITAOF for fsync_records)
     ├── StoreEvicts           the server deletes keys when its memory fills (maxmemory-policy)
@@ -239,6 +240,22 @@ class ControlRefused(JournalError):
 
     def __str__(self) -> str:
         return f"run {self.run}: {self.detail}"
+
+
+class EffectUnderway(ControlRefused):
+    """A cancel refused: an effect of the run is claimed (under way) or done.
+
+    Attributes:
+        effect: the effect's step key (``send``).
+        state: ``claimed`` (it may be happening now) or ``done`` (it happened).
+    """
+
+    def __init__(self, run: str, effect: str, state: str) -> None:
+        happening = "is under way" if state == "claimed" else "has happened"
+        super().__init__(run, f"its effect {effect!r} {happening}; it will finish")
+        self.args = (run, effect, state)  # picklable: rebuilt from these
+        self.effect = effect
+        self.state = state
 
 
 class _StoreError(JournalError):

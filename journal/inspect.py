@@ -55,6 +55,7 @@ class RunView:
         lease_ttl_ms: the holder's remaining time, if any.
         wait: what a waiting run waits for.
         signals: signals delivered to the run, by name.
+        effects: each claimed effect's state (``claimed``, ``done``, ``released``), by name.
     """
 
     run: str
@@ -64,6 +65,7 @@ class RunView:
     lease_ttl_ms: int | None
     wait: Wait | None
     signals: dict[str, Any]
+    effects: dict[str, str]
 
     @property
     def status(self) -> str:
@@ -98,7 +100,18 @@ def inspect_run(journal: Journal, workflow: str, run_id: str) -> RunView:
             name: codec.loads_field(keys.run, f"signals.{name}", value)
             for name, value in ((k.decode(errors="replace"), v) for k, v in seen.signals.items())
         },
+        effects=_effect_states(seen.effects),
     )
+
+
+def _effect_states(raw: dict[bytes, bytes]) -> dict[str, str]:
+    """``effect -> state`` from the effects hash (``<fence>:<deadline>:<state>``)."""
+    states = {}
+    for field, value in raw.items():
+        parts = value.decode(errors="replace").split(":")
+        if len(parts) == 3 and parts[0].isdigit():  # not a claimant's process or receipt
+            states[field.decode(errors="replace")] = parts[2]
+    return states
 
 
 @dataclass(frozen=True)

@@ -107,8 +107,14 @@ class ReplayCursor:
         """``key`` was recorded by this attempt (lock held)."""
         self._known[key] = record
 
-    def next_seq(self) -> int:
-        """The next sequence number; found once, at the first record of this attempt."""
+    def next_seq(self, count: int = 1) -> int:
+        """The next sequence number, or the first of ``count`` in a row handed out at once.
+
+        A map takes one per item it runs, in item order, before any is recorded: its items
+        are recorded as they answer, and their numbers still follow the items, so a listing by
+        number and a fork's cut read a map in item order. Found once, at the first record of
+        this attempt.
+        """
         with self.lock:
             if self._next_seq is None:
                 # Nothing of this attempt is recorded yet: the earlier attempts hold the highest.
@@ -118,7 +124,7 @@ class ReplayCursor:
                 )
                 self._next_seq = max(seqs, default=0) + 1
             seq = self._next_seq
-            self._next_seq += 1
+            self._next_seq += count
             return seq
 
     def _pending_outside_groups(self) -> list[tuple[int, str]]:

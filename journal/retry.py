@@ -19,6 +19,7 @@ from typing import TypeVar
 
 from journal.clock import Clock
 from journal.events import emit
+from journal.limits import stopped_by_time_limit
 from journal.waits import Suspend, Wait
 
 T = TypeVar("T")
@@ -108,8 +109,11 @@ class RunRetry:
             raise ValueError(f"give_up_after={self.give_up_after:g} must not be negative")
 
     def retries(self, error: BaseException) -> bool:
-        """Whether a run that failed with ``error`` is to be started again."""
-        return self.give_up_after > 0 and self.retryable(error)
+        """Whether a run that failed with ``error`` is to be started again.
+
+        A delivery the queue's time limit stopped always is: the run is not at fault.
+        """
+        return self.give_up_after > 0 and (self.retryable(error) or stopped_by_time_limit(error))
 
     def delay(self, failures: int, rng: random.Random | None = None) -> float:
         """Seconds from failure number ``failures`` (1-based) of a streak to the next retry.

@@ -52,37 +52,31 @@ class _NotStarted(Exception):
 
 
 class _ItemOrder:
-    """Turns for a map's items: each is recorded and reported once every item before it is done.
+    """A map's reports in item order, whatever order its items are recorded in.
 
-    An item is done once it is recorded and reported, replayed, or given up (it failed or never
-    started), so a failure never holds back the items after it. A map abandoned because the
-    process is stopping lets everyone through.
+    Each item is recorded the moment its call answers: the journal is keyed, so the order of
+    the records means nothing to a replay, and a finished answer never waits in memory behind
+    a slow one. Only its report (``on_step``, and the crash points a workflow hangs on it)
+    waits until every item before it is reported, replayed or given up (it failed or never
+    started), so the transcript reads in item order at any concurrency and a failure never
+    holds back the reports after it. Whichever thread completes the prefix makes the reports
+    now due, one at a time.
     """
 
-    def __init__(self, size: int) -> None:
-        self._done = [False] * size
-        self._next = 0  # every item before it is done
-        self._changed = threading.Condition()
-        self._abandoned = False
+    def __init__(self) -> None:
+        self._ready: dict[int, Callable[[], object] | None] = {}
+        self._next = 0  # every item before it is reported
+        self._turn = threading.Lock()
 
-    def wait_turn(self, index: int) -> None:
-        """Block until every item before ``index`` is done (or the map is abandoned)."""
-        with self._changed:
-            self._changed.wait_for(lambda: self._next >= index or self._abandoned)
-
-    def done(self, index: int) -> None:
-        """Mark ``index`` done and pass the turn on."""
-        with self._changed:
-            self._done[index] = True
-            while self._next < len(self._done) and self._done[self._next]:
+    def done(self, index: int, report: Callable[[], object] | None) -> None:
+        """``index`` is settled; make its report, and every later one it held back, if due."""
+        with self._turn:
+            self._ready[index] = report
+            while self._next in self._ready:
+                due = self._ready.pop(self._next)
                 self._next += 1
-            self._changed.notify_all()
-
-    def abandon(self) -> None:
-        """Stop ordering: the map is being left behind."""
-        with self._changed:
-            self._abandoned = True
-            self._changed.notify_all()
+                if due is not None:
+                    due()
 
 
 class Run:
@@ -206,16 +200,15 @@ class Run:
         concurrency: int = 3,
         retry: RetryPolicy | None = None,
     ) -> list[T]:
-        """One step per item, ``concurrency`` at a time, recorded and reported in item order.
+        """One step per item, ``concurrency`` at a time, each recorded as soon as it answers.
 
-        Whatever order the calls finish in, item N is recorded (and its step reported) once
-        items 1 to N-1 are: a resumed map holds a prefix of the items, so a crash after item N
-        always resumes at item N+1, and the transcript and crash points are the same at any
-        concurrency. A finished item waits for its turn in its own slot, so a crash still loses
-        at most ``concurrency`` results, in flight or waiting. The group counts as one position
-        for drift detection. When one item fails, items already running finish and are recorded
-        (their cost is not thrown away), items not started are cancelled, and the first error is
-        raised.
+        Whatever order the calls finish in, each result is recorded the moment its call
+        returns, so a crash loses only the calls in flight, never an answer already paid for;
+        the steps are reported (and numbered) in item order, so the transcript and a crash
+        point after item N are the same at any concurrency, though a crash after item N may
+        find later items recorded too. The group counts as one position for drift detection.
+        When one item fails, items already running finish and are recorded (their cost is not
+        thrown away), items not started are cancelled, and the first error is raised.
         """
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -229,21 +222,28 @@ class Run:
                 self._cursor.check_drift(keys[0])
             todo = [index for index, record in enumerate(recorded) if record is None]
             self._cursor.open_group(prefix)
-        order = _ItemOrder(len(keys))
+        first_seq = self._cursor.next_seq(len(todo)) if todo else 0
+        seqs = {index: first_seq + offset for offset, index in enumerate(todo)}
+        order = _ItemOrder()
         stop = threading.Event()
 
         def one(index: int) -> T:
+            settled: list[StepEvent] = []
             try:
-                if stop.is_set():
-                    raise _NotStarted()
-                call = functools.partial(fn, items[index])
-                turn = functools.partial(order.wait_turn, index)
-                return self._execute(keys[index], call, retry, "step", prefix, turn)
+                try:
+                    if stop.is_set():
+                        raise _NotStarted()
+                    call = functools.partial(fn, items[index])
+                    return self._execute(
+                        keys[index], call, retry, "step", prefix, seqs[index], settled.append
+                    )
+                finally:
+                    order.done(
+                        index, functools.partial(self._report, settled[0]) if settled else None
+                    )
             except BaseException:
                 stop.set()  # items not yet started stay unstarted
                 raise
-            finally:
-                order.done(index)
 
         pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=prefix)
         # Each call in its own copy of this context: its log lines name the run's delivery.
@@ -253,16 +253,14 @@ class Run:
         try:
             for index, record in enumerate(recorded):
                 if record is not None:
-                    order.wait_turn(index)
-                    results[index] = self._replay(keys[index], record)
-                    order.done(index)
+                    results[index] = record["result"]
+                    order.done(index, functools.partial(self._replay, keys[index], record))
             wait(futures)
         except BaseException:
             # The process is stopping (a pool child's SIGTERM raises SystemExit here): leave
             # the calls in flight behind rather than wait out their timeouts. Whatever they
             # still record is fenced; the next holder replays it or makes the call again.
             stop.set()
-            order.abandon()
             pool.shutdown(wait=False, cancel_futures=True)
             raise
         finally:
@@ -388,26 +386,34 @@ class Run:
         retry: RetryPolicy | None,
         kind: str,
         group: str | None,
-        turn: Callable[[], None] | None = None,
+        seq: int | None = None,
+        report: Callable[[StepEvent], object] | None = None,
     ) -> T:
         self.check_lease()
         started = millis(self.clock.now())
         attempt, result = retry_loop(
             key, fn, retry, self._retry_state, self.clock, self.check_lease
         )
-        if turn is not None:
-            turn()  # a map item waits until the items before it are recorded
-        return self._record(key, result, attempt, started, kind, group)  # type: ignore[no-any-return]
+        return self._record(key, result, attempt, started, kind, group, seq, report)  # type: ignore[no-any-return]
 
     def _record(
-        self, key: str, result: Any, attempt: int, started: int, kind: str, group: str | None
+        self,
+        key: str,
+        result: Any,
+        attempt: int,
+        started: int,
+        kind: str,
+        group: str | None,
+        seq: int | None = None,
+        report: Callable[[StepEvent], object] | None = None,
     ) -> Any:
+        """Record ``key`` (numbered ``seq``, or next), then report it, or hand ``report`` it."""
         finished = millis(self.clock.now())
         encoded = records.encode(
             self.keys.run,
             key,
             result,
-            seq=self._cursor.next_seq(),
+            seq=self._cursor.next_seq() if seq is None else seq,
             attempt=attempt,
             fence=self.fence,
             started_at=started,
@@ -437,8 +443,10 @@ class Run:
         else:
             seconds = (finished - started) / 1000
             emit("step_ran", step_name(key), seconds, workflow=self.keys.workflow)
-        if self._on_step is not None:
-            self._on_step(
-                StepEvent(key, status is Recorded.ALREADY, kind, record.get("attempt", 1))
-            )
+        event = StepEvent(key, status is Recorded.ALREADY, kind, record.get("attempt", 1))
+        (report or self._report)(event)
         return record["result"]
+
+    def _report(self, event: StepEvent) -> None:
+        if self._on_step is not None:
+            self._on_step(event)

@@ -32,6 +32,7 @@ from journal.inspect import STATES, RunView, inspect_run, list_runs
 from journal.keys import validate_run_id
 from journal.redact import redact, redact_logging
 from tasks import control
+from tasks.claims import STUCK, Held, holdings
 from tasks.config import Config
 from tasks.cost import dollars, is_call, usage_of
 from tasks.errors import BadInput, DigestError
@@ -39,7 +40,14 @@ from tasks.items import load_items
 from tasks.model import OfflineSummarizer
 from tasks.runtime import Runtime, use_runtime
 from tasks.schedule import iso_week_run_id
-from tasks.workflow import DigestOptions, digest, draft_digest, preview, receipt_line
+from tasks.workflow import (
+    DigestOptions,
+    digest,
+    draft_digest,
+    email_state,
+    preview,
+    receipt_line,
+)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BUSY = 0, 1, 2, 3
 
@@ -76,6 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     cancel.add_argument("--reason", default="", help="kept in the run's meta")
     retry = sub.add_parser("retry", help="hand a failed (or parked) run to the workers now")
     retry.add_argument("run_id")
+    release = sub.add_parser("release", help="end a failed run; its items go to the next run")
+    release.add_argument("run_id")
     console = sub.add_parser("console", help="the web console: runs, steps, actions")
     console.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine)")
     console.add_argument("--port", type=int, default=8765)
@@ -87,7 +97,9 @@ def _parser() -> argparse.ArgumentParser:
     fork = sub.add_parser("fork", help="a new run with this one's steps before STEP; runs the rest")
     fork.add_argument("run_id")
     fork.add_argument("--from", dest="step", required=True, metavar="STEP")
-    fork.add_argument("--as", dest="new_run_id", metavar="NEW", help="default: RUN-forkN")
+    fork.add_argument(
+        "--as", dest="new_run_id", metavar="NEW", help="RUN-fork-NAME (default: RUN-forkN)"
+    )
 
     approve = sub.add_parser("approve", help="approve a digest waiting for approval")
     approve.add_argument("run_id")
@@ -192,10 +204,13 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
         email = result["email"]
         text = f"\nTo: {email['to']}\nSubject: {email['subject']}\n\n{email['body']}\n"
         print(_printable(text, newlines=True))
-    print(
-        f"{result['status']}: {result['items']} items, {result['model_calls']} model calls "
+    held = [Held(**entry) for entry in result.get("held", [])]
+    items = f"{result['items']} new items" if held else f"{result['items']} items"
+    line = (
+        f"{result['status']}: {items}, {result['model_calls']} model calls "
         f"in this attempt{receipt_line(result)}"
     )
+    print(_printable("; ".join([line, *(entry.line() for entry in held)])))
     return EXIT_OK
 
 
@@ -212,32 +227,46 @@ def cmd_show(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Print what the journal knows about a run."""
     runtime = Runtime.build(config, allow_offline=True)
     view = inspect_run(runtime.journal, digest.name, run_id)
+    held = holdings(runtime).get(view.run, 0)
     # Masked again here: a journal written before masking, or by other code, may hold a secret.
     if args.json:
-        print(redact(json.dumps(_view_json(view), indent=2, sort_keys=True)))
+        print(redact(json.dumps({**_view_json(view), "holds": held}, indent=2, sort_keys=True)))
     else:
-        print(_printable(redact(_render(view)), newlines=True))
+        print(_printable(redact(_render(view, held)), newlines=True))
     return EXIT_OK
 
 
 def cmd_runs(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """List recent runs with their state, newest first."""
     runtime = Runtime.build(config, allow_offline=True)
+    held = holdings(runtime)
     for row in list_runs(runtime.journal, state=args.status, steps=True):
         usage = usage_of(record.result for record in row.steps)
         line = (
             f"{row.run:32} {row.state:10} updated {_when(row.updated_ms / 1000)}  "
             f"{usage.calls} calls {dollars(usage.cost_usd)}"
         )
-        fate = _fate(row.meta)
-        print(_printable(f"{line}  {fate}" if fate else line))
+        flags = [_fate(row.meta), _holds(held.get(row.run, 0))]
+        print(_printable("  ".join([line, *(flag for flag in flags if flag)])))
     return EXIT_OK
+
+
+def _holds(count: int) -> str:
+    """A run's claims, flagged in `digest runs`: items no other run will send meanwhile."""
+    return f"holds {count} items" if count else ""
 
 
 def cmd_cancel(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Cancel a run: a held one stops before its next step, any other at once."""
     runtime = Runtime.build(config, allow_offline=True)
     print(control.cancel(runtime, run_id, args.reason).line)
+    return EXIT_OK
+
+
+def cmd_release(config: Config, run_id: str, args: argparse.Namespace) -> int:
+    """End a failed run for good and hand the items it holds to the next run."""
+    runtime = Runtime.build(config, allow_offline=True)
+    print(control.release(runtime, run_id).line)
     return EXIT_OK
 
 
@@ -321,6 +350,7 @@ COMMANDS = {
     "reject": cmd_reject,
     "cancel": cmd_cancel,
     "retry": cmd_retry,
+    "release": cmd_release,
     "fork": cmd_fork,
 }
 
@@ -389,10 +419,13 @@ def _when_ms(meta: dict[str, str], name: str) -> str:
     return _when(int(raw) / 1000) if raw.isdigit() else f"unknown ({name}={raw!r})"
 
 
-def _render(view: RunView) -> str:
+def _render(view: RunView, held: int = 0) -> str:
     meta = view.meta
     fate = _fate(meta)  # the next retry, or that it gave up
     lines = [f"run      {view.run}", f"status   {view.status} {fate}".rstrip()]
+    if held:
+        ways = ": digest retry sends them, digest release hands them on"
+        lines.append(f"holds    {held} items{ways if view.status in STUCK else ''}")
     if meta.get("cancel"):
         lines.append(
             f"cancel   {meta['cancel']} (asked {_when(int(meta['cancel_requested_at']) / 1000)})"
@@ -410,6 +443,7 @@ def _render(view: RunView) -> str:
         f"starts   {meta.get('starts', '0')} (deliveries {meta.get('deliveries', '0')}, "
         f"fence {meta.get('fence', '0')})"
     )
+    lines.append(f"email    {email_state(view)}")
     if meta.get("last_error"):
         lines.append(f"error    {_printable(meta['last_error'])}")
     if view.wait is not None:

@@ -39,9 +39,11 @@ from journal.keys import validate_run_id
 from journal.records import Record
 from journal.redact import redact
 from tasks import control
+from tasks.claims import holdings
 from tasks.cost import dollars, is_call, usage_of
 from tasks.errors import BadInput, DigestError
 from tasks.runtime import Runtime, prepare_metrics
+from tasks.workflow import email_state
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 WILDCARDS = ("0.0.0.0", "::", "")
@@ -140,8 +142,8 @@ def timeline(view: RunView) -> list[StepLine]:
     ]
 
 
-def row_summary(row: RunRow) -> dict[str, Any]:
-    """What the runs page shows of one run."""
+def row_summary(row: RunRow, held: int = 0) -> dict[str, Any]:
+    """What the runs page shows of one run; ``held``: the items it claims now."""
     usage = usage_of(r.result for r in row.steps)
     wait = json.loads(row.meta["wait"]) if row.meta.get("wait") else None
     created = int(row.meta.get("created_at", "0") or 0)
@@ -156,6 +158,7 @@ def row_summary(row: RunRow) -> dict[str, Any]:
         "calls": usage.calls,
         "tokens": usage.tokens,
         "cost": dollars(usage.cost_usd),
+        "held": held,
     }
 
 
@@ -266,7 +269,11 @@ def create_app(runtime: Runtime, names: Names, *, token: str | None = None) -> F
         wanted = request.args.get("status") or None
         if wanted is not None and wanted not in STATES:
             abort(400)
-        rows = [row_summary(row) for row in list_runs(journal, state=wanted, steps=True)]
+        held = holdings(runtime)
+        rows = [
+            row_summary(row, held.get(row.run, 0))
+            for row in list_runs(journal, state=wanted, steps=True)
+        ]
         live = any(row["state"] in LIVE for row in rows)
         page = render_template("runs.html", rows=rows, wanted=wanted)
         return _refreshing(page, live)
@@ -307,6 +314,8 @@ def create_app(runtime: Runtime, names: Names, *, token: str | None = None) -> F
             cost=dollars(usage.cost_usd),
             draft=_masked(draft.result) if waiting_approval and draft else None,
             error=redact(view.meta.get("last_error", "")),
+            held=holdings(runtime).get(view.run, 0),
+            email=email_state(view),
         )
         return _refreshing(page, view.state in LIVE)
 

@@ -7,13 +7,17 @@ at once; the Celery app is imported then, not before, so the other commands stay
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from journal import control
+from journal.errors import ControlRefused, EffectUnderway
 from journal.inspect import inspect_run
+from tasks.claims import STUCK, holdings, let_go
 from tasks.errors import BadInput
 from tasks.runtime import Runtime
+from tasks.schedule import is_week_id
 from tasks.workflow import digest, draft_digest
 
 WORKFLOW = digest.name
@@ -35,14 +39,67 @@ def enqueue(run_id: str, kwargs: dict[str, Any] | None = None) -> str:
 
 
 def cancel(runtime: Runtime, run_id: str, reason: str = "") -> Answer:
-    """Cancel a digest: at once if nobody runs it, else before its next step."""
-    landed = control.cancel(runtime.journal, WORKFLOW, run_id, reason)
+    """Cancel a digest: at once if nobody runs it, else before its next step.
+
+    Refused once its send is claimed: the email may be out, and the run must mark its items
+    seen, or the next week would email them again.
+
+    Raises:
+        ControlRefused: the run does not exist, has ended, or its email is under way.
+    """
+    try:
+        landed = control.cancel(runtime.journal, WORKFLOW, run_id, reason)
+    except EffectUnderway as underway:
+        if underway.effect != "send":
+            raise
+        said = "is being sent" if underway.state == "claimed" else "was sent"
+        raise ControlRefused(
+            underway.run, f"its email {said}; it will finish; nothing was cancelled"
+        ) from None
     if landed.immediate:
+        # Ended without sending, now: its items go to the next run.
+        let_go(runtime, landed.run)
         return Answer(run_id, f"cancelled {landed.run}; nothing more will run or be sent")
     return Answer(
         run_id,
         f"cancelling {landed.run}: its worker stops before its next step and sends nothing "
         "more; `digest show` says cancelled once it has",
+    )
+
+
+def release(runtime: Runtime, run_id: str) -> Answer:
+    """End a failed digest for good and let go of its items, for the next run to take.
+
+    The run is cancelled first, so no retry can send what it held, then its claims go.
+
+    Raises:
+        BadInput: it holds no items, or it is not failed (a running or waiting run still
+            sends them; a cancel of it ends it and lets them go).
+    """
+    owner = f"{WORKFLOW}:{run_id}"
+    held = holdings(runtime).get(owner, 0)
+    if not held:
+        raise BadInput(
+            f"{owner} holds no items; nothing was released: release a failed run "
+            "`digest runs` shows holding items"
+        )
+    status = runtime.journal.meta(runtime.journal.keys(WORKFLOW, run_id)).get("status")
+    if status not in STUCK:
+        raise BadInput(
+            f"{owner} is {status}, not failed; nothing was released: it may still send its "
+            f"{held} items (`digest cancel {run_id}` ends it and lets them go)"
+        )
+    landed = control.cancel(runtime.journal, WORKFLOW, run_id, "released: its items go on")
+    if not landed.immediate:  # a retry took it meanwhile: it stops at its next step
+        raise BadInput(
+            f"{owner} started again meanwhile; nothing was released: it stops before its next "
+            "step, then its items go to the next run"
+        )
+    count = let_go(runtime, owner)
+    return Answer(
+        run_id,
+        f"released {count} items of {owner}: it is cancelled and will send nothing; "
+        "the next run takes them",
     )
 
 
@@ -55,7 +112,19 @@ def retry(runtime: Runtime, run_id: str) -> Answer:
 
 
 def fork(runtime: Runtime, run_id: str, step: str, new_run_id: str | None = None) -> Answer:
-    """Start a new digest from ``run_id``'s journal up to ``step``; it sends under its own key."""
+    """Start a new digest from ``run_id``'s journal up to ``step``; it sends under its own key.
+
+    Raises:
+        BadInput: ``new_run_id`` is a week's id, which the schedule owns (a fork under it
+            would make the real week answer already-done and never send its items), or is
+            not of the fork form ``RUN-fork-NAME``; nothing is written.
+    """
+    if new_run_id is not None and not fork_id(run_id, new_run_id):
+        what = "is a week the schedule runs" if is_week_id(new_run_id) else "is not a fork's id"
+        raise BadInput(
+            f"{new_run_id} {what}; nothing was forked: a fork takes an id of its own, "
+            f"--as {run_id}-fork-NAME, or leave --as out for {run_id}-forkN"
+        )
     keys = control.fork(runtime.journal, WORKFLOW, run_id, step, new_run_id)
     task = enqueue(keys.run_id, runtime.journal.run_args(keys))
     return Answer(
@@ -63,6 +132,15 @@ def fork(runtime: Runtime, run_id: str, step: str, new_run_id: str | None = None
         f"forked {WORKFLOW}:{run_id} at {step} as {keys.run} (task {task}); it keeps the steps "
         f"before {step} and runs the rest, its email keyed digest-{keys.run_id}",
     )
+
+
+def fork_id(run_id: str, new_run_id: str) -> bool:
+    """Whether ``new_run_id`` is of the fork form: ``RUN-forkN`` or ``RUN-fork-NAME``.
+
+    Derived from the forked run's id, it can never be a week's id the schedule will reach.
+    """
+    rest = new_run_id.removeprefix(f"{run_id}-fork")
+    return rest != new_run_id and bool(re.fullmatch(r"\d+|-[A-Za-z0-9._-]+", rest))
 
 
 def decide(runtime: Runtime, run_id: str, decision: dict[str, Any]) -> Answer:

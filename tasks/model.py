@@ -94,9 +94,15 @@ def _is_count(value: object) -> TypeGuard[int]:
 
 
 class Summarizer(Protocol):
-    """What the digest needs from a model; ``name`` is shown to the operator."""
+    """What the digest needs from a model; ``name`` is shown to the operator.
+
+    ``remote`` says a call waits on the network: the digest then keeps ``DIGEST_CONCURRENCY``
+    calls in flight at once. One that computes in place gains nothing from threads, and one at
+    a time keeps what a crash point leaves behind exact (the README's walk-through).
+    """
 
     name: str
+    remote: bool
 
     def summarize(self, item: Item) -> Completion:
         """One item's summary; one attempt, which the step's retry policy may repeat."""
@@ -117,6 +123,8 @@ class AnthropicSummarizer:
         summary_model: The model for each item's summary.
         intro_model: The model for the opening paragraph.
     """
+
+    remote = True
 
     def __init__(
         self, connect: Callable[[], anthropic.Anthropic], summary_model: str, intro_model: str
@@ -238,6 +246,7 @@ class OfflineSummarizer:
     """
 
     name = "offline"
+    remote = False
 
     def __init__(self) -> None:
         self.used = False

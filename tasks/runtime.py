@@ -158,6 +158,7 @@ class MissingKey:
     """Stands in for a summarizer on a worker with no API key and no ``DIGEST_OFFLINE=1``."""
 
     name = "none (ANTHROPIC_API_KEY is not set)"
+    remote = False
 
     def summarize(self, item: Item) -> Completion:
         """Refuse: a worker must not send offline summaries unless told to."""

@@ -8,11 +8,14 @@ names the ISO week and a finished run is not repeated.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
 SEND_WEEKDAY = 0  # Monday, as date.weekday() counts
 SEND_TIME = time(8, 0)
+# Every id ``iso_week_run_id`` gives, and nothing else: four digits of year, two of week.
+_WEEK_ID = re.compile(r"\d{4}-w\d{2}")
 
 
 def iso_week_run_id(moment: datetime) -> str:
@@ -25,6 +28,11 @@ def iso_week_run_id(moment: datetime) -> str:
     """
     year, week, _ = moment.isocalendar()
     return f"{year}-w{week:02d}"
+
+
+def is_week_id(run_id: str) -> bool:
+    """Whether ``run_id`` has the form of a week's id (``2026-w43``): the schedule's to take."""
+    return _WEEK_ID.fullmatch(run_id) is not None
 
 
 def scheduled_occurrences(now: datetime, tz: ZoneInfo, lookback_weeks: int) -> list[datetime]:

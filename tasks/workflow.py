@@ -22,8 +22,10 @@ import redis
 
 from journal import Effect, Journal, RetryPolicy, Run, SignalResult, codec
 from journal.events import emit
+from journal.inspect import RunView
 from journal.workflow import workflow
 from tasks import faults
+from tasks.claims import Held, held_elsewhere, let_go
 from tasks.cost import BudgetExceeded, is_call
 from tasks.errors import EveryItemRefused, ItemRefused, ModelUnavailable
 from tasks.items import Item, load_items
@@ -159,7 +161,7 @@ def run_digest(
     )
     if not week:
         run.step("done", lambda: True)
-        return report("nothing-new", 0, calls)
+        return report("nothing-new", 0, calls, held=held_elsewhere(runtime, owner))
 
     # 2. One model call per item, each its own step: a crash loses at most the calls in flight.
     with giving_up("summarize", policy):
@@ -168,7 +170,7 @@ def run_digest(
             week,
             lambda item: summarize(runtime, run, item, calls),
             key=lambda item: item.id,
-            concurrency=config.concurrency,
+            concurrency=config.concurrency if runtime.summarizer.remote else 1,
             retry=policy,
         )
     kept = [(item, s["text"]) for item, s in zip(week, summaries, strict=True) if "text" in s]
@@ -210,7 +212,8 @@ def run_digest(
     # 5. Remember what this digest covered. A set union: safe to repeat.
     run.step("mark-seen", lambda: mark_seen(runtime, [item.id for item, _ in kept]))
     run.step("done", lambda: release(runtime, owner, [entry["id"] for entry in skipped]))
-    return report("sent", len(kept), calls, skipped=skipped, receipt=receipt)
+    held = held_elsewhere(runtime, owner)
+    return report("sent", len(kept), calls, skipped=skipped, receipt=receipt, held=held)
 
 
 # -- the steps' bodies ------------------------------------------------------------------------
@@ -249,10 +252,16 @@ def take_over_from_cancelled(
 
     A cancelled run ends without sending and never runs again, but it is stopped from outside,
     between two of its steps, so it cannot let go of its claims itself. The claims are moved
-    under ``WATCH``: of two runs taking one item over at once, one wins.
+    under ``WATCH``: of two runs taking one item over at once, one wins. A run whose send was
+    claimed is never taken from, cancelled or not: its email may be out (a cancel is refused
+    then; this is the second lock on the same door).
     """
     others = {text(holder) for holder in holders if holder is not None and text(holder) != owner}
-    cancelled = {other for other in others if run_status(runtime, other) == "cancelled"}
+    cancelled = {
+        other
+        for other in others
+        if run_status(runtime, other) == "cancelled" and not send_claimed(runtime, other)
+    }
     if not cancelled:
         return holders
     claims = runtime.keys.claims
@@ -276,6 +285,13 @@ def take_over_from_cancelled(
                 continue
 
 
+def send_claimed(runtime: Runtime, owner: str) -> bool:
+    """Whether the run named ``workflow:run`` claimed its send (it may have emailed)."""
+    workflow, _, run_id = owner.partition(":")
+    claim = runtime.client.hget(runtime.journal.keys(workflow, run_id).effects, "send")
+    return claim is not None and not text(claim).endswith(":released")
+
+
 def run_status(runtime: Runtime, owner: str) -> str | None:
     """The status of the run named ``workflow:run`` (a claim's holder)."""
     workflow, _, run_id = owner.partition(":")
@@ -285,13 +301,7 @@ def run_status(runtime: Runtime, owner: str) -> str | None:
 def release(runtime: Runtime, owner: str, ids: list[str]) -> bool:
     """Let go of ``owner``'s claims on ``ids`` (items it ends without sending): next week's."""
     if ids:
-        claims = runtime.keys.claims
-        holders = runtime.client.hmget(claims, ids)
-        mine = [
-            i for i, holder in zip(ids, holders, strict=True) if holder and text(holder) == owner
-        ]
-        if mine:  # only the owner deletes its claims, and nobody claims a held item meanwhile
-            runtime.client.hdel(claims, *mine)
+        let_go(runtime, owner, ids)
     return True
 
 
@@ -410,8 +420,13 @@ def report(
     receipt: dict[str, Any] | None = None,
     email: Email | None = None,
     reason: str | None = None,
+    held: list[Held] | None = None,
 ) -> dict[str, Any]:
-    """The run's result: JSON, so it survives Celery's result backend and the journal."""
+    """The run's result: JSON, so it survives Celery's result backend and the journal.
+
+    ``held`` names the items other runs hold (a failed run keeps its own): a week that finds
+    nothing new because another run holds it all says so.
+    """
     result: dict[str, Any] = {"status": status, "items": items, "model_calls": calls.count}
     if skipped:
         result["skipped"] = skipped
@@ -421,6 +436,8 @@ def report(
         result["email"] = email_json(email)
     if reason:
         result["reason"] = reason
+    if held:
+        result["held"] = [entry.to_json() for entry in held]
     return result
 
 
@@ -432,6 +449,19 @@ def receipt_line(result: dict[str, Any]) -> str:
     receipt = Receipt.from_json(raw)
     state = "sent" if receipt.sent else "already sent earlier, not resent"
     return f", email {state} ({receipt.id})"
+
+
+def email_state(view: RunView) -> str:
+    """Whether a run's email went out, as ``digest show`` and the console say it."""
+    send = view.step("send")
+    if send is not None:
+        return f"sent ({Receipt.from_json(send.result).id})"
+    state = view.effects.get("send")
+    if state == "claimed":
+        return "being sent (the run finishes it)"
+    if state == "done":
+        return "sent (the run finishes its bookkeeping)"
+    return "not sent"
 
 
 def _refusal(decision: SignalResult, digest: str) -> str | None:

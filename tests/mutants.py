@@ -246,6 +246,12 @@ MUTANTS = (
     ),
     lua(
         "cancel",
+        "a run whose effect is claimed is cancelled anyway",
+        "if state and state ~= 'released' then",
+        "if false then",
+    ),
+    lua(
+        "cancel",
         "a held run is cancelled under its holder",
         "if redis.call('EXISTS', KEYS[1]) == 1 then",
         "if false then",
@@ -550,6 +556,15 @@ MUTANTS = (
         "elif deadline is not None and self.clock.now() >= float(deadline):",
         "elif deadline is not None:",
         tests=WAIT_TESTS,
+    ),
+    # -- a map: every answer durable as soon as it is paid for
+    python(
+        "steps",
+        "map results held back in item order",
+        "call = functools.partial(fn, items[index])",
+        # The answer waits, unrecorded, until every item before it is reported.
+        "call = functools.partial(lambda i: [fn(i), *iter(lambda: order._next >= index or "
+        "threading.Event().wait(0.001), True)][0], items[index])",
     ),
 )
 

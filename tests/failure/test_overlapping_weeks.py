@@ -27,7 +27,10 @@ def test_overlapping_weeks_send_each_item_once(deployment: Deployment) -> None:
     assert crashed.returncode == 137
 
     overlapping = deployment.cli("run", "2026-w46")
-    assert overlapping.stdout.splitlines()[-1].startswith("nothing-new: 0 items")
+    assert overlapping.stdout.splitlines()[-1] == (
+        "nothing-new: 0 new items, 0 model calls in this attempt; "
+        "8 are held by digest:2026-w45 (running)"
+    )
     resumed = deployment.cli("run", "2026-w45")
     assert resumed.stdout.splitlines()[-1].startswith("sent: 8 items")
 
@@ -43,7 +46,10 @@ def test_a_rejected_week_lets_its_items_go_to_the_next(deployment: Deployment) -
     waiting = deployment.cli("run", "2026-w45", "--approval")
     assert "waiting: signal approval" in waiting.stdout
     meanwhile = deployment.cli("run", "2026-w46")
-    assert meanwhile.stdout.splitlines()[-1].startswith("nothing-new: 0 items")  # claimed
+    assert meanwhile.stdout.splitlines()[-1] == (  # claimed, and said so
+        "nothing-new: 0 new items, 0 model calls in this attempt; "
+        "8 are held by digest:2026-w45 (waiting)"
+    )
 
     assert deployment.cli("reject", "2026-w45", "--reason", "no").returncode == 0
     ended = deployment.cli("run", "2026-w45")

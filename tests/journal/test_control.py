@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from journal import Journal, Run
+from journal import Effect, Journal, Run
 from journal.control import cancel, fork, retry
-from journal.errors import ControlRefused
+from journal.errors import ControlRefused, EffectUnderway
 from journal.inspect import inspect_run
 from journal.lease import Lease
 from tests.conftest import MakeJournal
@@ -29,6 +29,33 @@ def journal(make_journal: MakeJournal) -> Journal:
 
 def steps_of(journal: Journal, run_id: str) -> list[str]:
     return [record.key for record in inspect_run(journal, "wf", run_id).steps]
+
+
+def test_a_cancel_is_refused_once_an_effect_is_claimed_and_the_run_finishes(
+    journal: Journal,
+) -> None:
+    refusals: list[EffectUnderway] = []
+
+    def act(effect: Effect) -> str:
+        with pytest.raises(EffectUnderway) as refused:  # claimed: it may happen any moment now
+            cancel(journal, "wf", "r", "too late")
+        refusals.append(refused.value)
+        effect.confirm()
+        return "sent"
+
+    def body(run: Run) -> str:
+        run.effect("send", act, timeout=10)
+        run.step("after", lambda: "bookkeeping")
+        return "finished"
+
+    outcome = journal.execute("wf", "r", body)
+
+    assert (outcome.status, outcome.result) == ("done", "finished")
+    assert steps_of(journal, "r") == ["send", "after"]
+    [refused] = refusals
+    assert (refused.effect, refused.state) == ("send", "claimed")
+    assert str(refused) == "run wf:r: its effect 'send' is under way; it will finish"
+    assert "cancel" not in journal.meta(journal.keys("wf", "r"))
 
 
 def test_a_running_run_finishes_its_step_in_flight_and_starts_no_other(journal: Journal) -> None:

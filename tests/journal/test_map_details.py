@@ -1,9 +1,8 @@
 """``Run.map`` beyond its results: the default width, its threads, its refusals, retries, drift.
 
-And what happens to the items still waiting for their turn when the map is left behind (an
-``on_step`` hook that raises while an earlier item replays): they are let through at once,
-never blocked for good on a turn that will not come. Found by mutation testing
-(docs/mutation.md): no test looked at any of these.
+And what happens to the items still running when the map is left behind (an ``on_step`` hook
+that raises while an earlier item replays): they end, none blocked for good on a report that
+will not come. Found by mutation testing (docs/mutation.md): no test looked at any of these.
 """
 
 from __future__ import annotations
@@ -112,7 +111,7 @@ def test_a_map_item_retries_under_the_maps_policy(make_journal: MakeJournal) -> 
     assert events == [StepEvent("m:a", True, "step", 1), StepEvent("m:b", True, "step", 3)]
 
 
-def test_items_waiting_for_their_turn_are_let_through_when_the_map_is_left_behind(
+def test_no_item_thread_is_left_behind_when_a_report_fails(
     make_journal: MakeJournal,
 ) -> None:
     journal = make_journal()
@@ -133,4 +132,4 @@ def test_items_waiting_for_their_turn_are_let_through_when_the_map_is_left_behin
     def no_item_thread_left() -> bool:
         return not any(t.name.startswith("left_") for t in threading.enumerate())
 
-    wait_until(no_item_thread_left, 5, "the item waiting for its turn to give up")
+    wait_until(no_item_thread_left, 5, "the item still running to end")

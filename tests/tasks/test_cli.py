@@ -196,12 +196,13 @@ def test_with_the_model_api_a_crash_costs_only_the_calls_in_flight(
     assert line.startswith(f"{'digest:' + RUN:32} {'done':10} updated ")
 
 
-def test_a_map_prints_and_crashes_in_item_order_whatever_order_the_calls_finish(
+def test_a_map_prints_and_crashes_in_item_order_and_keeps_every_answer_it_paid_for(
     deployment: Deployment, fake_anthropic: FakeAnthropic
 ) -> None:
-    # Three at a time, each batch's first item slowest: calls finish i3, i2, i1, i6, i5, i4...
+    # Three at a time: i3 answers at once, i2 after 0.3 s, i1 after 0.6 s; the rest after
+    # 1.5 s, still in flight when the crash after i2 comes.
     deployment.env.update(fake_anthropic.env(), DIGEST_CONCURRENCY="3")
-    for title, seconds in zip(TITLES, [0.6, 0.3, 0, 0.6, 0.3, 0, 0.3, 0], strict=True):
+    for title, seconds in zip(TITLES, [0.6, 0.3, 0, 1.5, 1.5, 1.5, 1.5, 1.5], strict=True):
         if seconds:
             fake_anthropic.delay_when(f'<update title="{title}">', seconds)
     crashed = deployment.cli("run", RUN, env={"CRASH": "after:summarize:i2"})
@@ -210,22 +211,30 @@ def test_a_map_prints_and_crashes_in_item_order_whatever_order_the_calls_finish(
         "  ran      select\n  ran      summarize:i1\n  ran      summarize:i2\n"
         "  ** simulated crash at after:summarize:i2 **\n"
     )
-    assert fake_anthropic.calls_for(TITLES[2]) == 1  # answered first, yet not recorded
-    assert [r.key for r in deployment.view(RUN).steps] == ["select", "summarize:i1", "summarize:i2"]
+    # i3 answered first: recorded then, not held back until i1 and i2 were.
+    assert fake_anthropic.calls_for(TITLES[2]) == 1
+    assert [r.key for r in deployment.view(RUN).steps] == [
+        "select",
+        "summarize:i1",
+        "summarize:i2",
+        "summarize:i3",
+    ]
 
     resumed = deployment.cli("run", RUN)  # at once: the crashed holder died on this host
-    summaries = [f"  ran      summarize:i{n}" for n in range(3, 9)]
+    summaries = [f"  ran      summarize:i{n}" for n in range(4, 9)]
     assert resumed.stdout.splitlines() == [
         "  replayed select",
         "  replayed summarize:i1",
         "  replayed summarize:i2",
+        "  replayed summarize:i3",
         *summaries,
         "  ran      compose",
         "  ran      send",
         "  ran      mark-seen",
         "  ran      done",
-        "sent: 8 items, 7 model calls in this attempt, email sent (digest-2026-w42)",
+        "sent: 8 items, 6 model calls in this attempt, email sent (digest-2026-w42)",
     ]
+    assert fake_anthropic.calls_for(TITLES[2]) == 2  # its summary once, and the opening
     seqs = {r.key: r.seq for r in deployment.view(RUN).steps}
     assert [seqs[f"summarize:i{n}"] for n in range(1, 9)] == sorted(
         seqs[f"summarize:i{n}"] for n in range(1, 9)

@@ -154,3 +154,20 @@ def test_a_foreign_host_is_refused_before_anything_is_read(runtime: Runtime) -> 
     assert refused.status_code == 421
     assert "csrf" not in refused.get_data(as_text=True)
     assert client.get("/runs/w1", headers={"Host": "127.0.0.1"}).status_code == 200
+
+
+def test_a_fork_as_a_weeks_id_is_refused_in_the_console_too_and_nothing_is_written(
+    runtime: Runtime,
+) -> None:
+    runtime.journal.execute("digest", "w1", hostile_run)
+    client = create_app(runtime, LOCAL).test_client()
+    token = re.search(r'name="csrf" value="([^"]+)"', client.get("/runs/w1").get_data(as_text=True))
+    assert token is not None
+
+    form = {"csrf": token.group(1), "step": "draft", "as": "2026-w43"}
+    answer = client.post("/runs/w1/fork", data=form, follow_redirects=True)
+
+    page = answer.get_data(as_text=True)
+    assert "2026-w43 is a week the schedule runs; nothing was forked" in page
+    assert runtime.journal.meta(runtime.journal.keys("digest", "2026-w43")) == {}
+    assert '<p id="email">email not sent</p>' in page

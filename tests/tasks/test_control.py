@@ -79,11 +79,16 @@ def test_a_waiting_digest_is_cancelled_at_once_and_stays_cancelled(deployment: D
     offline(deployment)
     digest(deployment, "run", RUN, "--approval")
     held = digest(deployment, "run", "2026-w43")  # the waiting run holds the week's items
-    assert held.stdout.endswith("nothing-new: 0 items, 0 model calls in this attempt\n")
+    assert held.stdout.endswith(
+        "nothing-new: 0 new items, 0 model calls in this attempt; "
+        f"8 are held by digest:{RUN} (waiting)\n"
+    )
+    assert digest(deployment, "runs").stdout.splitlines()[-1].endswith("holds 8 items")
 
     done = digest(deployment, "cancel", RUN)
-    # A cancelled run never sends: the next run takes its items over and sends them.
-    digest(deployment, "run", "2026-w44")
+    assert "holds" not in digest(deployment, "runs").stdout  # let go at the cancel
+    # A cancelled run never sends: the next run takes its items and sends them.
+    assert "sent: 8 items" in digest(deployment, "run", "2026-w44").stdout
 
     assert done.stdout == f"cancelled digest:{RUN}; nothing more will run or be sent\n"
     listed = digest(deployment, "runs", "--status", "cancelled").stdout.splitlines()
@@ -140,11 +145,11 @@ def test_a_fork_keeps_the_steps_before_its_step_and_sends_under_its_own_key(
     deployment.worker("w1", concurrency=1)
 
     forked = digest(deployment, "fork", RUN, "--from", "compose")
-    named = digest(deployment, "fork", RUN, "--from", "send", "--as", "resend")
+    named = digest(deployment, "fork", RUN, "--from", "send", "--as", f"{RUN}-fork-resend")
 
     assert forked.stdout.startswith(f"forked digest:{RUN} at compose as digest:{RUN}-fork1 (task ")
-    assert named.stdout.startswith(f"forked digest:{RUN} at send as digest:resend (task ")
-    for run_id in (f"{RUN}-fork1", "resend"):
+    assert named.stdout.startswith(f"forked digest:{RUN} at send as digest:{RUN}-fork-resend ")
+    for run_id in (f"{RUN}-fork1", f"{RUN}-fork-resend"):
         wait_until(
             functools.partial(settled, deployment, run_id, "done"), 30, f"{run_id} to finish"
         )
@@ -157,13 +162,40 @@ def test_a_fork_keeps_the_steps_before_its_step_and_sends_under_its_own_key(
         assert mine is not None and theirs is not None and mine.finished_at > theirs.finished_at
     assert (fork.meta["forked_from"], fork.meta["forked_at_step"]) == (f"digest:{RUN}", "compose")
     assert sorted(p.name for p in deployment.outbox()) == [
+        f"digest-{RUN}-fork-resend.json",
         f"digest-{RUN}-fork1.json",
         f"digest-{RUN}.json",
-        "digest-resend.json",
     ]
-    email = json.loads((deployment.state_dir / "outbox" / "digest-resend.json").read_text())
-    assert "Your weekly digest (resend)" in json.dumps(email)
+    resent = deployment.state_dir / "outbox" / f"digest-{RUN}-fork-resend.json"
+    assert f"Your weekly digest ({RUN}-fork-resend)" in json.dumps(json.loads(resent.read_text()))
     prefix = deployment.env["DIGEST_KEY_PREFIX"]
     assert deployment.client().scard(DigestKeys(prefix).seen) == 8
     refused = digest(deployment, "fork", RUN, "--from", "nope", code=2)
     assert refused.stderr == f"digest: run digest:{RUN}: it has no step 'nope' to fork from\n"
+
+
+def test_a_fork_cannot_take_a_week_the_schedule_owns_nor_an_id_not_of_the_fork_form(
+    deployment: Deployment,
+) -> None:
+    offline(deployment)
+    digest(deployment, "run", RUN)
+    client = deployment.client()
+    before = {key: client.type(key) for key in client.keys("*")}
+
+    week = digest(deployment, "fork", RUN, "--from", "send", "--as", "2026-w43", code=2)
+    other = digest(deployment, "fork", RUN, "--from", "send", "--as", "resend", code=2)
+
+    assert (week.stdout, other.stdout) == ("", "")
+    assert week.stderr == (
+        "digest: 2026-w43 is a week the schedule runs; nothing was forked: a fork takes an id "
+        f"of its own, --as {RUN}-fork-NAME, or leave --as out for {RUN}-forkN\n"
+    )
+    assert other.stderr == (
+        "digest: resend is not a fork's id; nothing was forked: a fork takes an id "
+        f"of its own, --as {RUN}-fork-NAME, or leave --as out for {RUN}-forkN\n"
+    )
+    assert {key: client.type(key) for key in client.keys("*")} == before  # nothing written
+    assert digest(deployment, "runs").stdout.count("digest:") == 1
+    assert digest(deployment, "run", "2026-w43").stdout.endswith(
+        "nothing-new: 0 items, 0 model calls in this attempt\n"
+    )

@@ -214,6 +214,7 @@ def test_a_step_whose_record_never_landed_runs_again(
         """Gets the model's answer for b, then dies before the step can record it."""
 
         name = "dies after answer"
+        remote = True
 
         def __init__(self, inner: AnthropicSummarizer) -> None:
             self.inner = inner
