@@ -333,6 +333,18 @@ MUTANTS = (
         "process is not None",
     ),
     python(
+        "holder",
+        "a holder in another time namespace is compared",
+        "where = (self.host, self.boot, self.pidns, self.timens)",
+        "where = (self.host, self.boot, self.pidns, me.timens)",
+    ),
+    python(
+        "holder",
+        "an observer whose /proc is not its own proves",
+        "        if me.start <= 0:\n            return False",
+        "        if me.start < 0:\n            return False",
+    ),
+    python(
         "lease",
         "the grant is stamped after its reply",
         'asked = time.monotonic()\n        reply = self._acquire(now_ms, me, "", opening)',
