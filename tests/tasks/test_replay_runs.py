@@ -8,6 +8,8 @@ The fake API is set up before the deployment, which copies the environment it po
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +21,7 @@ from tasks.prompts import INTRO_PROMPT
 from tasks.runtime import storeless
 from tasks.workflow import digest, preview
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.support import Deployment
+from tests.support import ROOT, Deployment
 
 pytestmark = pytest.mark.slow
 RUN = "2026-w42"
@@ -38,7 +40,7 @@ def sent(deployment: Deployment) -> dict[str, str]:
 
 
 def test_an_exported_run_replays_here_with_no_model_call_and_the_same_email(
-    fake_anthropic: FakeAnthropic, deployment: Deployment, tmp_path: Any
+    fake_anthropic: FakeAnthropic, deployment: Deployment, tmp_path: Path
 ) -> None:
     assert deployment.cli("run", RUN).returncode == 0
     exported = deployment.cli("export", RUN, "-o", str(tmp_path / "run.json"))
@@ -57,8 +59,26 @@ def test_an_exported_run_replays_here_with_no_model_call_and_the_same_email(
     assert drafted.result["email"] == sent(deployment)
 
 
-def test_check_replay_passes_a_waiting_run_and_reports_one_recorded_by_other_code(
-    fake_anthropic: FakeAnthropic, deployment: Deployment
+COMPOSE = 'intro = run.step("compose", lambda: compose(runtime, run, kept, calls), retry=policy)'
+RENAMED = COMPOSE.replace('"compose"', '"compose-intro"')
+GATED = COMPOSE.replace(
+    '"compose"', '"compose-intro" if run.version("intro-step", 1) >= 1 else "compose"'
+)
+
+
+def edited(tmp_path: Path, find: str, replace: str) -> dict[str, str]:
+    """The environment of a ``digest`` that runs an edited copy of the app's code."""
+    copy = tmp_path / f"edited-{len(list(tmp_path.glob('edited-*')))}"
+    shutil.copytree(ROOT / "tasks", copy / "tasks")
+    source = copy / "tasks" / "workflow.py"
+    text = source.read_text(encoding="utf-8")
+    assert text.count(find) == 1, f"tasks/workflow.py no longer holds {find!r}"
+    source.write_text(text.replace(find, replace), encoding="utf-8")
+    return {"PYTHONPATH": str(copy)}  # found before the installed package
+
+
+def test_check_replay_reports_a_waiting_runs_drift_after_an_edit_and_passes_with_a_gate(
+    fake_anthropic: FakeAnthropic, deployment: Deployment, tmp_path: Path
 ) -> None:
     assert deployment.cli("run", RUN, "--approval").returncode == 0
     assert deployment.cli("run", "2026-w43").returncode == 0  # ended: not checked by default
@@ -66,28 +86,35 @@ def test_check_replay_passes_a_waiting_run_and_reports_one_recorded_by_other_cod
     before = everything(client)
 
     clean = deployment.cli("check-replay")
+    drifted = deployment.cli("check-replay", env=edited(tmp_path, COMPOSE, RENAMED))
+    gated = deployment.cli("check-replay", env=edited(tmp_path, COMPOSE, GATED))
 
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert clean.stdout.splitlines() == [
         f"{COLUMN} waiting   replays cleanly, stops waiting at signal:approval",
         "1 runs replayed, 0 would break",
     ]
-    assert everything(client) == before and fake_anthropic.calls == 9
+    assert drifted.returncode == 1, drifted.stdout + drifted.stderr
+    assert drifted.stdout.splitlines() == [
+        f"{COLUMN} waiting   DRIFTS at step 10: the journal recorded 'compose', the code asks "
+        "for 'compose-intro'; gate the change with run.version(KEY, N) (this run would get 0 "
+        "and keep the old path)",
+        "1 runs replayed, 1 would break",
+    ]
+    assert gated.returncode == 0, gated.stdout + gated.stderr
+    assert gated.stdout.splitlines() == [
+        f"{COLUMN} waiting   replays cleanly, stops waiting at signal:approval; kept on the "
+        "old path by version gate intro-step=0",
+        "1 runs replayed, 0 would break",
+    ]
+    assert everything(client) == before and fake_anthropic.calls == 9  # read-only
 
-    # The journal of a run the code before a rename recorded: its compose step was "intro".
-    steps = deployment.runtime().journal.keys("digest", RUN).steps
-    client.hset(steps, "intro", client.hget(steps, "compose") or b"")
-    client.hdel(steps, "compose")
 
-    drifted = deployment.cli("check-replay", RUN)
+def test_check_replay_refuses_a_run_that_does_not_exist(deployment: Deployment) -> None:
+    refused = deployment.cli("check-replay", "2026-w01")
 
-    assert drifted.returncode == 1
-    assert (
-        f"{COLUMN} waiting   DRIFTS at step 10: the journal recorded 'intro', the code "
-        "asks for 'compose'; gate the change with run.version(KEY, N)"
-    ) in drifted.stdout
-    assert drifted.stdout.endswith("1 runs replayed, 1 would break\n")
-    assert fake_anthropic.calls == 9
+    assert (refused.returncode, refused.stdout) == (2, "")
+    assert refused.stderr == "digest: run digest:2026-w01: no such run\n"
 
 
 def test_a_dry_run_fork_prints_its_email_beside_the_runs_and_writes_nothing(
