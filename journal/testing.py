@@ -82,7 +82,8 @@ class _FixturePolicy:
     def __init__(self, fixture: Fixture, live: Live) -> None:
         self._run = fixture.run
         self._keys = [record.key for record in fixture.steps]
-        self._live = live
+        # One key given bare would otherwise match its every substring: "compose" lets "c" in.
+        self._live = {live} if isinstance(live, str) else live
 
     def exempt(self, key: str) -> bool:
         """Whether ``key`` runs live: named, its map prefix named, or the predicate says so."""

@@ -262,7 +262,8 @@ def fork_dry_run(runtime: Runtime, run_id: str, step: str) -> int:
     use_runtime(runtime)  # the fork's steps run with this runtime, in memory
     fork = preview_fork(runtime, run_id, step)
     if fork.original is None:
-        print(f"(the run composed no email before; the fork's:)\n\n{email_text(fork.forked)}")
+        fresh = f"(the run composed no email; the fork's:)\n\n{email_text(fork.forked)}"
+        print(_printable(redact(fresh), newlines=True))
     else:
         print(_printable(redact(fork.diff() or "(the same email)\n"), newlines=True), end="")
     ran = ", ".join(fork.ran) or "nothing"

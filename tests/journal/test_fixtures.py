@@ -190,6 +190,16 @@ def test_a_live_step_runs_for_real_and_the_rest_still_replays(
     assert replayed.result["receipt"] == "rcpt-600"
 
 
+def test_one_live_key_given_bare_is_that_key_not_its_letters(
+    journal: Journal, calls: Counter[str]
+) -> None:
+    recorded = record(journal, calls)
+
+    replayed = replay(order(calls), recorded, live="line:a")
+
+    assert calls == Counter({"a": 1}) and replayed.ran == ("line:a",)
+
+
 def test_an_effect_the_fixture_lacks_is_never_performed(
     journal: Journal, calls: Counter[str]
 ) -> None:
