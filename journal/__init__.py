@@ -2,7 +2,9 @@
 
 The public face: the names below, and these modules: ``journal.errors`` (every exception,
 one root), ``journal.durable`` (the Celery integration), ``journal.inspect`` and
-``journal.control`` (what operators read and do), ``journal.contrib`` (the embedded server
+``journal.control`` (what operators read and do), ``journal.fixture``, ``journal.testing``
+(with ``journal.pytest_plugin``) and ``journal.preflight`` (a recorded run as a document,
+replayed in tests and checked before a deploy), ``journal.contrib`` (the embedded server
 and start-up checks, kept apart from the core). Every other module is internal and may
 change.
 """
@@ -12,6 +14,7 @@ from journal.backend import connect
 from journal.clock import ManualClock
 from journal.effects import Effect
 from journal.errors import Hints
+from journal.fixture import Fixture
 from journal.keys import Keyspace
 from journal.retry import RetryPolicy, RunRetry
 from journal.runner import Outcome, Settings
@@ -21,6 +24,7 @@ from journal.waits import SignalResult
 
 __all__ = [
     "Effect",
+    "Fixture",
     "Hints",
     "Journal",
     "Keyspace",

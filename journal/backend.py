@@ -19,7 +19,7 @@ import random
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import redis
 
@@ -264,6 +264,43 @@ class Snapshot:
     lease_ttl_ms: int
     signals: dict[bytes, bytes]
     effects: dict[bytes, bytes]
+
+
+class StepStore(Protocol):
+    """What a run in progress sends to its store: records, a signal's lookup, effect claims.
+
+    ``RedisBackend`` is the store of every real run; ``journal.rehearsal`` keeps a run in
+    memory behind the same four calls, to replay recorded steps with no server at all.
+    """
+
+    def record(
+        self, keys: RunKeys, holder: str, step: str, encoded: bytes, wait: RecordWait = NO_WAIT
+    ) -> tuple[Recorded, Any]:
+        """Write a step's record, first writer wins; the status and what was found."""
+        ...
+
+    def signal(self, keys: RunKeys, name: str) -> bytes | None:
+        """The payload of signal ``name``, if it has arrived."""
+        ...
+
+    def effect_claim(
+        self,
+        keys: RunKeys,
+        holder: str,
+        effect: str,
+        fence: int,
+        timeout_ms: int,
+        process: str,
+        proved_dead: bool,
+    ) -> EffectClaim:
+        """Claim ``effect`` for this fence before it is performed."""
+        ...
+
+    def effect_settle(
+        self, keys: RunKeys, holder: str, effect: str, fence: int, state: str, receipt: bytes
+    ) -> Settled:
+        """Settle this fence's claim: ``done`` with its receipt, or ``released``."""
+        ...
 
 
 class RedisBackend:

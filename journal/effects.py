@@ -37,12 +37,12 @@ from typing import Any
 import redis
 
 from journal import codec
-from journal.backend import EffectClaimed, RedisBackend, Settled
+from journal.backend import EffectClaimed, Settled, StepStore
 from journal.errors import Fenced, LeaseLost
 from journal.events import emit
 from journal.holder import ProcessIdentity
 from journal.keys import RunKeys
-from journal.lease import Heartbeat
+from journal.lease import Guard
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +62,11 @@ class Effect:
     def __init__(
         self,
         *,
-        backend: RedisBackend,
+        backend: StepStore,
         keys: RunKeys,
         holder: str,
         fence: int,
-        guard: Heartbeat,
+        guard: Guard,
         key: str,
         timeout: float,
     ) -> None:

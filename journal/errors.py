@@ -7,6 +7,8 @@
     ├── LeaseLost             our lease expired or was taken over; nothing more may be written
     │   └── Fenced            a write was refused because a newer holder owns the run
     ├── ReplayMismatch        the code asks for a step the journal lacks while recorded ones wait
+    ├── StepNotInFixture      a replay against a fixture reached a step the fixture lacks
+    ├── BadFixture            a fixture document this version cannot read
     ├── CorruptJournal        a stored record is not what this library writes
     ├── UnserializableResult  a step returned something JSON cannot hold
     ├── RunParked             a run kept dying at start and was set aside
@@ -135,6 +137,44 @@ class ReplayMismatch(JournalError):
             f"{self.requested!r} but the journal recorded {self.recorded!r} there; the code "
             "changed under a running job: gate the change with run.version(...) or finish "
             "old runs on the old code"
+        )
+
+
+class StepNotInFixture(JournalError):
+    """A replay against a recorded run reached a step the recording lacks, not allowed live."""
+
+    def __init__(self, run: str, key: str, nearest: list[str], effect: bool = False) -> None:
+        super().__init__(run, key, nearest, effect)
+        self.run = run
+        self.key = key
+        self.nearest = nearest
+        self.effect = effect
+
+    def __str__(self) -> str:
+        near = ", ".join(repr(k) for k in self.nearest) or "none"
+        if self.effect:
+            return (
+                f"run {self.run}: effect {self.key!r} is not in the fixture (nearest recorded: "
+                f"{near}); a replay never performs an effect: record a new fixture"
+            )
+        return (
+            f"run {self.run}: step {self.key!r} is not in the fixture (nearest recorded: "
+            f"{near}); record a new fixture, or let it run live (live={{{self.key!r}}})"
+        )
+
+
+class BadFixture(JournalError):
+    """A fixture document that is not one this version of the journal writes or reads."""
+
+    def __init__(self, source: str, problem: str) -> None:
+        super().__init__(source, problem)
+        self.source = source
+        self.problem = problem
+
+    def __str__(self) -> str:
+        return (
+            f"fixture {self.source}: {self.problem}; export it again with this version "
+            "(journal.fixture.export)"
         )
 
 

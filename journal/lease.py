@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from journal.backend import Opened, Opening, OpenReply, RedisBackend, Renewed
 from journal.cancel import Cancelled
@@ -214,6 +214,24 @@ class _Beats:
 
 _BEATS = _Beats()
 os.register_at_fork(after_in_child=_BEATS.reset)
+
+
+class Guard(Protocol):
+    """What a run checks at each step boundary and before an irreversible act.
+
+    ``Heartbeat`` guards every real run; a run replayed in memory (``journal.rehearsal``)
+    holds no lease and is never cancelled.
+    """
+
+    cancelled: threading.Event
+
+    def ensure(self) -> None:
+        """Raise unless the run may start another step."""
+        ...
+
+    def confirm(self) -> float:
+        """Raise unless the run may act now; the ``time.monotonic()`` it was confirmed at."""
+        ...
 
 
 class Heartbeat:

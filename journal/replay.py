@@ -9,6 +9,7 @@ changed under a running run, which must stop rather than run a step twice.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from journal.errors import ReplayMismatch
@@ -23,8 +24,14 @@ class ReplayCursor:
     a time.
     """
 
-    def __init__(self, run: str, recorded: dict[str, bytes]) -> None:
+    def __init__(
+        self,
+        run: str,
+        recorded: dict[str, bytes],
+        exempt: Callable[[str], bool] | None = None,
+    ) -> None:
         self.run = run
+        self._exempt = exempt  # keys that run afresh though later records wait (a replay's)
         self.lock = threading.Lock()
         self._recorded = recorded  # raw JSON recorded by earlier attempts; never changed
         self._pending = dict(recorded)  # of those, not taken yet; shrinks one pop at a time
@@ -83,7 +90,7 @@ class ReplayCursor:
         Raises:
             ReplayMismatch: naming the first record the code no longer asked for.
         """
-        if self._pending:
+        if self._pending and (self._exempt is None or not self._exempt(requested)):
             pending = self._pending_outside_groups()
             if pending:
                 seq, recorded = min(pending)

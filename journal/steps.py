@@ -15,10 +15,10 @@ import uuid as uuid_module
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from journal import codec, records
-from journal.backend import NO_WAIT, Recorded, RecordWait, RedisBackend
+from journal.backend import NO_WAIT, Recorded, RecordWait, StepStore
 from journal.clock import Clock, millis
 from journal.effects import Effect, run_effect
 from journal.errors import (
@@ -27,7 +27,7 @@ from journal.errors import (
 )
 from journal.events import emit, step_name
 from journal.keys import RunKeys
-from journal.lease import Heartbeat
+from journal.lease import Guard
 from journal.replay import ReplayCursor
 from journal.retry import RetryPolicy
 from journal.retry import attempt as retry_loop
@@ -45,6 +45,21 @@ class StepEvent:
     replayed: bool
     kind: str = "step"
     attempt: int = 1
+
+
+class StepPolicy(Protocol):
+    """How a run replayed against a recording (``journal.rehearsal``) treats the steps it lacks.
+
+    A real run has none: every step the journal lacks runs, and drift is always checked.
+    """
+
+    def exempt(self, key: str) -> bool:
+        """Whether ``key`` runs afresh although later records wait (no drift check)."""
+        ...
+
+    def admit(self, key: str, kind: str) -> None:
+        """Called before a step the recording lacks runs; raises to stop it running."""
+        ...
 
 
 class _NotStarted(Exception):
@@ -89,23 +104,25 @@ class Run:
     def __init__(
         self,
         *,
-        backend: RedisBackend,
+        backend: StepStore,
         keys: RunKeys,
         holder: str,
         fence: int,
         clock: Clock,
         recorded: dict[str, bytes],
-        guard: Heartbeat,
+        guard: Guard,
         retry_state: Wait | None = None,
         on_step: Callable[[StepEvent], None] | None = None,
         record_wait: RecordWait = NO_WAIT,
+        policy: StepPolicy | None = None,
     ) -> None:
         self.keys = keys
         self.holder = holder
         self.fence = fence
         self.clock = clock
         self._backend = backend
-        self._cursor = ReplayCursor(keys.run, recorded)
+        self._cursor = ReplayCursor(keys.run, recorded, policy.exempt if policy else None)
+        self._policy = policy
         self._guard = guard
         self._retry_state = retry_state
         self._on_step = on_step
@@ -389,6 +406,8 @@ class Run:
         seq: int | None = None,
         report: Callable[[StepEvent], object] | None = None,
     ) -> T:
+        if self._policy is not None:
+            self._policy.admit(key, kind)
         self.check_lease()
         started = millis(self.clock.now())
         attempt, result = retry_loop(

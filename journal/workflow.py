@@ -143,14 +143,18 @@ class Workflow(Generic[Opts, R]):
         return journal.execute(
             self.name,
             run_id,
-            self._start,
+            self.start,
             args=merged,
             on_step=self._observers(on_step),
             delivered=delivered,
         )
 
-    def _start(self, run: Run) -> R:
-        """The body, with the options the run froze at its first start."""
+    def start(self, run: Run) -> R:
+        """The body, with the options the run froze at its first start (``run.args``).
+
+        What ``execute`` runs under the lease, and what a replay in memory runs
+        (``journal.rehearsal``), so both decode the frozen options alike.
+        """
         options = self.decode(run.keys.run, run.args)
         if self.options is None:
             return self.body(run, **options)  # type: ignore[arg-type]

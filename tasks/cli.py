@@ -30,6 +30,7 @@ from journal.errors import (
 )
 from journal.inspect import STATES, RunView, inspect_run, list_runs
 from journal.keys import validate_run_id
+from journal.preflight import Verdict, check_runs, unended_runs
 from journal.redact import redact, redact_logging
 from tasks import control
 from tasks.claims import STUCK, Held, holdings
@@ -38,6 +39,7 @@ from tasks.cost import dollars, is_call, usage_of
 from tasks.errors import BadInput, DigestError
 from tasks.items import load_items
 from tasks.model import OfflineSummarizer
+from tasks.prompts import PROMPTS
 from tasks.runtime import Runtime, use_runtime
 from tasks.schedule import iso_week_run_id
 from tasks.workflow import (
@@ -100,6 +102,14 @@ def _parser() -> argparse.ArgumentParser:
     fork.add_argument(
         "--as", dest="new_run_id", metavar="NEW", help="RUN-fork-NAME (default: RUN-forkN)"
     )
+    fork.add_argument(
+        "--dry-run", action="store_true", help="print its email beside the run's; write nothing"
+    )
+    export = sub.add_parser("export", help="a run's journal as a JSON fixture, secrets masked")
+    export.add_argument("run_id")
+    export.add_argument("-o", "--output", metavar="FILE", help="default: standard output")
+    check = sub.add_parser("check-replay", help="would the installed code resume these runs?")
+    check.add_argument("runs", nargs="*", metavar="RUN", help="default: every run not ended")
 
     approve = sub.add_parser("approve", help="approve a digest waiting for approval")
     approve.add_argument("run_id")
@@ -280,8 +290,62 @@ def cmd_retry(config: Config, run_id: str, args: argparse.Namespace) -> int:
 def cmd_fork(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Fork a run from one of its steps and hand the fork to the workers."""
     runtime = Runtime.build(config, allow_offline=True)
+    if args.dry_run:
+        return fork_dry_run(runtime, run_id, args.step)
     print(control.fork(runtime, run_id, args.step, args.new_run_id).line)
     return EXIT_OK
+
+
+def fork_dry_run(runtime: Runtime, run_id: str, step: str) -> int:
+    """Print the email a fork from ``step`` would send, as a diff against the run's own."""
+    from tasks.fork_preview import email_text, preview_fork
+
+    use_runtime(runtime)  # the fork's steps run with this runtime, in memory
+    fork = preview_fork(runtime, run_id, step)
+    if fork.original is None:
+        fresh = f"(the run composed no email; the fork's:)\n\n{email_text(fork.forked)}"
+        print(_printable(redact(fresh), newlines=True))
+    else:
+        print(_printable(redact(fork.diff() or "(the same email)\n"), newlines=True), end="")
+    ran = ", ".join(fork.ran) or "nothing"
+    print(
+        f"dry run: a fork of {fork.run} from {step} would run {ran} ({fork.model_calls} model "
+        "calls made now); nothing was written or sent"
+    )
+    return EXIT_OK
+
+
+def cmd_export(config: Config, run_id: str, args: argparse.Namespace) -> int:
+    """Write a run's journal as a fixture (``journal.fixture``), to a file or stdout."""
+    from journal.fixture import export
+
+    runtime = Runtime.build(config, allow_offline=True)
+    document = export(runtime.journal, digest.name, run_id)
+    if args.output is None:
+        sys.stdout.write(document.dumps())
+        return EXIT_OK
+    try:
+        document.write(args.output)
+    except OSError as exc:
+        raise BadInput(f"cannot write {args.output}: {exc.strerror}; choose another -o") from None
+    print(f"exported {document.run}: {len(document.steps)} steps to {args.output}")
+    return EXIT_OK
+
+
+def cmd_check_replay(config: Config, run_id: str, args: argparse.Namespace) -> int:
+    """Replay runs that have not ended against the installed code; exit 1 if any would break."""
+    for given in args.runs:  # refused before anything is read
+        validate_run_id(given)
+    runtime = Runtime.build(config, allow_offline=True)
+    use_runtime(runtime)  # the workflow's runtime: its replayed steps never call it
+    verdicts = check_runs(
+        runtime.journal, digest, args.runs or unended_runs(runtime.journal, digest.name)
+    )
+    for verdict in verdicts:
+        print(_printable(redact(_verdict_line(verdict))))
+    broken = sum(not verdict.clean for verdict in verdicts)
+    print(f"{len(verdicts)} runs replayed, {broken} would break")
+    return EXIT_FAILED if broken else EXIT_OK
 
 
 def cmd_approve(config: Config, run_id: str, args: argparse.Namespace) -> int:
@@ -352,6 +416,8 @@ COMMANDS = {
     "retry": cmd_retry,
     "release": cmd_release,
     "fork": cmd_fork,
+    "export": cmd_export,
+    "check-replay": cmd_check_replay,
 }
 
 
@@ -458,6 +524,7 @@ def _render(view: RunView, held: int = 0) -> str:
             f"{record.key:22} {_when(record.finished_at / 1000):23} {record.attempt:>3} "
             f"{_usage(record.result):>13} {_cost(record.result):>9}  {_preview(record.result)}"
         )
+    lines += _prompt_lines(view)
     usage = usage_of(record.result for record in view.steps)
     unpriced = f" ({usage.unpriced} calls unpriced)" if usage.unpriced else ""
     lines.append(
@@ -473,6 +540,37 @@ def _render(view: RunView, held: int = 0) -> str:
         )
         lines.append(email["body"])
     return "\n".join(lines)
+
+
+def _prompt_lines(view: RunView) -> list[str]:
+    """The model steps that ran under another version of their prompt than the code's now."""
+    other: dict[str, list[str]] = {}
+    for record in view.steps:
+        version = record.result.get("prompt") if is_call(record.result) else None
+        if isinstance(version, str) and PROMPTS.get(version.split("@")[0]) != version:
+            other.setdefault(version, []).append(record.key)
+    return [
+        f"prompt   {', '.join(keys)} ran under {version}; the code now has "
+        f"{PROMPTS.get(version.split('@')[0], 'no such prompt')}"
+        for version, keys in other.items()
+    ]
+
+
+def _verdict_line(verdict: Verdict) -> str:
+    """One run's verdict: clean and where it stops, or where and how it would break."""
+    kept = [f"{gate}=0" for gate, answer in verdict.gates.items() if answer == 0]
+    gates = f"; kept on the old path by version gate {', '.join(kept)}" if kept else ""
+    head = f"{verdict.run:28} {verdict.state:9}"
+    if verdict.drift is not None:
+        drift = verdict.drift
+        return (
+            f"{head} DRIFTS at step {drift.position}: the journal recorded {drift.expected!r}, "
+            f"the code asks for {drift.found!r}; gate the change with run.version(KEY, N) "
+            f"(this run would get 0 and keep the old path){gates}"
+        )
+    if verdict.error is not None:
+        return f"{head} BREAKS on its recorded steps: {verdict.error}{gates}"
+    return f"{head} replays cleanly, stops {verdict.stopped}{gates}"
 
 
 def _view_json(view: RunView) -> dict[str, Any]:

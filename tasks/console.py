@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 from flask import Flask, Response, abort, flash, redirect, render_template, request, url_for
 
+from journal import fixture
 from journal.errors import ControlRefused, InvalidRunId, JournalError
 from journal.inspect import STATES, RunRow, RunView, inspect_run, list_runs, state_of
 from journal.keys import validate_run_id
@@ -318,6 +319,21 @@ def create_app(runtime: Runtime, names: Names, *, token: str | None = None) -> F
             email=email_state(view),
         )
         return _refreshing(page, view.state in LIVE)
+
+    @app.get("/runs/<run_id>/export")
+    def export(run_id: str) -> Any:
+        # The same document as `digest export`: a read, so a GET; secrets masked by export.
+        _valid(run_id)
+        try:
+            document = fixture.export(journal, control.WORKFLOW, run_id).dumps()
+        except ControlRefused:
+            abort(404)
+        name = f"{control.WORKFLOW}-{run_id}.json"
+        return Response(
+            document,
+            mimetype="application/json",
+            headers={"Content-Disposition": f'attachment; filename="{name}"'},
+        )
 
     def act(run_id: str, action: Callable[[], control.Answer]) -> Any:
         _valid(run_id)

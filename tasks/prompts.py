@@ -8,6 +8,7 @@ its tag, so a title such as ``"><update title="x`` or ``</update>`` stays text, 
 
 from __future__ import annotations
 
+import hashlib
 import html
 
 from tasks.items import Item
@@ -26,17 +27,39 @@ INTRO_SYSTEM = (
 )
 
 
+SUMMARY_TEMPLATE = '<update title="{title}">\n{body}\n</update>'
+INTRO_TEMPLATE = "<updates>\n{updates}\n</updates>"
+INTRO_UPDATE = '<update title="{title}">{summary}</update>'
+
+
+def prompt_version(name: str, *parts: str) -> str:
+    """``name@<digest>``: a short SHA-256 of a prompt's system text and templates.
+
+    Recorded with every model step's result, so ``digest show`` tells which steps ran under
+    another version of the prompt than the code holds now (after an edit of this module).
+    """
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
+    return f"{name}@{digest}"
+
+
+SUMMARY_PROMPT = prompt_version("summary", SUMMARY_SYSTEM, SUMMARY_TEMPLATE)
+INTRO_PROMPT = prompt_version("intro", INTRO_SYSTEM, INTRO_TEMPLATE, INTRO_UPDATE)
+PROMPTS = {version.split("@")[0]: version for version in (SUMMARY_PROMPT, INTRO_PROMPT)}
+"""The version of each prompt in this code, by name."""
+
+
 def summary_prompt(item: Item) -> str:
     """The user message asking for one item's summary."""
-    return f'<update title="{_attr(item.title)}">\n{_text(item.body)}\n</update>'
+    return SUMMARY_TEMPLATE.format(title=_attr(item.title), body=_text(item.body))
 
 
 def intro_prompt(pairs: list[tuple[Item, str]]) -> str:
     """The user message asking for the opening paragraph, from each item and its summary."""
     updates = "\n".join(
-        f'<update title="{_attr(item.title)}">{_text(summary)}</update>' for item, summary in pairs
+        INTRO_UPDATE.format(title=_attr(item.title), summary=_text(summary))
+        for item, summary in pairs
     )
-    return f"<updates>\n{updates}\n</updates>"
+    return INTRO_TEMPLATE.format(updates=updates)
 
 
 def _text(value: str) -> str:

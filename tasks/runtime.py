@@ -6,12 +6,15 @@ made before the fork would be shared by every child.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NoReturn
 
 import redis
 
@@ -202,3 +205,45 @@ def use_runtime(runtime: Runtime) -> None:
     global _runtime
     with _runtime_lock:
         _runtime = runtime
+
+
+class _NoStore(redis.ConnectionPool):
+    """A pool that never connects: the store of a runtime that has none (``storeless``)."""
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Refuse, in one line that says why."""
+        raise StoreUnavailable(
+            "no store",
+            "this runtime replays recorded runs and has no store",
+            "let only steps that need no store (the model's) run live in a replay",
+        )
+
+
+@contextlib.contextmanager
+def storeless(config: Config | None = None) -> Iterator[Runtime]:
+    """Run this process's workflows with a runtime that has no store, for the duration.
+
+    For replaying recorded runs in memory (``journal.testing.replay``): a replayed step needs
+    nothing, a model step let run live needs only the summarizer (an API key: the SDK's own
+    variables; none: the offline summarizer), and a step that would touch Redis raises
+    ``StoreUnavailable`` instead of connecting, let alone starting the embedded server.
+    The runtime installed before is put back afterwards.
+    """
+    global _runtime
+    config = config if config is not None else Config.from_env()
+    client = redis.Redis(connection_pool=_NoStore())
+    runtime = Runtime(
+        config=config,
+        client=client,
+        journal=Journal(client, keyspace=Keyspace(config.key_prefix), hints=HINTS),
+        keys=DigestKeys(config.key_prefix, cluster=False),
+        summarizer=choose_summarizer(config, allow_offline=True),
+        mailer=choose_mailer(config),
+    )
+    with _runtime_lock:
+        before, _runtime = _runtime, runtime
+    try:
+        yield runtime
+    finally:
+        with _runtime_lock:
+            _runtime = before

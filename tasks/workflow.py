@@ -32,6 +32,7 @@ from tasks.items import Item, load_items
 from tasks.keys import text
 from tasks.mail import Email, Receipt
 from tasks.model import Completion, is_transient, retry_after_seconds
+from tasks.prompts import INTRO_PROMPT, SUMMARY_PROMPT
 from tasks.runtime import Runtime, process_config, process_runtime
 
 T = TypeVar("T")
@@ -314,7 +315,7 @@ def summarize(runtime: Runtime, run: Run, item: Item, calls: CallCounter) -> dic
     within_budget(runtime, run, f"summarize:{item.id}")
     calls.add()
     try:
-        return priced(runtime, runtime.summarizer.summarize(item))
+        return priced(runtime, runtime.summarizer.summarize(item), SUMMARY_PROMPT)
     except ItemRefused as refused:
         return {"error": f"the model refused this item: {refused}"}
 
@@ -336,12 +337,13 @@ def compose(
     """One model call for the opening paragraph."""
     within_budget(runtime, run, "compose")
     calls.add()
-    return priced(runtime, runtime.summarizer.compose(kept))
+    return priced(runtime, runtime.summarizer.compose(kept), INTRO_PROMPT)
 
 
-def priced(runtime: Runtime, completion: Completion) -> dict[str, Any]:
-    """The step result of a call: its text and tokens, and its cost at today's prices."""
+def priced(runtime: Runtime, completion: Completion, prompt: str) -> dict[str, Any]:
+    """The step result of a call: its text and tokens, its prompt's version, its cost today."""
     result = completion.to_json()
+    result["prompt"] = prompt
     cost = runtime.config.prices.cost(
         completion.model, completion.input_tokens, completion.output_tokens
     )

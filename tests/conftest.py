@@ -30,7 +30,12 @@ from journal.clock import Clock, SystemClock
 if TYPE_CHECKING:
     from tests.support import Deployment, ThrowawayValkeys
 
-pytest_plugins = ["tests.fakes.anthropic_server", "tests.fakes.gated", "tests.hosts"]
+pytest_plugins = [
+    "journal.pytest_plugin",
+    "tests.fakes.anthropic_server",
+    "tests.fakes.gated",
+    "tests.hosts",
+]
 
 _SPAWNS = ("subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.system")
 _watch = {"on": False}

@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from journal import Journal, Keyspace, Run
+from journal.fixture import Fixture, export
 from journal.redact import add_secret
 from tasks.config import Config
 from tasks.console import Names, check_binding, create_app
@@ -171,3 +172,21 @@ def test_a_fork_as_a_weeks_id_is_refused_in_the_console_too_and_nothing_is_writt
     assert "2026-w43 is a week the schedule runs; nothing was forked" in page
     assert runtime.journal.meta(runtime.journal.keys("digest", "2026-w43")) == {}
     assert '<p id="email">email not sent</p>' in page
+
+
+def test_a_runs_page_links_its_export_the_fixture_digest_export_writes(runtime: Runtime) -> None:
+    add_secret("sk-secret-123")
+    runtime.journal.execute("digest", "w1", hostile_run)
+    client = create_app(runtime, LOCAL).test_client()
+
+    page = client.get("/runs/w1").get_data(as_text=True)
+    answer = client.get("/runs/w1/export")
+
+    assert 'id="export" href="/runs/w1/export"' in page
+    assert answer.status_code == 200
+    assert answer.headers["Content-Disposition"] == 'attachment; filename="digest-w1.json"'
+    document = answer.get_data(as_text=True)
+    assert "sk-secret-123" not in document
+    fresh = export(runtime.journal, "digest", "w1")
+    assert Fixture.loads(document).steps == fresh.steps and fresh.steps
+    assert client.get("/runs/nobody/export").status_code == 404

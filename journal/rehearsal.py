@@ -1,0 +1,256 @@
+"""A run replayed in memory: recorded steps, no store, no lease, nothing written anywhere.
+
+The same ``Run`` a worker drives, over a ``MemoryStore`` instead of Redis and a guard that
+always holds, so a replay takes exactly the path a resumed run would: recorded steps return
+their results, drift raises ``ReplayMismatch`` naming both keys, version gates answer as they
+would for that history. What happens at a step the recording lacks is the caller's policy:
+
+- a test (``journal.testing.replay``) runs it live when allowed, else refuses it
+  (``StepNotInFixture``, with the nearest recorded keys);
+- a deploy check (``journal.preflight``) stops there (``Frontier``): the run would go on from
+  that step, so every recorded step before it replayed cleanly.
+
+An effect the recording lacks is never performed: the store refuses its claim, through the
+same policy. Nothing here touches a server; what a step run live touches is its own business.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, NoReturn, Protocol, TypeVar
+
+from journal.backend import NO_WAIT, EffectClaim, Recorded, RecordWait, Settled
+from journal.clock import Clock
+from journal.keys import Keyspace, RunKeys
+from journal.steps import Run, StepEvent, StepPolicy
+from journal.waits import Suspend, Wait
+from journal.workflow import Workflow
+
+R = TypeVar("R")
+
+
+class Policy(StepPolicy, Protocol):
+    """A replay's answer to a step or an effect the recording lacks (see the module)."""
+
+    def refuse_effect(self, key: str) -> NoReturn:
+        """An effect the recording lacks was about to be claimed: raise, always."""
+        ...
+
+
+class Frontier(Exception):
+    """The replay reached a step the recording lacks: where the recorded run would go on.
+
+    Not a ``JournalError``: a deploy check stops here on purpose, and the run is fine.
+    """
+
+    def __init__(self, key: str, kind: str) -> None:
+        super().__init__(key, kind)
+        self.key = key
+        self.kind = kind
+
+
+class StopAtFrontier:
+    """Stop at the first step or effect the recording lacks: nothing is ever run."""
+
+    def exempt(self, key: str) -> bool:
+        """Never: drift is checked at every step."""
+        return False
+
+    def admit(self, key: str, kind: str) -> NoReturn:
+        """Stop: the recorded run would go on from here, so nothing before it drifted."""
+        raise Frontier(key, kind)
+
+    def refuse_effect(self, key: str) -> NoReturn:
+        """Stop, as at a step: the effect is never performed."""
+        raise Frontier(key, "effect")
+
+
+class RunOn:
+    """Run every step the recording lacks (a fork's rest, in memory); stop before an effect."""
+
+    def exempt(self, key: str) -> bool:
+        """Never: drift is checked at every step."""
+        return False
+
+    def admit(self, key: str, kind: str) -> None:
+        """Let it run."""
+
+    def refuse_effect(self, key: str) -> NoReturn:
+        """Stop: an effect is never performed in memory."""
+        raise Frontier(key, "effect")
+
+
+class MemoryStore:
+    """A ``StepStore`` in memory: records first-writer-wins in a dict, signals as given.
+
+    Args:
+        signals: the payloads delivered to the run, by name, as the signals hash holds them.
+        policy: what to do when an effect the recording lacks is about to be claimed.
+    """
+
+    def __init__(self, signals: Mapping[str, bytes], policy: Policy) -> None:
+        self.records: dict[str, bytes] = {}
+        self._signals = dict(signals)
+        self._policy = policy
+        self._lock = threading.Lock()
+
+    def record(
+        self, keys: RunKeys, holder: str, step: str, encoded: bytes, wait: RecordWait = NO_WAIT
+    ) -> tuple[Recorded, Any]:
+        """Keep a step run live, as ``HSETNX`` would: the first record of a key stands."""
+        with self._lock:
+            found = self.records.get(step)
+            if found is not None:
+                return Recorded.ALREADY, found
+            self.records[step] = encoded
+            return Recorded.RECORDED, None
+
+    def signal(self, keys: RunKeys, name: str) -> bytes | None:
+        """The payload of signal ``name`` the run had received, if any."""
+        return self._signals.get(name)
+
+    def effect_claim(
+        self,
+        keys: RunKeys,
+        holder: str,
+        effect: str,
+        fence: int,
+        timeout_ms: int,
+        process: str,
+        proved_dead: bool,
+    ) -> EffectClaim:
+        """Refuse: a replay never performs an effect (the policy says how it refuses)."""
+        self._policy.refuse_effect(effect)
+
+    def effect_settle(
+        self, keys: RunKeys, holder: str, effect: str, fence: int, state: str, receipt: bytes
+    ) -> Settled:
+        """Refuse, as ``effect_claim`` does: no claim of a replay ever stands."""
+        self._policy.refuse_effect(effect)
+
+
+class _Held:
+    """The guard of a run in memory: no lease to lose, no operator to cancel it."""
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+
+    def ensure(self) -> None:
+        """Always held."""
+
+    def confirm(self) -> float:
+        """Always held, now."""
+        return time.monotonic()
+
+
+class _GatedRun(Run):
+    """A ``Run`` that notes what each version gate answered: the old path or the new."""
+
+    def __init__(self, gates: dict[str, int], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.gates = gates
+
+    def version(self, key: str, current: int) -> int:
+        """``Run.version``, noted."""
+        answer = super().version(key, current)
+        self.gates[key] = answer
+        return answer
+
+
+@dataclass(frozen=True)
+class Rehearsal:
+    """How a replay in memory ended (failures raise instead).
+
+    Attributes:
+        run: the full id.
+        status: ``done`` (the body returned) or ``waiting`` (it suspended).
+        result: the body's return value; wait: what a waiting run waits for.
+        replayed: the keys taken from the recording, in the order the code asked for them.
+        ran: the keys run live.
+        unreplayed: recorded keys the code never asked for.
+        gates: each version gate met and what it answered (0: the old path).
+    """
+
+    run: str
+    status: str
+    result: Any
+    wait: Wait | None
+    replayed: tuple[str, ...]
+    ran: tuple[str, ...]
+    unreplayed: tuple[str, ...]
+    gates: dict[str, int]
+
+
+def rehearse(
+    workflow: Workflow[Any, Any],
+    run_id: str,
+    args: Mapping[str, Any],
+    recorded: Mapping[str, bytes],
+    *,
+    signals: Mapping[str, bytes],
+    policy: Policy,
+    clock: Clock,
+    on_step: Callable[[StepEvent], None] | None = None,
+    gates: dict[str, int] | None = None,
+) -> Rehearsal:
+    """Run ``workflow``'s body for ``run_id`` over ``recorded``, in memory.
+
+    Args:
+        workflow: the workflow as the code defines it now.
+        run_id: the run id (its keys are built only to name it; nothing is written).
+        args: the options the run froze.
+        recorded: the steps hash as the journal holds it (key -> JSON record).
+        signals: the signals hash (name -> JSON payload).
+        policy: what to do at a step or an effect the recording lacks.
+        clock: the clock of sleeps, signal deadlines and ``now``.
+        on_step: told of every step, replayed or run.
+        gates: filled with each version gate met and its answer as the replay goes, so a
+            caller still has them when the replay raises.
+
+    Raises:
+        ReplayMismatch: the code drifted from the recording.
+        Exception: whatever the body or the policy raised.
+    """
+    keys = Keyspace().run(workflow.name, run_id)
+    replayed: list[str] = []
+    ran: list[str] = []
+    lock = threading.Lock()
+
+    def observe(event: StepEvent) -> None:
+        with lock:
+            (replayed if event.replayed else ran).append(event.key)
+        if on_step is not None:
+            on_step(event)
+
+    run = _GatedRun(
+        gates if gates is not None else {},
+        backend=MemoryStore(signals, policy),
+        keys=keys,
+        holder="rehearsal",
+        fence=0,
+        clock=clock,
+        recorded=dict(recorded),
+        guard=_Held(),
+        on_step=observe,
+        policy=policy,
+    )
+    run.args = dict(args)
+    status, result, wait = "done", None, None
+    try:
+        result = workflow.start(run)
+    except Suspend as suspend:
+        status, wait = "waiting", suspend.wait
+    seen = set(replayed)
+    return Rehearsal(
+        run=keys.run,
+        status=status,
+        result=result,
+        wait=wait,
+        replayed=tuple(replayed),
+        ran=tuple(ran),
+        unreplayed=tuple(key for key in recorded if key not in seen),
+        gates=dict(run.gates),
+    )
