@@ -54,7 +54,12 @@ def holdings(runtime: Runtime) -> dict[str, int]:
 
 
 def held_elsewhere(runtime: Runtime, owner: str) -> list[Held]:
-    """The items runs other than ``owner`` hold, by run, each with its state."""
+    """The items runs other than ``owner`` hold, by run, each with its state.
+
+    Read live for the run's report, never journaled: a replay, which has no store, reports none.
+    """
+    if runtime.replaying:
+        return []
     held = []
     for run, count in sorted(holdings(runtime).items()):
         if run == owner:

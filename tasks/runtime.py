@@ -85,6 +85,8 @@ class Runtime:
     keys: DigestKeys
     summarizer: Summarizer
     mailer: Mailer
+    replaying: bool = False
+    """A replay's runtime (``storeless``): it has no store, so no other run's state either."""
 
     @classmethod
     def build(cls, config: Config, *, allow_offline: bool) -> Runtime:
@@ -239,6 +241,7 @@ def storeless(config: Config | None = None) -> Iterator[Runtime]:
         keys=DigestKeys(config.key_prefix, cluster=False),
         summarizer=choose_summarizer(config, allow_offline=True),
         mailer=choose_mailer(config),
+        replaying=True,
     )
     with _runtime_lock:
         before, _runtime = _runtime, runtime
