@@ -161,10 +161,18 @@ def import_model_sdk(**_: Any) -> None:
     """Import the Anthropic SDK in the worker's main process, before its pool forks.
 
     Every child then shares the imported modules instead of paying the import (seconds) on its
-    first model call; a worker with no key never calls the model and skips it.
+    first model call; a worker with no key never calls the model and skips it, saying once
+    whether it summarizes offline.
     """
     if os.environ.get("ANTHROPIC_API_KEY"):
         import anthropic  # noqa: F401
+    elif settings().offline_allowed:
+        # Once, from the main process: the pool children summarize offline without a word.
+        log.warning(
+            "no ANTHROPIC_API_KEY: summarizing offline (first sentence of each update), as "
+            "`digest run` does; set the key for real summaries%s",
+            "" if settings().offline else " (with REDIS_URL set, a worker refuses instead)",
+        )
 
 
 @worker_init.connect

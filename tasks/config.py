@@ -285,6 +285,16 @@ class Config:
             )
 
     @property
+    def offline_allowed(self) -> bool:
+        """Whether a worker with no API key summarizes offline, as ``digest run`` does.
+
+        On the embedded default (no ``REDIS_URL``: one machine, trying things out) it does;
+        a deployment that names its Redis refuses unless ``DIGEST_OFFLINE=1`` says so, rather
+        than send offline summaries because a secret went missing.
+        """
+        return self.offline or self.redis_url is None
+
+    @property
     def zone(self) -> ZoneInfo:
         """The schedule's time zone."""
         return ZoneInfo(self.timezone)
@@ -489,7 +499,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("DIGEST_FROM", "sender", "text", "the email's sender"),
     Setting("DIGEST_TO", "recipient", "text", "the email's recipient"),
     Setting("DIGEST_TIMEZONE", "timezone", "text", "beat schedule zone (Monday 08:00)"),
-    Setting("DIGEST_OFFLINE", "offline", "flag", "let a worker summarize without an API key"),
+    Setting(
+        "DIGEST_OFFLINE",
+        "offline",
+        "flag",
+        "1: a worker with no API key summarizes offline; without `REDIS_URL` (the embedded "
+        "default) it does so anyway and logs it once, with `REDIS_URL` it refuses every run",
+    ),
     Setting("DIGEST_APPROVAL", "approval", "flag", "the approval gate: 1 waits for a decision"),
     Setting(
         "DIGEST_APPROVAL_TIMEOUT",

@@ -90,7 +90,8 @@ class Runtime:
         Args:
             config: the settings.
             allow_offline: use the offline summarizer when no API key is set (the CLI);
-                a worker passes ``config.offline`` so it refuses to fake summaries silently.
+                a worker passes ``config.offline_allowed`` so that a deployment with its own
+                Redis refuses to fake summaries silently.
         """
         url = store_url(config)
         try:
@@ -155,7 +156,7 @@ def choose_mailer(config: Config) -> Mailer:
 
 
 class MissingKey:
-    """Stands in for a summarizer on a worker with no API key and no ``DIGEST_OFFLINE=1``."""
+    """Stands in for a summarizer on a worker with no API key, ``REDIS_URL`` set, no offline."""
 
     name = "none (ANTHROPIC_API_KEY is not set)"
 
@@ -186,13 +187,14 @@ def process_runtime() -> Runtime:
     """The runtime workflows in this process run with, built on first use.
 
     A worker's is built on its first delivery, after the pool forks, and summarizes offline
-    only with ``DIGEST_OFFLINE=1``; a command line installs its own first (``use_runtime``).
+    only where ``Config.offline_allowed``; a command line installs its own first
+    (``use_runtime``).
     """
     global _runtime
     with _runtime_lock:
         if _runtime is None:
             config = process_config()
-            _runtime = Runtime.build(config, allow_offline=config.offline)
+            _runtime = Runtime.build(config, allow_offline=config.offline_allowed)
         return _runtime
 
 
