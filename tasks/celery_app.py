@@ -118,6 +118,9 @@ def celery_settings(config: Config) -> dict[str, Any]:
         "task_default_queue": config.queue,
         "worker_soft_shutdown_timeout": config.soft_shutdown_timeout,
         "timezone": config.timezone,
+        # Beat's own record of when it last sent each entry: state, not source, so it goes
+        # to the state dir (`--schedule` still overrides it), never into a checkout.
+        "beat_schedule_filename": str(config.state_dir / "celerybeat-schedule"),
         "beat_schedule": {
             "digest-weekly": {
                 "task": "tasks.dispatch_weekly",

@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, Deployment
+from tests.support import BIN, ROOT, Deployment, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -103,3 +104,25 @@ def test_importing_the_app_reads_no_setting_and_starts_nothing(deployment: Deplo
     # The bad setting surfaces at the first use, to the caller, as the CLI words it.
     assert seen["refused"] == "DIGEST_CONCURRENCY='lots': not a number; use a value from 1 to 64"
     assert not state.exists()  # no embedded server was started, no state written
+
+
+def test_beat_keeps_its_schedule_file_in_the_state_dir_not_where_it_was_started(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    started_in = tmp_path / "checkout"
+    started_in.mkdir()
+    beat = subprocess.Popen(
+        [str(BIN / "celery"), "-A", "tasks", "beat", "--loglevel=INFO"],
+        cwd=started_in,
+        env=deployment.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deployment.processes.append(beat)
+    wait_until(
+        lambda: list(deployment.state_dir.glob("celerybeat-schedule*")), 30, "beat's schedule file"
+    )
+    beat.terminate()
+    beat.wait(timeout=30)
+    assert list(started_in.iterdir()) == []
