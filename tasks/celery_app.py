@@ -108,7 +108,7 @@ def celery_settings(config: Config) -> dict[str, Any]:
     backend = result_backend(config)
     return {
         **at_least_once_settings(
-            visibility_timeout=config.visibility_timeout, task_time_limit=config.task_time_limit
+            visibility_timeout=config.visibility_timeout, task_time_limit=config.time_limit
         ),
         "broker_url": broker,
         "broker_use_ssl": verified_tls(broker),

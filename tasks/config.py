@@ -69,6 +69,8 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
 
 
 AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+# A delivery's hard limit unless the broker needs a shorter one (``Config.time_limit``).
+DEFAULT_TIME_LIMIT = 1800
 
 
 def _check_url(name: str, url: str | None, schemes: tuple[str, ...] | None) -> None:
@@ -128,7 +130,8 @@ class Config:
             ``journal.keys``); on a Redis Cluster, more than the masters spreads the sweep's
             and the listing's load over them. Part of the key layout: set it once.
         visibility_timeout: the Redis broker's redelivery timeout, in seconds.
-        task_time_limit: the hard limit of one delivery, in seconds.
+        task_time_limit: the hard limit of one delivery, in seconds; None derives it from the
+            broker in use (``time_limit``).
         queue: the Celery queue digests are sent to and workers consume; one per deployment
             sharing a broker.
         run_retry_delay: seconds before the due sweep retries a run that failed for a
@@ -176,7 +179,7 @@ class Config:
     catch_up_weeks: int = 4
     journal_shards: int = 1
     visibility_timeout: float = 3600.0
-    task_time_limit: float = 1800.0
+    task_time_limit: float | None = None
     queue: str = "celery"
     run_retry_delay: float = 60.0
     run_retry_max_delay: float = 3600.0
@@ -216,28 +219,27 @@ class Config:
                 f"DIGEST_TIMEZONE={self.timezone!r}: unknown time zone; use an IANA name such "
                 "as Europe/Berlin"
             ) from None
-        if redelivers_running(self.task_time_limit, self.visibility_timeout):
+        if redelivers_running(self.time_limit, self.visibility_timeout):
             raise BadInput(
-                f"DIGEST_TASK_TIME_LIMIT={self.task_time_limit:g} must stay below 90% of "
+                f"DIGEST_TASK_TIME_LIMIT={self.time_limit:g} must stay below 90% of "
                 f"DIGEST_VISIBILITY_TIMEOUT={self.visibility_timeout:g}, or the broker "
                 "redelivers tasks that are still running"
             )
         # Checked, not set: an x-consumer-timeout argument is ignored before RabbitMQ 3.12 (its
         # 30 minutes still apply), and as a queue argument it makes every later declaration of
         # an existing queue fail (PRECONDITION_FAILED). The broker's operator owns the timeout.
-        amqp = self.broker_url is not None and urlsplit(self.broker_url).scheme in AMQP_SCHEMES
-        if amqp and redelivers_running(self.task_time_limit, self.consumer_timeout):
+        if self.amqp and redelivers_running(self.time_limit, self.consumer_timeout):
             raise BadInput(
-                f"DIGEST_TASK_TIME_LIMIT={self.task_time_limit:g} must stay below 90% of "
+                f"DIGEST_TASK_TIME_LIMIT={self.time_limit:g} must stay below 90% of "
                 f"RabbitMQ's consumer timeout (DIGEST_CONSUMER_TIMEOUT={self.consumer_timeout:g}"
                 "), or RabbitMQ closes the channel of a delivery still running and redelivers "
                 f"it; lower DIGEST_TASK_TIME_LIMIT to {safe_time_limit(self.consumer_timeout)} or "
                 "less, or raise consumer_timeout on the broker and DIGEST_CONSUMER_TIMEOUT to match"
             )
-        if self.model_timeout >= self.task_time_limit:
+        if self.model_timeout >= self.time_limit:
             raise BadInput(
                 f"DIGEST_MODEL_TIMEOUT={self.model_timeout:g} must be shorter than "
-                f"DIGEST_TASK_TIME_LIMIT={self.task_time_limit:g}"
+                f"DIGEST_TASK_TIME_LIMIT={self.time_limit:g}"
             )
         unpriced = [
             m for m in (self.summary_model, self.intro_model) if m not in self.prices.prices
@@ -275,7 +277,7 @@ class Config:
                 "Celery's Redis transport cannot use as its broker; set CELERY_BROKER_URL to a "
                 "standalone Redis"
             )
-        if urlsplit(self.broker_url).scheme in AMQP_SCHEMES:
+        if self.amqp:
             # With RabbitMQ, task states go to the journal's Redis (see result_backend), and
             # Celery's Redis result backend has no cluster client either.
             raise BadInput(
@@ -283,6 +285,24 @@ class Config:
                 "CELERY_BROKER_URL is RabbitMQ, so Celery's task states would go to the cluster, "
                 "which its Redis result backend cannot use; use a standalone Redis broker"
             )
+
+    @property
+    def amqp(self) -> bool:
+        """Whether Celery's broker is RabbitMQ (or another AMQP broker)."""
+        return self.broker_url is not None and urlsplit(self.broker_url).scheme in AMQP_SCHEMES
+
+    @property
+    def time_limit(self) -> float:
+        """One delivery's hard limit: ``DIGEST_TASK_TIME_LIMIT``, else derived from the broker.
+
+        30 minutes, or less where the broker would redeliver a running task sooner: safely
+        below RabbitMQ's consumer timeout, or the Redis broker's visibility timeout. So the
+        defaults work with either broker, and only a limit set by hand can be refused.
+        """
+        if self.task_time_limit is not None:
+            return self.task_time_limit
+        redelivery = self.consumer_timeout if self.amqp else self.visibility_timeout
+        return float(min(DEFAULT_TIME_LIMIT, safe_time_limit(redelivery)))
 
     @property
     def offline_allowed(self) -> bool:
@@ -570,19 +590,21 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "DIGEST_TASK_TIME_LIMIT",
         "task_time_limit",
-        "number",
-        "hard limit of one delivery; below 90% of the visibility timeout",
+        "optional_number",
+        "hard limit of one delivery; one set here must stay below 90% of the broker's "
+        "redelivery timeout (the visibility timeout, or RabbitMQ's consumer timeout)",
         30,
         43200,
-        "s",
+        shown="1800 (s), or 90% of the broker's redelivery timeout less 1 s where that is "
+        "shorter (1619 with RabbitMQ's default)",
     ),
     Setting(
         "DIGEST_CONSUMER_TIMEOUT",
         "consumer_timeout",
         "number",
         "RabbitMQ's `consumer_timeout` (its default: 30 min); with an AMQP broker the time limit "
-        "must stay below 90% of it, so set `DIGEST_TASK_TIME_LIMIT` to 1619 or less, or raise "
-        "both",
+        "stays below 90% of it (the default is derived from it; one set by hand is refused "
+        "above)",
         60,
         7 * 86400,
         "s",

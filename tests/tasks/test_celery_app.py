@@ -126,3 +126,15 @@ def test_beat_keeps_its_schedule_file_in_the_state_dir_not_where_it_was_started(
     beat.terminate()
     beat.wait(timeout=30)
     assert list(started_in.iterdir()) == []
+
+
+def test_with_rabbitmq_and_the_defaults_the_app_limits_a_task_below_its_consumer_timeout(
+    deployment: Deployment,
+) -> None:
+    # Reading the configuration connects to nothing: nothing listens on port 9.
+    env = {**deployment.env, "CELERY_BROKER_URL": "amqp://guest:guest@127.0.0.1:9//"}
+    probe = "from tasks.celery_app import app; print(app.conf.task_time_limit)"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert (done.returncode, done.stdout) == (0, "1619\n"), done.stderr
