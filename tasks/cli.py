@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = Config.from_env()
         # Only an omitted id means this week; an empty one is refused like any bad id.
         given = getattr(args, "run_id", None)  # `digest runs` takes no run id
-        run_id = iso_week_run_id(datetime.now(config.zone)) if given is None else given
+        run_id = iso_week_run_id(datetime.now(config.zone)) if given is None else _run_id(given)
         validate_run_id(run_id)
         return int(COMMANDS[args.command](config, run_id, args))
     except (BadInput, InvalidRunId, ControlRefused) as bad:
@@ -105,6 +105,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (DigestError, JournalError) as failure:
         print(f"failed: {_printable(redact(str(failure)))}", file=sys.stderr)
         return EXIT_FAILED
+
+
+def _run_id(given: str) -> str:
+    """The run id of ``given``, which may be as listings print it (``digest:2026-w42``).
+
+    Raises:
+        BadInput: ``given`` names a run of another workflow.
+    """
+    workflow, colon, run_id = given.rpartition(":")
+    if colon and workflow != digest.name:
+        raise BadInput(
+            f"{given!r} is not a digest run; give its id as `digest runs` prints it "
+            f"({digest.name}:2026-w42) or alone (2026-w42)"
+        )
+    return run_id if colon else given
+
+
+def _known(runtime: Runtime, run_id: str) -> RunView:
+    """The run, which must have started: acting on or showing a run never begun is a typo.
+
+    Raises:
+        BadInput: the journal has no such run.
+    """
+    view = inspect_run(runtime.journal, digest.name, run_id)
+    if not view.meta:
+        raise BadInput(
+            f"no run {view.run} in the journal: it never started; `digest runs` lists the "
+            f"runs, `digest run {run_id}` starts it"
+        )
+    return view
 
 
 def _step_printer(offline: OfflineSummarizer | None) -> Callable[[StepEvent], None]:
@@ -199,7 +229,7 @@ def cmd_enqueue(config: Config, run_id: str, args: argparse.Namespace) -> int:
 def cmd_show(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Print what the journal knows about a run."""
     runtime = Runtime.build(config, allow_offline=True)
-    view = inspect_run(runtime.journal, digest.name, run_id)
+    view = _known(runtime, run_id)
     # Masked again here: a journal written before masking, or by other code, may hold a secret.
     if args.json:
         print(redact(json.dumps(_view_json(view), indent=2, sort_keys=True)))
@@ -217,7 +247,7 @@ def cmd_runs(config: Config, run_id: str, args: argparse.Namespace) -> int:
             f"{row.run:32} {row.state:10} updated {_when(row.updated_ms / 1000)}  "
             f"{usage.calls} calls {dollars(usage.cost_usd)}"
         )
-        fate = _fate(row.meta)
+        fate = _fate(row.meta) or _outcome(row.meta)
         print(_printable(f"{line}  {fate}" if fate else line))
     return EXIT_OK
 
@@ -342,6 +372,19 @@ def _fate(meta: dict[str, str]) -> str:
     return ""
 
 
+def _outcome(meta: dict[str, str]) -> str:
+    """A finished run's outcome in words: ``sent: 8 items, email sent (...)``, ``rejected``."""
+    if meta.get("status") != "done" or "outcome" not in meta:
+        return ""
+    result = json.loads(meta["outcome"])
+    if not isinstance(result, dict) or "status" not in result:
+        return ""
+    if result["status"] == "sent":
+        return f"sent: {result['items']} items{receipt_line(result)}"
+    reason = result.get("reason")
+    return f"{result['status']} ({reason})" if reason else str(result["status"])
+
+
 def _when_ms(meta: dict[str, str], name: str) -> str:
     raw = meta.get(name, "")
     return _when(int(raw) / 1000) if raw.isdigit() else f"unknown ({name}={raw!r})"
@@ -350,7 +393,9 @@ def _when_ms(meta: dict[str, str], name: str) -> str:
 def _render(view: RunView) -> str:
     meta = view.meta
     fate = _fate(meta)  # the next retry, or that it gave up
-    lines = [f"run      {view.run}", f"status   {view.status} {fate}".rstrip()]
+    outcome = _outcome(meta)
+    status = f"{view.status}: {outcome}" if outcome else f"{view.status} {fate}".rstrip()
+    lines = [f"run      {view.run}", f"status   {status}"]
     if meta.get("cancel"):
         lines.append(
             f"cancel   {meta['cancel']} (asked {_when(int(meta['cancel_requested_at']) / 1000)})"

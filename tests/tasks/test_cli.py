@@ -189,7 +189,8 @@ def test_with_the_model_api_a_crash_costs_only_the_calls_in_flight(
     assert shown.stdout.endswith(
         f"\n13 steps, 9 model calls, {tokens[0]} input + {tokens[1]} output tokens, ${spent:.4f}\n"
     )
-    assert "status   done\nlease    free\n" in shown.stdout
+    status = "status   done: sent: 8 items, email sent (digest-2026-w42)"
+    assert f"{status}\nlease    free\n" in shown.stdout
 
     runs = deployment.cli("runs")
     [line] = runs.stdout.splitlines()
@@ -384,3 +385,39 @@ def test_only_a_model_call_imports_the_sdk(
         heavy = {"anthropic", "celery", "httpx", "pydantic"} & set(imported(done.stderr))
         assert (args, heavy) == (args, set())
     assert fake_anthropic.calls == 9
+
+
+def test_every_command_takes_the_ids_it_prints_and_an_unknown_run_is_one_line_exit_2(
+    deployment: Deployment,
+) -> None:
+    offline(deployment)
+    assert deployment.cli("run", RUN).returncode == 0
+    listed = deployment.cli("runs")
+    assert listed.stdout.startswith(f"digest:{RUN} ")
+    assert "sent: 8 items" in listed.stdout
+
+    by_printed_id = deployment.cli("show", f"digest:{RUN}")
+    by_run_id = deployment.cli("show", RUN)
+    assert (by_printed_id.returncode, by_printed_id.stderr) == (0, "")
+    assert by_printed_id.stdout == by_run_id.stdout
+    assert by_printed_id.stdout.splitlines()[1] == (
+        "status   done: sent: 8 items, email sent (digest-2026-w42)"
+    )
+    rerun = deployment.cli("run", f"digest:{RUN}")
+    assert rerun.returncode == 0
+
+    for command in (["show"], ["show", "--json"]):
+        unknown = deployment.cli(*command, "digest:2026-w41")
+        assert (unknown.returncode, unknown.stdout) == (2, ""), command
+        assert unknown.stderr == (
+            "digest: no run digest:2026-w41 in the journal: it never started; `digest runs` "
+            "lists the runs, `digest run 2026-w41` starts it\n"
+        ), command
+    for command in (["cancel"], ["retry"], ["approve"], ["fork", "--from", "send"]):
+        unknown = deployment.cli(*command, "digest:2026-w41")
+        assert (unknown.returncode, unknown.stdout) == (2, ""), command
+        assert len(unknown.stderr.splitlines()) == 1, command
+        assert "digest:2026-w41" in unknown.stderr, command
+    other = deployment.cli("show", "orders:2026-w42")
+    assert (other.returncode, other.stdout) == (2, "")
+    assert "orders:2026-w42" in other.stderr and "digest" in other.stderr
