@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 from journal import StepEvent
 from journal.control import retry as retry_run
 from journal.errors import ControlRefused, InvalidRunId, JournalError, LeaseBusy, RunParked
-from journal.inspect import STATES, RunView, inspect_run, list_runs
+from journal.inspect import STATES, Cursor, RunView, inspect_run, list_runs
 from journal.keys import validate_run_id
 from journal.redact import redact, redact_logging
 from tasks import control
@@ -40,6 +40,13 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BUSY = 0, 1, 2, 3
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"digest: {message} (see digest --help)\n")
+
+
+def _page_size(text: str) -> int:
+    """``--limit``: a whole number of runs from 1 to 1000."""
+    if not text.isdigit() or not 1 <= int(text) <= 1000:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of runs from 1 to 1000")
+    return int(text)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -61,8 +68,16 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("run_id", nargs="?", help="the run id (default: this week)")
     show.add_argument("--json", action="store_true", help="machine-readable output")
 
-    runs = sub.add_parser("runs", help="the most recently updated runs")
-    runs.add_argument("--status", choices=STATES, help="only runs in this state")
+    runs = sub.add_parser("runs", help="the most recently updated runs, a page at a time")
+    runs.add_argument("--status", choices=STATES, help="only runs in this state (default: all)")
+    runs.add_argument(
+        "--limit", type=_page_size, default=50, metavar="N", help="runs per page (default: 50)"
+    )
+    runs.add_argument(
+        "--before",
+        metavar="CURSOR",
+        help="the page after the one that ended here (printed after a full page)",
+    )
 
     cancel = sub.add_parser("cancel", help="stop a run before its next step; a waiting one now")
     cancel.add_argument("run_id")
@@ -240,8 +255,16 @@ def cmd_show(config: Config, run_id: str, args: argparse.Namespace) -> int:
 
 def cmd_runs(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """List recent runs with their state, newest first."""
+    try:
+        before = Cursor.parse(args.before) if args.before else None
+    except ValueError as bad:
+        raise BadInput(f"--before: {bad}; give the cursor a full page ended with") from None
     runtime = Runtime.build(config, allow_offline=True)
-    for row in list_runs(runtime.journal, state=args.status, steps=True):
+    # One row more than the page, to say whether another page follows.
+    rows = list_runs(
+        runtime.journal, state=args.status, steps=True, limit=args.limit + 1, before=before
+    )
+    for row in rows[: args.limit]:
         usage = usage_of(record.result for record in row.steps)
         line = (
             f"{row.run:32} {row.state:10} updated {_when(row.updated_ms / 1000)}  "
@@ -249,6 +272,13 @@ def cmd_runs(config: Config, run_id: str, args: argparse.Namespace) -> int:
         )
         fate = _fate(row.meta) or _outcome(row.meta)
         print(_printable(f"{line}  {fate}" if fate else line))
+    if len(rows) > args.limit:
+        status = f" --status {args.status}" if args.status else ""
+        print(
+            f"more runs: digest runs{status} --limit {args.limit} "
+            f"--before {rows[args.limit - 1].cursor}",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 

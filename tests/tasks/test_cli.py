@@ -8,6 +8,7 @@ real SDK against the fake Anthropic server.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
@@ -421,3 +422,35 @@ def test_every_command_takes_the_ids_it_prints_and_an_unknown_run_is_one_line_ex
     other = deployment.cli("show", "orders:2026-w42")
     assert (other.returncode, other.stdout) == (2, "")
     assert "orders:2026-w42" in other.stderr and "digest" in other.stderr
+
+
+def test_runs_pages_through_the_listing_with_limit_status_and_before(
+    deployment: Deployment,
+) -> None:
+    offline(deployment)
+    weeks = [f"2026-w{n:02d}" for n in range(30, 37)]
+    for week in weeks:  # the first sends, the rest find nothing new
+        assert deployment.cli("run", week).returncode == 0
+    newest_first = [f"digest:{week}" for week in reversed(weeks)]
+
+    seen: list[str] = []
+    page = deployment.cli("runs", "--limit", "3")
+    while True:
+        assert page.returncode == 0, page.stderr
+        seen += [line.split()[0] for line in page.stdout.splitlines()]
+        more = re.fullmatch(r"more runs: digest runs --limit 3 --before (\S+)\n", page.stderr)
+        if not more:
+            assert page.stderr == ""
+            break
+        page = deployment.cli("runs", "--limit", "3", "--before", more.group(1))
+    assert seen == newest_first
+
+    done = deployment.cli("runs", "--status", "done", "--limit", "100")
+    assert [line.split()[0] for line in done.stdout.splitlines()] == newest_first
+    assert done.stderr == ""
+    assert deployment.cli("runs", "--status", "failed").stdout == ""
+
+    for bad in (["--limit", "0"], ["--before", "yesterday"]):
+        refused = deployment.cli("runs", *bad)
+        assert (refused.returncode, refused.stdout) == (2, "")
+        assert len(refused.stderr.splitlines()) == 1, refused.stderr
