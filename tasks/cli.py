@@ -19,13 +19,14 @@ from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from journal import StepEvent
+from journal.control import purge as purge_runs
 from journal.control import retry as retry_run
 from journal.errors import ControlRefused, InvalidRunId, JournalError, LeaseBusy, RunParked
 from journal.inspect import STATES, Cursor, RunView, inspect_run, list_runs
 from journal.keys import validate_run_id
 from journal.redact import redact, redact_logging
 from tasks import control
-from tasks.config import Config
+from tasks.config import Config, parse_duration
 from tasks.cost import dollars, is_call, usage_of
 from tasks.errors import BadInput, DigestError
 from tasks.items import load_items
@@ -91,6 +92,20 @@ def _parser() -> argparse.ArgumentParser:
     fork.add_argument("run_id")
     fork.add_argument("--from", dest="step", required=True, metavar="STEP")
     fork.add_argument("--as", dest="new_run_id", metavar="NEW", help="default: RUN-forkN")
+
+    purge = sub.add_parser(
+        "purge", help="remove the keys of ended runs (done, cancelled, failed) older than this"
+    )
+    purge.add_argument(
+        "--older-than",
+        required=True,
+        metavar="DURATION",
+        help="last updated longer ago than this: 30d, 36h, 8w (running, waiting and retrying "
+        "runs are never removed)",
+    )
+    purge.add_argument(
+        "--dry-run", action="store_true", help="list what would go, and remove nothing"
+    )
 
     approve = sub.add_parser("approve", help="approve a digest waiting for approval")
     approve.add_argument("run_id")
@@ -303,6 +318,19 @@ def cmd_fork(config: Config, run_id: str, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_purge(config: Config, run_id: str, args: argparse.Namespace) -> int:
+    """Remove ended runs older than ``--older-than`` (``DIGEST_RUN_RETENTION``, for beat)."""
+    older_than = parse_duration("--older-than", args.older_than)
+    runtime = Runtime.build(config, allow_offline=True)
+    purged = purge_runs(runtime.journal, older_than, dry_run=args.dry_run)
+    verb = "would purge" if args.dry_run else "purged"
+    for run in purged:
+        print(_printable(f"{verb} {run.run} ({run.status})"))
+    runs = f"{len(purged)} run{'' if len(purged) == 1 else 's'}"
+    print(f"{verb} {runs}; nothing deleted (--dry-run)" if args.dry_run else f"{verb} {runs}")
+    return EXIT_OK
+
+
 def cmd_approve(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Approve a digest waiting at its approval gate."""
     return _decide(config, run_id, {"approved": True})
@@ -340,6 +368,7 @@ COMMANDS = {
     "cancel": cmd_cancel,
     "retry": cmd_retry,
     "fork": cmd_fork,
+    "purge": cmd_purge,
 }
 
 

@@ -6,6 +6,7 @@ Conflicting settings are refused when a process starts, not discovered at 3 a.m.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,24 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
     if raw in ("1", "true", "yes", "on"):
         return True
     raise BadInput(f"{name}={raw!r}: not a flag; use 1 or 0")
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+
+
+def parse_duration(name: str, raw: str) -> float:
+    """Seconds from ``90m``, ``36h``, ``30d``, ``8w`` (a number and its unit).
+
+    Raises:
+        BadInput: ``raw`` is not a duration; ``name`` is the option or variable it came from.
+    """
+    found = _DURATION.fullmatch(raw.strip())
+    if not found:
+        raise BadInput(
+            f"{name}={raw!r}: not a duration; use a number and a unit, s, m, h, d or w, such as 30d"
+        )
+    return float(found.group(1)) * _UNITS[found.group(2)]
 
 
 AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")

@@ -244,14 +244,15 @@ def select_unseen(runtime: Runtime, path: Path, owner: str, *, claim: bool = Tru
 def take_over_from_cancelled(
     runtime: Runtime, owner: str, ids: list[str], holders: list[bytes | str | None]
 ) -> list[bytes | str | None]:
-    """Claim for ``owner`` the items held by cancelled runs; the holders after it.
+    """Claim for ``owner`` the items held by cancelled or purged runs; the holders after it.
 
     A cancelled run ends without sending and never runs again, but it is stopped from outside,
-    between two of its steps, so it cannot let go of its claims itself. The claims are moved
-    under ``WATCH``: of two runs taking one item over at once, one wins.
+    between two of its steps, so it cannot let go of its claims itself; nor can a run whose
+    keys ``digest purge`` removed (no status: a run holding claims has opened, so it had one).
+    The claims are moved under ``WATCH``: of two runs taking one item over at once, one wins.
     """
     others = {text(holder) for holder in holders if holder is not None and text(holder) != owner}
-    cancelled = {other for other in others if run_status(runtime, other) == "cancelled"}
+    cancelled = {other for other in others if run_status(runtime, other) in ("cancelled", None)}
     if not cancelled:
         return holders
     claims = runtime.keys.claims

@@ -454,3 +454,52 @@ def test_runs_pages_through_the_listing_with_limit_status_and_before(
         refused = deployment.cli("runs", *bad)
         assert (refused.returncode, refused.stdout) == (2, "")
         assert len(refused.stderr.splitlines()) == 1, refused.stderr
+
+
+def test_purge_removes_only_ended_runs_older_than_asked_and_a_dry_run_nothing(
+    deployment: Deployment,
+) -> None:
+    offline(deployment)
+    assert deployment.cli("run", "2026-w40", "--approval").stdout.startswith("  ran      select")
+    for ended in ("2026-w41", "2026-w37"):  # nothing new: w40 holds every item
+        assert deployment.cli("run", ended).returncode == 0
+    crashed = deployment.cli("run", "2026-w38", env={"CRASH": "after:select"})
+    assert crashed.returncode == 137  # left running, its lease expiring
+    before = {run: deployment.view(run).status for run in ("2026-w40", "2026-w38")}
+    assert before == {"2026-w40": "waiting", "2026-w38": "running"}
+
+    fresh = deployment.cli("purge", "--older-than", "1d")
+    assert (fresh.returncode, fresh.stdout) == (0, "purged 0 runs\n"), fresh.stderr
+
+    dry = deployment.cli("purge", "--older-than", "0s", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.splitlines() == [
+        "would purge digest:2026-w41 (done)",
+        "would purge digest:2026-w37 (done)",
+        "would purge 2 runs; nothing deleted (--dry-run)",
+    ]
+    assert deployment.view("2026-w41").status == "done"
+
+    purged = deployment.cli("purge", "--older-than", "0s")
+    assert purged.stdout.splitlines()[-1] == "purged 2 runs", purged.stderr
+    for gone in ("2026-w41", "2026-w37"):
+        assert deployment.cli("show", gone).returncode == 2
+        assert deployment.client().keys(f"*{{digest:{gone}}}*") == []
+    listed = deployment.cli("runs").stdout
+    assert [line.split()[0] for line in listed.splitlines()] == [
+        "digest:2026-w38",
+        "digest:2026-w40",
+    ]
+    # A cancelled run still holds the items it selected; purged, it lets the next run have them.
+    assert deployment.cli("cancel", "2026-w40").returncode == 0
+    assert deployment.cli("purge", "--older-than", "0s").stdout.splitlines() == [
+        "purged digest:2026-w40 (cancelled)",
+        "purged 1 run",
+    ]
+    after = deployment.cli("run", "2026-w43")
+    assert after.stdout.splitlines()[-1].startswith("sent: 8 items"), after.stdout
+
+    for bad in ("soon", "-1d", "10"):
+        refused = deployment.cli("purge", "--older-than", bad)
+        assert (refused.returncode, refused.stdout) == (2, ""), bad
+        assert len(refused.stderr.splitlines()) == 1, refused.stderr
