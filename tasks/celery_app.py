@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shutil
 import ssl
 import sys
 from collections.abc import Iterator, Mapping
@@ -28,6 +29,7 @@ from celery.signals import (
     after_setup_task_logger,
     worker_init,
     worker_process_shutdown,
+    worker_shutdown,
 )
 
 from journal import StepEvent
@@ -46,9 +48,11 @@ from tasks.runtime import (
     HINTS,
     broker_url,
     connect,
+    metrics_dir,
     prepare_metrics,
     process_config,
     process_runtime,
+    remove_dead_metrics,
     store_url,
 )
 
@@ -219,7 +223,9 @@ def serve_metrics(**_: Any) -> None:
     config = settings()
     if config.metrics_port is None:
         return
-    prepare_metrics(config.state_dir / f"metrics-{os.getpid()}")
+    for removed in remove_dead_metrics(config.state_dir):
+        log.info("removed %s: its worker is gone", removed)
+    prepare_metrics(metrics_dir(config.state_dir, os.getpid()))
     from prometheus_client import start_http_server
 
     from journal import Journal, Keyspace
@@ -232,6 +238,14 @@ def serve_metrics(**_: Any) -> None:
 
     start_http_server(config.metrics_port, registry=metrics.registry(journal))
     log.info("metrics on :%d/metrics", config.metrics_port)
+
+
+@worker_shutdown.connect
+def remove_own_metrics(**_: Any) -> None:
+    """A stopping worker's counters go with it: nothing scrapes them once it is gone."""
+    own = metrics_dir(settings().state_dir, os.getpid())
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR") == str(own):  # not a directory it was given
+        shutil.rmtree(own, ignore_errors=True)
 
 
 @worker_process_shutdown.connect

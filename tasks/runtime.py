@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,34 @@ def prepare_metrics(directory: Path) -> None:
         for stale in directory.glob("*.db"):  # an earlier process's counts are not ours
             stale.unlink()
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
+
+
+def metrics_dir(state_dir: Path, pid: int) -> Path:
+    """The multiprocess directory of the worker whose main process is ``pid``."""
+    return state_dir / f"metrics-{pid}"
+
+
+def remove_dead_metrics(state_dir: Path) -> list[Path]:
+    """Remove the metrics directories of workers that are gone; the ones removed.
+
+    A worker removes its own when it stops; one killed (kill -9, an OOM) cannot, and its
+    directory would stay forever. A pid that names a live process keeps its directory, even
+    if that process is not the worker that wrote it (a reused pid): a stale directory kept is
+    harmless, a live worker's removed would lose its counts.
+    """
+    removed = []
+    for directory in state_dir.glob("metrics-*"):
+        pid = directory.name.removeprefix("metrics-")
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(directory, ignore_errors=True)
+            removed.append(directory)
+        except PermissionError:  # alive, another user's
+            continue
+    return removed
 
 
 def store_url(config: Config) -> str:
