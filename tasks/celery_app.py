@@ -58,6 +58,9 @@ from tasks.runtime import (
 
 log = logging.getLogger("tasks.digest")
 
+# Celery's names for a cron expression's five fields, in the expression's order.
+CRON_FIELDS = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
+
 
 def settings() -> Config:
     """The settings, read on first use; a refused one ends ``celery -A tasks`` in one line.
@@ -67,7 +70,9 @@ def settings() -> Config:
             that imported the app: its exception to handle).
     """
     try:
-        return process_config()
+        config = process_config()
+        config.parsed_schedule()  # only beat and workers read it: checked as they start
+        return config
     except BadInput as bad:
         if Path(sys.argv[0]).name != "celery" and not sys.argv[0].endswith("celery/__main__.py"):
             raise
@@ -110,6 +115,7 @@ def celery_settings(config: Config) -> dict[str, Any]:
     """Celery's configuration for these settings: the at-least-once ones, broker, schedule."""
     broker = broker_url(config)
     backend = result_backend(config)
+    schedule = config.parsed_schedule()
     return {
         **at_least_once_settings(
             visibility_timeout=config.visibility_timeout, task_time_limit=config.time_limit
@@ -128,7 +134,7 @@ def celery_settings(config: Config) -> dict[str, Any]:
         "beat_schedule": {
             "digest-weekly": {
                 "task": "tasks.dispatch_weekly",
-                "schedule": crontab(minute="0", hour="8", day_of_week="mon"),
+                "schedule": crontab(**dict(zip(CRON_FIELDS, schedule.fields, strict=True))),
             },
             # The same idempotent dispatcher, hourly: catches up on Mondays beat was down for.
             "digest-catch-up": {"task": "tasks.dispatch_weekly", "schedule": crontab(minute="5")},
@@ -284,6 +290,7 @@ def dispatch_weekly() -> list[str]:
         runtime.keys,
         datetime.now(UTC),
         zone=config.timezone,
+        schedule=config.parsed_schedule(),
         catch_up_weeks=config.catch_up_weeks,
         enqueue=lambda run_id: digest.apply_async(args=[run_id], task_id=f"digest-{run_id}"),
     )

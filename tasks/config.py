@@ -19,6 +19,7 @@ from journal.redact import add_secret, add_url_secrets, redact
 from tasks.cost import PriceTable
 from tasks.errors import BadInput
 from tasks.model import DEFAULT_INTRO_MODEL, DEFAULT_SUMMARY_MODEL
+from tasks.schedule import DEFAULT_SCHEDULE, Schedule
 
 # Variables whose values are secrets as a whole, and those that are URLs that may carry one.
 SECRET_VARIABLES = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
@@ -135,7 +136,8 @@ class Config:
         smtp_require_tls: refuse an ``smtp://`` server that offers no STARTTLS, even when
             the URL carries no credentials (credentials are never sent in clear anyway).
         sender, recipient: the email's From and To.
-        timezone: the zone of the Monday 08:00 schedule.
+        timezone: the zone of the schedule.
+        schedule: when beat sends a digest: a day and a time, or a cron expression.
         offline: allow the worker to summarize without an API key.
         approval: wait for a human approval before sending.
         approval_timeout: seconds to wait for it.
@@ -189,6 +191,7 @@ class Config:
     sender: str = "digest@example.com"
     recipient: str = "team@example.com"
     timezone: str = "UTC"
+    schedule: str = DEFAULT_SCHEDULE
     offline: bool = False
     approval: bool = False
     approval_timeout: float = 24 * 3600.0
@@ -332,6 +335,20 @@ class Config:
         than send offline summaries because a secret went missing.
         """
         return self.offline or self.redis_url is None
+
+    def parsed_schedule(self) -> Schedule:
+        """``DIGEST_SCHEDULE``, read by beat's entry and the dispatcher alike.
+
+        Checked where it is used, when a worker or beat starts, not by every command line
+        (see ``Schedule.parse``).
+
+        Raises:
+            BadInput: it is neither a day and a time nor a cron expression.
+        """
+        try:
+            return Schedule.parse(self.schedule)
+        except ValueError as bad:
+            raise BadInput(f"DIGEST_SCHEDULE={bad}") from None
 
     @property
     def zone(self) -> ZoneInfo:
@@ -537,7 +554,15 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("DIGEST_FROM", "sender", "text", "the email's sender"),
     Setting("DIGEST_TO", "recipient", "text", "the email's recipient"),
-    Setting("DIGEST_TIMEZONE", "timezone", "text", "beat schedule zone (Monday 08:00)"),
+    Setting("DIGEST_TIMEZONE", "timezone", "text", "the schedule's time zone"),
+    Setting(
+        "DIGEST_SCHEDULE",
+        "schedule",
+        "text",
+        "when beat sends the week's digest: a day and a time (`fri 17:30`) or a cron expression "
+        "read by Celery's parser (`0 8 * * 1-5`: one digest a week all the same, the run id is "
+        "the ISO week); refused at a worker's or beat's start",
+    ),
     Setting(
         "DIGEST_OFFLINE",
         "offline",

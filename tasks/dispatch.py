@@ -25,7 +25,7 @@ from journal.holder import ProcessIdentity
 from journal.scripts import Client
 from tasks.faults import before_publishing
 from tasks.keys import DigestKeys, text
-from tasks.schedule import run_ids_due
+from tasks.schedule import Schedule, run_ids_due
 
 MARKER_TTL_S = 400 * 24 * 3600  # longer than any look-back, short enough to expire
 CLAIM_TTL_S = 60  # a publish takes milliseconds; well inside the hourly catch-up
@@ -39,10 +39,11 @@ def dispatch_due(
     *,
     zone: str,
     catch_up_weeks: int,
+    schedule: Schedule | None = None,
     enqueue: Callable[[str], None],
 ) -> list[str]:
     """Enqueue every due, not yet dispatched run id, oldest first; returns those enqueued."""
-    due = run_ids_due(now, ZoneInfo(zone), catch_up_weeks)
+    due = run_ids_due(now, ZoneInfo(zone), catch_up_weeks, schedule)
     raw = client.get(keys.dispatch_watermark)
     watermark = text(raw) if raw else None
     candidates = due[-1:] if watermark is None else [r for r in due if r > watermark]

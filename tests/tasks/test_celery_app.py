@@ -138,3 +138,36 @@ def test_with_rabbitmq_and_the_defaults_the_app_limits_a_task_below_its_consumer
         [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True
     )
     assert (done.returncode, done.stdout) == (0, "1619\n"), done.stderr
+
+
+def test_digest_schedule_sets_beats_entry_and_the_dispatcher_and_a_bad_one_stops_beat(
+    deployment: Deployment,
+) -> None:
+    probe = (
+        "from datetime import datetime, UTC\n"
+        "from tasks.celery_app import app\n"
+        "from tasks.schedule import run_ids_due\n"
+        "from tasks.runtime import process_config\n"
+        "entry = app.conf.beat_schedule['digest-weekly']['schedule']\n"
+        "print(entry._orig_minute, entry._orig_hour, entry._orig_day_of_week)\n"
+        "now = datetime(2026, 10, 16, 17, 29, tzinfo=UTC)\n"
+        "print(run_ids_due(now, process_config().zone, 1, process_config().parsed_schedule()))\n"
+    )
+    env = {**deployment.env, "DIGEST_SCHEDULE": "fri 17:30"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.stdout.splitlines() == ["30 17 fri", "['2026-w40', '2026-w41']"], done.stderr
+
+    refused = subprocess.run(
+        [str(BIN / "celery"), "-A", "tasks", "beat"],
+        env={**deployment.env, "DIGEST_SCHEDULE": "every monday"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (refused.returncode, refused.stdout) == (2, "")
+    assert refused.stderr.splitlines() == [
+        "digest: DIGEST_SCHEDULE='every monday': use a day and a time (mon 08:00) or a cron "
+        "expression of five fields (0 8 * * mon)"
+    ]
