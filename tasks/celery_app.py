@@ -36,6 +36,7 @@ from journal import StepEvent
 from journal.clock import SystemClock
 from journal.contrib.checks import check_skew
 from journal.contrib.embedded import embedded_broker_url
+from journal.control import purge as purge_runs
 from journal.durable import SWEEP_TASK, Durable, at_least_once_settings
 from journal.errors import ClockSkewed
 from journal.events import emit
@@ -139,6 +140,16 @@ def celery_settings(config: Config) -> dict[str, Any]:
             # The same idempotent dispatcher, hourly: catches up on Mondays beat was down for.
             "digest-catch-up": {"task": "tasks.dispatch_weekly", "schedule": crontab(minute="5")},
             "journal-sweep": {"task": SWEEP_TASK, "schedule": config.sweep_interval},
+            **(
+                {}
+                if config.run_retention is None
+                else {
+                    "journal-purge": {
+                        "task": "tasks.purge_old_runs",
+                        "schedule": crontab(minute="30", hour="3", day_of_week="sun"),
+                    }
+                }
+            ),
         },
     }
 
@@ -294,3 +305,15 @@ def dispatch_weekly() -> list[str]:
         catch_up_weeks=config.catch_up_weeks,
         enqueue=lambda run_id: digest.apply_async(args=[run_id], task_id=f"digest-{run_id}"),
     )
+
+
+@app.task(name="tasks.purge_old_runs", ignore_result=True)
+def purge_old_runs() -> list[str]:
+    """Remove the keys of runs that ended longer than ``DIGEST_RUN_RETENTION`` ago."""
+    runtime = process_runtime()
+    retention = runtime.config.run_retention
+    if retention is None:  # a message left from when it was set
+        return []
+    purged = [run.run for run in purge_runs(runtime.journal, retention)]
+    log.info("purged %d runs that ended over %gs ago", len(purged), retention)
+    return purged

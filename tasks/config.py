@@ -161,6 +161,8 @@ class Config:
         give_up_after: seconds from a streak's first transient failure to failing the run for
             good; 0 turns automatic retries off.
         metrics_port: the port a worker serves Prometheus metrics on; None for none.
+        run_retention: seconds after its last update an ended run's keys are purged by beat,
+            weekly; None keeps every run.
         max_cost_usd: a run's model budget in dollars; None for no limit.
         prices: the per-model price table a call's cost is computed with.
         consumer_timeout: RabbitMQ's delivery acknowledgement timeout (its ``consumer_timeout``,
@@ -210,6 +212,7 @@ class Config:
     soft_shutdown_timeout: float = 0.0
     max_cost_usd: float | None = None
     metrics_port: int | None = None
+    run_retention: float | None = None
     prices: PriceTable = field(default_factory=PriceTable)
 
     @classmethod
@@ -362,7 +365,15 @@ class Config:
 
 
 Kind = Literal[
-    "text", "optional", "path", "number", "count", "flag", "optional_number", "optional_count"
+    "text",
+    "optional",
+    "path",
+    "number",
+    "count",
+    "flag",
+    "optional_number",
+    "optional_count",
+    "optional_duration",
 ]
 
 
@@ -378,7 +389,8 @@ class Setting:
         env: the variable.
         field: the ``Config`` field it sets; None for a variable another library reads.
         kind: how its text becomes a value (``optional``: unset is None; ``optional_number``
-            and ``optional_count``: unset or 0 is None).
+            and ``optional_count``: unset or 0 is None; ``optional_duration``: ``30d``, unset
+            is None).
         low, high: the range of a number or a count.
         doc: the table's meaning column.
         unit: shown after a numeric default.
@@ -414,6 +426,8 @@ class Setting:
         if self.kind == "optional_number":
             return _number(env, self.env, 0, low, high) or None
         raw = env.get(self.env) or None
+        if self.kind == "optional_duration":
+            return None if raw is None else parse_duration(self.env, raw)
         if self.kind == "optional":
             return raw
         if raw is None:
@@ -705,6 +719,14 @@ SETTINGS: tuple[Setting, ...] = (
         0,
         65535,
         shown="unset",
+    ),
+    Setting(
+        "DIGEST_RUN_RETENTION",
+        "run_retention",
+        "optional_duration",
+        "beat purges, every Sunday at 03:30, the runs that ended (done, cancelled, failed) "
+        "longer ago than this (`90d`; see `digest purge`)",
+        shown="unset: runs are kept",
     ),
     Setting(
         "PROMETHEUS_MULTIPROC_DIR",

@@ -171,3 +171,33 @@ def test_digest_schedule_sets_beats_entry_and_the_dispatcher_and_a_bad_one_stops
         "digest: DIGEST_SCHEDULE='every monday': use a day and a time (mon 08:00) or a cron "
         "expression of five fields (0 8 * * mon)"
     ]
+
+
+def test_with_digest_run_retention_beat_purges_ended_runs_weekly(deployment: Deployment) -> None:
+    deployment.env.pop("ANTHROPIC_API_KEY", None)
+    assert deployment.cli("run", "2026-w42").returncode == 0
+    probe = (
+        "from tasks.celery_app import app, purge_old_runs\n"
+        "entry = app.conf.beat_schedule.get('journal-purge')\n"
+        "print(entry and (entry['task'], str(entry['schedule'])))\n"
+        "print(purge_old_runs() if entry else None)\n"
+    )
+
+    def run(**env: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-c", probe],
+            cwd=ROOT,
+            env={**deployment.env, **env},
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    assert run() == ["None", "None"]
+    assert deployment.view("2026-w42").status == "done"
+    assert run(DIGEST_RUN_RETENTION="0s") == [
+        "('tasks.purge_old_runs', '<crontab: 30 3 * * sun (m/h/dM/MY/d)>')",
+        "['digest:2026-w42']",
+    ]
+    assert deployment.view("2026-w42").meta == {}
