@@ -16,6 +16,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from importlib import metadata
 from typing import Any, NoReturn
 
 from journal import StepEvent
@@ -24,6 +25,7 @@ from journal.control import retry as retry_run
 from journal.errors import ControlRefused, InvalidRunId, JournalError, LeaseBusy, RunParked
 from journal.inspect import STATES, Cursor, RunView, inspect_run, list_runs
 from journal.keys import validate_run_id
+from journal.records import Record
 from journal.redact import redact, redact_logging
 from tasks import control
 from tasks.config import Config, parse_duration
@@ -36,6 +38,9 @@ from tasks.schedule import iso_week_run_id
 from tasks.workflow import DigestOptions, digest, draft_digest, preview, receipt_line
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BUSY = 0, 1, 2, 3
+RUN_ID_HELP = "the run, as listed (digest:2026-w42) or alone (2026-w42)"
+# The version of `digest show --json`'s layout: raised when a field changes meaning or goes.
+SHOW_SCHEMA = 1
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,22 +57,33 @@ def _page_size(text: str) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="digest", description="The weekly AI digest, durable on Redis.")
+    parser.add_argument(
+        "--version", action="version", version=f"digest {metadata.version('durable-digest')}"
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = sub.add_parser("run", help="run a digest in this process (resumes where it stopped)")
-    run.add_argument("run_id", nargs="?", help="the run id, e.g. 2026-w42 (default: this week)")
+    run.add_argument("run_id", nargs="?", help=f"{RUN_ID_HELP} (default: this week)")
     run.add_argument("--to", help="recipient (default: DIGEST_TO)")
     run.add_argument("--items", help="items file (default: DIGEST_ITEMS)")
     run.add_argument("--dry-run", action="store_true", help="run every step but send/mark-seen")
-    run.add_argument("--approval", action="store_true", help="wait for `digest approve` first")
-    run.add_argument("--retry", action="store_true", help="reset a parked run, then run it")
+    run.add_argument(
+        "--approval", action="store_true", help="wait for `digest approve` first (DIGEST_APPROVAL)"
+    )
+    run.add_argument(
+        "--retry",
+        action="store_true",
+        help="make a failed, parked or retrying run ready to start again, then run it",
+    )
 
     enqueue = sub.add_parser("enqueue", help="hand a run to the Celery workers")
-    enqueue.add_argument("run_id", nargs="?", help="the run id (default: this week)")
+    enqueue.add_argument("run_id", nargs="?", help=f"{RUN_ID_HELP} (default: this week)")
 
     show = sub.add_parser("show", help="what a run did: steps, attempts, usage, lease, errors")
-    show.add_argument("run_id", nargs="?", help="the run id (default: this week)")
-    show.add_argument("--json", action="store_true", help="machine-readable output")
+    show.add_argument("run_id", nargs="?", help=f"{RUN_ID_HELP} (default: this week)")
+    show.add_argument(
+        "--json", action="store_true", help=f"typed JSON, schema {SHOW_SCHEMA} (docs/operations.md)"
+    )
 
     runs = sub.add_parser("runs", help="the most recently updated runs, a page at a time")
     runs.add_argument("--status", choices=STATES, help="only runs in this state (default: all)")
@@ -81,16 +97,24 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     cancel = sub.add_parser("cancel", help="stop a run before its next step; a waiting one now")
-    cancel.add_argument("run_id")
-    cancel.add_argument("--reason", default="", help="kept in the run's meta")
-    retry = sub.add_parser("retry", help="hand a failed (or parked) run to the workers now")
-    retry.add_argument("run_id")
+    cancel.add_argument("run_id", help=RUN_ID_HELP)
+    cancel.add_argument(
+        "--reason", default="", help="kept in the run's meta (default: none, 'cancelled')"
+    )
+    retry = sub.add_parser("retry", help="hand a failed, parked or retrying run to the workers now")
+    retry.add_argument("run_id", help=RUN_ID_HELP)
     console = sub.add_parser("console", help="the web console: runs, steps, actions")
     console.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine)")
-    console.add_argument("--port", type=int, default=8765)
+    console.add_argument("--port", type=int, default=8765, help="default: 8765")
     fork = sub.add_parser("fork", help="a new run with this one's steps before STEP; runs the rest")
-    fork.add_argument("run_id")
-    fork.add_argument("--from", dest="step", required=True, metavar="STEP")
+    fork.add_argument("run_id", help=RUN_ID_HELP)
+    fork.add_argument(
+        "--from",
+        dest="step",
+        required=True,
+        metavar="STEP",
+        help="the first step the fork runs again (a key `digest show` lists, e.g. compose)",
+    )
     fork.add_argument("--as", dest="new_run_id", metavar="NEW", help="default: RUN-forkN")
 
     purge = sub.add_parser(
@@ -108,10 +132,10 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     approve = sub.add_parser("approve", help="approve a digest waiting for approval")
-    approve.add_argument("run_id")
+    approve.add_argument("run_id", help=RUN_ID_HELP)
     reject = sub.add_parser("reject", help="reject a digest waiting for approval")
-    reject.add_argument("run_id")
-    reject.add_argument("--reason", required=True)
+    reject.add_argument("run_id", help=RUN_ID_HELP)
+    reject.add_argument("--reason", required=True, help="why, kept with the run's outcome")
     return parser
 
 
@@ -220,7 +244,8 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
         print(f"cancelled: {outcome.run} was cancelled; nothing more runs or is sent")
         return EXIT_OK
     if outcome.status == "already-done":
-        print("already-done: 0 items, 0 model calls in this attempt")
+        earlier = _outcome({"status": "done", "outcome": json.dumps(outcome.result)})
+        print(f"already-done: ended earlier ({earlier}); nothing ran in this attempt")
         return EXIT_OK
     if outcome.status == "waiting":
         assert outcome.wait is not None
@@ -240,9 +265,15 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
         email = result["email"]
         text = f"\nTo: {email['to']}\nSubject: {email['subject']}\n\n{email['body']}\n"
         print(_printable(text, newlines=True))
+    calls = result["model_calls"]
+    # The offline summarizer calls no model: its completions are counted as what they are.
+    made = (
+        f"{calls} offline summaries (no model calls)"
+        if offline is not None and offline.used
+        else f"{calls} model calls"
+    )
     print(
-        f"{result['status']}: {result['items']} items, {result['model_calls']} model calls "
-        f"in this attempt{receipt_line(result)}"
+        f"{result['status']}: {result['items']} items, {made} in this attempt{receipt_line(result)}"
     )
     return EXIT_OK
 
@@ -402,6 +433,17 @@ def _preview(value: Any, width: int = 60) -> str:
     return flat if len(flat) <= width else flat[: width - 3] + "..."
 
 
+def _result_text(record: Record) -> str:
+    """A step's result in a line: the send step's receipt in words, as ``digest run`` says it.
+
+    Its record's ``sent`` means "delivered by this attempt": false for an email an earlier
+    attempt delivered, which would read as "not sent".
+    """
+    if record.key == "send" and isinstance(record.result, dict) and "id" in record.result:
+        return receipt_line({"receipt": record.result}).removeprefix(", ")
+    return _preview(record.result)
+
+
 def _cost(value: Any) -> str:
     if not is_call(value):
         return ""
@@ -484,13 +526,14 @@ def _render(view: RunView) -> str:
     for record in view.steps:
         lines.append(
             f"{record.key:22} {_when(record.finished_at / 1000):23} {record.attempt:>3} "
-            f"{_usage(record.result):>13} {_cost(record.result):>9}  {_preview(record.result)}"
+            f"{_usage(record.result):>13} {_cost(record.result):>9}  {_result_text(record)}"
         )
     usage = usage_of(record.result for record in view.steps)
     unpriced = f" ({usage.unpriced} calls unpriced)" if usage.unpriced else ""
+    offline = f" ({usage.offline} offline summaries)" if usage.offline else ""
     lines.append(
-        f"\n{len(view.steps)} steps, {usage.calls} model calls, {usage.input_tokens} input + "
-        f"{usage.output_tokens} output tokens, {dollars(usage.cost_usd)}{unpriced}"
+        f"\n{len(view.steps)} steps, {usage.calls} model calls{offline}, {usage.input_tokens} "
+        f"input + {usage.output_tokens} output tokens, {dollars(usage.cost_usd)}{unpriced}"
     )
     draft = view.step("draft")
     if view.wait is not None and view.wait.signal == "approval" and draft is not None:
@@ -504,12 +547,21 @@ def _render(view: RunView) -> str:
 
 
 def _view_json(view: RunView) -> dict[str, Any]:
+    """``digest show --json``: every value typed (numbers, ISO 8601 times, nested objects).
+
+    The layout is versioned (``schema``); docs/operations.md describes it.
+    """
+    # The wait is given once, below, with its time in ISO 8601 like every other.
+    meta = {name: _typed(name, value) for name, value in view.meta.items() if name != "wait"}
     return {
+        "schema": SHOW_SCHEMA,
         "run": view.run,
         "status": view.status,
-        "meta": view.meta,
+        "state": view.state,
+        "outcome": meta.pop("outcome", None),  # the run's result, once it ended
+        "meta": meta,
         "lease": {"holder": view.lease_holder, "ttl_ms": view.lease_ttl_ms},
-        "wait": view.wait.to_json() if view.wait else None,
+        "wait": _wait_json(view),
         "signals": view.signals,
         "steps": [
             {
@@ -518,13 +570,43 @@ def _view_json(view: RunView) -> dict[str, Any]:
                 "seq": r.seq,
                 "attempt": r.attempt,
                 "fence": r.fence,
-                "started_at": r.started_at,
-                "finished_at": r.finished_at,
+                "started_at": _iso(r.started_at),
+                "finished_at": _iso(r.finished_at),
                 "result": r.result,
+                "text": _result_text(r),
             }
             for r in view.steps
         ],
     }
+
+
+def _iso(ms: float) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+def _typed(name: str, value: str) -> Any:
+    """A meta field as JSON: times in ISO 8601, counts as numbers, stored JSON as objects.
+
+    Times are the fields stored as milliseconds since the epoch (``*_at``, ``*_until``);
+    stored JSON is the outcome, the arguments and the wait; anything else stays text.
+    """
+    if value.isdigit():
+        return _iso(int(value)) if name.endswith(("_at", "_until")) else int(value)
+    if value[:1] in "{[":
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _wait_json(view: RunView) -> dict[str, Any] | None:
+    if view.wait is None:
+        return None
+    wait = view.wait.to_json()
+    if isinstance(wait.get("until"), int | float):
+        wait["until"] = datetime.fromtimestamp(wait["until"], UTC).isoformat()
+    return wait
 
 
 def entry() -> None:

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
+from tasks.cost import OFFLINE_MODEL
 from tasks.errors import DigestError, ItemRefused, ModelAuthFailed, ModelRefused
 from tasks.items import Item
 from tasks.prompts import INTRO_SYSTEM, SUMMARY_SYSTEM, intro_prompt, summary_prompt
@@ -233,7 +234,7 @@ class OfflineSummarizer:
             the CLI says the summaries are offline only when there are some.
     """
 
-    name = "offline"
+    name = OFFLINE_MODEL
 
     def __init__(self) -> None:
         self.used = False

@@ -201,3 +201,24 @@ def test_with_digest_run_retention_beat_purges_ended_runs_weekly(deployment: Dep
         "['digest:2026-w42']",
     ]
     assert deployment.view("2026-w42").meta == {}
+
+
+def test_delay_without_a_run_id_is_refused_in_one_line_before_anything_is_sent(
+    deployment: Deployment,
+) -> None:
+    probe = (
+        "from tasks import digest\n"
+        "for send in (lambda: digest.delay(), lambda: digest.apply_async(args=[])):\n"
+        "    try:\n"
+        "        send()\n"
+        "    except Exception as refused:\n"
+        "        print(type(refused).__name__, refused)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=deployment.env, capture_output=True, text=True
+    )
+    expected = (
+        "InvalidRunId invalid run id '': none was given (digest.delay(\"2026-w42\")); use 1-128 "
+        "characters of letters, digits, '.', '_' or '-' (for example 2026-w42)"
+    )
+    assert done.stdout.splitlines() == [expected, expected], done.stderr

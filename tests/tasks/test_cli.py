@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import subprocess
 import threading
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ import pytest
 from journal import Run
 from journal.inspect import inspect_run
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.support import TITLES, Deployment, as_bytes, wait_until
+from tests.support import BIN, TITLES, Deployment, as_bytes, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +50,8 @@ RESUMED = """\
   ran      send
   ran      mark-seen
   ran      done
-sent: 8 items, 6 model calls in this attempt, email sent (digest-2026-w42)
+sent: 8 items, 6 offline summaries (no model calls) in this attempt, email sent \
+(digest-2026-w42)
 """
 
 SENT_TWICE = """\
@@ -96,7 +99,8 @@ def test_the_tutorial_transcript_crash_resume_rerun_and_next_week(
     again = deployment.cli("run", RUN)
     assert (again.returncode, again.stdout) == (
         0,
-        "already-done: 0 items, 0 model calls in this attempt\n",
+        "already-done: ended earlier (sent: 8 items, email sent (digest-2026-w42)); "
+        "nothing ran in this attempt\n",
     )
     next_week = deployment.cli("run", "2026-w43")
     assert (next_week.returncode, next_week.stdout) == (
@@ -181,7 +185,7 @@ def test_with_the_model_api_a_crash_costs_only_the_calls_in_flight(
             assert result["cost_usd"] == pytest.approx(price)
             spent += price
             cost = f"${price:.4f}"
-        finished = datetime.fromtimestamp(step["finished_at"] / 1000, UTC)
+        finished = datetime.fromisoformat(step["finished_at"])
         when = finished.strftime("%Y-%m-%d %H:%M:%S UTC")
         assert (
             f"\n{step['key']:22} {when:23} {step['attempt']:>3} {usage:>13} {cost:>9}  "
@@ -503,3 +507,76 @@ def test_purge_removes_only_ended_runs_older_than_asked_and_a_dry_run_nothing(
         refused = deployment.cli("purge", "--older-than", bad)
         assert (refused.returncode, refused.stdout) == (2, ""), bad
         assert len(refused.stderr.splitlines()) == 1, refused.stderr
+
+
+def test_the_command_line_names_its_version_and_every_argument_and_default() -> None:
+    version = subprocess.run([str(BIN / "digest"), "--version"], capture_output=True, text=True)
+    assert (version.returncode, version.stdout) == (0, "digest 0.1.0\n")
+    top = subprocess.run([str(BIN / "digest"), "--help"], capture_output=True, text=True)
+    commands = re.findall(r"^    (\w+)\s", top.stdout, re.MULTILINE)
+    assert {"run", "show", "runs", "purge", "console"} <= set(commands)
+    for command in commands:
+        shown = subprocess.run(
+            [str(BIN / "digest"), command, "--help"], capture_output=True, text=True
+        )
+        assert shown.returncode == 0, command
+        listed = shown.stdout.split("\n\n", 2)[-1]
+        # Every argument line carries its help, on the same line or the next.
+        for line, after in zip(listed.splitlines(), [*listed.splitlines()[1:], ""], strict=True):
+            if re.match(r"^  \S", line) and "-h, --help" not in line:
+                assert re.search(r"\S\s{2,}\S", line.strip()) or after.startswith(" " * 10), (
+                    command,
+                    line,
+                )
+    console = subprocess.run(
+        [str(BIN / "digest"), "console", "--help"], capture_output=True, text=True
+    )
+    assert "default: 8765" in console.stdout
+    run = subprocess.run([str(BIN / "digest"), "run", "--help"], capture_output=True, text=True)
+    assert "failed, parked or retrying" in " ".join(run.stdout.split())
+
+
+def test_show_json_is_typed_with_a_schema_version_and_a_rerun_says_what_was_done(
+    deployment: Deployment,
+) -> None:
+    offline(deployment)
+    first = deployment.cli("run", RUN)
+    assert first.stdout.splitlines()[-1] == (
+        "sent: 8 items, 9 offline summaries (no model calls) in this attempt, "
+        "email sent (digest-2026-w42)"
+    )
+    again = deployment.cli("run", RUN)
+    assert again.stdout == (
+        "already-done: ended earlier (sent: 8 items, email sent (digest-2026-w42)); "
+        "nothing ran in this attempt\n"
+    )
+    text = deployment.cli("show", RUN).stdout
+    assert "13 steps, 0 model calls (9 offline summaries)" in text
+    send_line = next(line for line in text.splitlines() if line.startswith("send "))
+    assert send_line.endswith("email sent (digest-2026-w42)")
+
+    shown = json.loads(deployment.cli("show", RUN, "--json").stdout)
+    assert shown["schema"] == 1
+    assert shown["outcome"] == {
+        "status": "sent",
+        "items": 8,
+        "model_calls": 9,
+        "receipt": {"id": "digest-2026-w42", "sent": True},
+    }
+    assert isinstance(shown["meta"]["starts"], int)
+    assert datetime.fromisoformat(shown["meta"]["created_at"]).tzinfo is not None
+    assert shown["lease"] == {"holder": None, "ttl_ms": None}
+    step = shown["steps"][0]
+    assert (step["key"], type(step["seq"])) == ("select", int)
+    assert datetime.fromisoformat(step["finished_at"]) >= datetime.fromisoformat(step["started_at"])
+
+
+def test_console_on_a_busy_port_fails_before_printing_its_url(deployment: Deployment) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        refused = deployment.cli("console", "--port", str(port))
+    assert (refused.returncode, refused.stdout) == (2, "")
+    assert refused.stderr.startswith(f"digest: --host 127.0.0.1 --port {port}: ")
+    assert len(refused.stderr.splitlines()) == 1
