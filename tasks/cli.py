@@ -31,6 +31,7 @@ from tasks import control
 from tasks.config import Config, parse_duration
 from tasks.cost import dollars, is_call, usage_of
 from tasks.errors import BadInput, DigestError
+from tasks.feeds import is_url
 from tasks.items import load_items
 from tasks.model import OfflineSummarizer
 from tasks.runtime import Runtime, use_runtime
@@ -223,8 +224,11 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
     # A dry run is a workflow of its own, in a scratch journal: a worker never runs a preview.
     workflow = preview if args.dry_run else digest
     view = inspect_run(journal, workflow.name, run_id)
-    if view.step("select") is None and view.status not in ("done", "cancelled"):
-        load_items(args.items or config.items_path)  # bad input: refused before any write
+    source = args.items or config.items_path
+    # Bad input is refused before any write; a URL is fetched once, by `select` itself.
+    unstarted = view.step("select") is None and view.status not in ("done", "cancelled")
+    if unstarted and not is_url(source):
+        load_items(source)
     # What a worker would freeze (the workflow's defaults): the recipient and the gate are
     # read now, at the first start, and a later change of the environment changes nothing.
     options = DigestOptions(

@@ -118,7 +118,8 @@ class Config:
         redis_url: the journal store; None means the embedded Valkey in ``state_dir``.
         broker_url: Celery's broker; None means the journal store.
         state_dir: embedded server data and the file outbox.
-        items_path: this week's updates.
+        items_path: this week's updates: a file, or an https:// URL (``tasks.feeds``).
+        items_timeout: seconds a URL of updates may take to answer.
         key_prefix: the prefix of every Redis key the project writes.
         summary_model, intro_model: model ids.
         concurrency: summaries in flight at once.
@@ -177,7 +178,8 @@ class Config:
     redis_url: str | None = None
     broker_url: str | None = None
     state_dir: Path = Path(".digest")
-    items_path: Path = Path("data/items.json")
+    items_path: str = "data/items.json"
+    items_timeout: float = 10.0
     key_prefix: str = "journal"
     summary_model: str = DEFAULT_SUMMARY_MODEL
     intro_model: str = DEFAULT_INTRO_MODEL
@@ -472,7 +474,22 @@ SETTINGS: tuple[Setting, ...] = (
         "embedded server data, file outbox; made 0700 and the server's files 0600 at its start "
         "(they hold model output and drafts)",
     ),
-    Setting("DIGEST_ITEMS", "items_path", "path", "this week's updates"),
+    Setting(
+        "DIGEST_ITEMS",
+        "items_path",
+        "text",
+        "this week's updates: a JSON file, or an `https://` URL of a JSON list or an Atom/RSS "
+        "feed, fetched once by the `select` step (at most 5 MB) and frozen with the run",
+    ),
+    Setting(
+        "DIGEST_ITEMS_TIMEOUT",
+        "items_timeout",
+        "number",
+        "how long a `DIGEST_ITEMS` URL may take to answer",
+        1,
+        300,
+        "s",
+    ),
     Setting(
         "DIGEST_KEY_PREFIX", "key_prefix", "text", "prefix of every Redis key the project writes"
     ),

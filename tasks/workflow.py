@@ -14,7 +14,6 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import redis
@@ -152,9 +151,9 @@ def run_digest(
     # Claimed for this run, atomically per item: an overlapping run of another week (after an
     # outage) gets the rest, never the same items. A run that ends without sending lets go.
     owner = f"{run.workflow}:{run.run_id}"
-    path = Path(items or config.items_path)
+    source = items or config.items_path
     week = typed_step(
-        run, "select", ITEMS, lambda: select_unseen(runtime, path, owner, claim=not dry_run)
+        run, "select", ITEMS, lambda: select_unseen(runtime, source, owner, claim=not dry_run)
     )
     if not week:
         run.step("done", lambda: True)
@@ -215,14 +214,16 @@ def run_digest(
 # -- the steps' bodies ------------------------------------------------------------------------
 
 
-def select_unseen(runtime: Runtime, path: Path, owner: str, *, claim: bool = True) -> list[Item]:
+def select_unseen(runtime: Runtime, source: str, owner: str, *, claim: bool = True) -> list[Item]:
     """This week's items no earlier digest covered and no other run holds, claimed for ``owner``.
 
     Each claim is an ``HSETNX``: of two runs selecting at once, each item goes to one. A
     preview (``claim=False``) takes the items nobody else holds without claiming them.
     """
     seen = {text(member) for member in runtime.client.smembers(runtime.keys.seen)}
-    fresh = [item for item in load_items(path) if item.id not in seen]
+    fresh = [
+        item for item in load_items(source, runtime.config.items_timeout) if item.id not in seen
+    ]
     if not fresh:
         return []
     claims = runtime.keys.claims

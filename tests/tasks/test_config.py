@@ -17,7 +17,7 @@ def test_an_empty_environment_gives_the_documented_defaults() -> None:
     assert config == Config()
     assert (config.redis_url, config.broker_url, config.smtp_url) == (None, None, None)
     assert config.state_dir == Path(".digest")
-    assert config.items_path == Path("data/items.json")
+    assert config.items_path == "data/items.json"
     assert config.key_prefix == "journal"
     assert (config.summary_model, config.intro_model) == ("claude-haiku-5-5", "claude-sonnet-5-5")
     assert (config.concurrency, config.lease_ttl, config.model_timeout) == (3, 30.0, 20.0)
@@ -83,7 +83,7 @@ def test_every_variable_is_read() -> None:
         redis_url="redis://store:6379/2",
         broker_url="amqp://broker//",
         state_dir=Path("/var/lib/digest"),
-        items_path=Path("/srv/items.json"),
+        items_path="/srv/items.json",
         key_prefix="acme",
         summary_model="claude-haiku-x",
         intro_model="claude-sonnet-x",
