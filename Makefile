@@ -1,28 +1,36 @@
 # Two entry points, both from a fresh clone with only Python 3.11+:
-#   make run    install, then run this week's digest (embedded Valkey, offline summarizer)
-#   make test   install, then ruff, mypy and every test
+#   make run    install the runtime only, then run this week's digest (embedded Valkey, offline)
+#   make test   install the runtime and the test tools, then ruff, mypy and every test
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-fast mutants mutmut coverage lint install bench bench-throughput bench-timers bench-latency stop clean
+.PHONY: run test test-fast mutants mutmut coverage lint runtime install bench bench-throughput bench-timers bench-latency stop clean
 
 # Installing prints nothing when it works (pip and setuptools are chatty even when quiet);
-# when it fails, everything it printed, then one line saying so.
-$(BIN)/digest: pyproject.toml
-	@$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
+# when it fails, everything it printed, then one line saying so. `make run` needs the runtime
+# alone; the test tools (ruff, mypy, pytest, Playwright: most of the venv) come with `install`.
+define pip_install
 	@log=$$(mktemp) && \
-	if { $(PYTHON) -m venv $(VENV) && \
-	     $(BIN)/python -m pip install --upgrade pip && \
-	     $(BIN)/python -m pip install -e '.[dev]'; } >"$$log" 2>&1; \
+	if { $(1); } >"$$log" 2>&1; \
 	then rm -f "$$log"; \
 	else cat "$$log" >&2; rm -f "$$log"; \
 	     echo "make: installing into $(VENV) failed (the output above says why)" >&2; exit 1; fi
 	@touch $@
+endef
 
-install: $(BIN)/digest
+$(BIN)/digest: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
+	$(call pip_install,$(PYTHON) -m venv $(VENV) && $(BIN)/python -m pip install -e .)
 
-run: install
+$(VENV)/.dev-installed: $(BIN)/digest
+	$(call pip_install,$(BIN)/python -m pip install -e '.[dev]')
+
+runtime: $(BIN)/digest
+
+install: $(VENV)/.dev-installed
+
+run: runtime
 	@$(BIN)/digest run $(RUN)
 
 lint: install
@@ -77,7 +85,7 @@ bench-timers: install
 	$(BIN)/python bench/timers.py
 
 # The embedded Valkey outlives the commands that use it (that is the point); this stops it.
-stop: install
+stop: runtime
 	@$(BIN)/python -c 'from journal.contrib.embedded import stop_embedded; stop_embedded(".digest")'
 
 clean: stop

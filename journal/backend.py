@@ -699,6 +699,36 @@ class RedisBackend:
                 return
             start += page
 
+    def runs_updated_before(self, cutoff_ms: int) -> list[tuple[bytes, float]]:
+        """Members of the runs index last updated before ``cutoff_ms``, oldest first."""
+        found: list[tuple[bytes, float]] = []
+        for index in self.keyspace.indexes():
+            found += cast(
+                list[tuple[bytes, float]],
+                self.client.zrangebyscore(index.runs, "-inf", f"({cutoff_ms}", withscores=True),
+            )
+        return sorted(found, key=lambda member: member[1])
+
+    def purge(
+        self, keys: RunKeys, updated_at: str, listed_at: float, statuses: Iterable[str]
+    ) -> bool:
+        """Delete an ended run's keys if it is unheld and unchanged, then unlist it.
+
+        Two scripts, because the indexes may sit in another cluster slot than the run: the
+        first deletes the run only if nothing touched it since its ``updated_at`` was read; the
+        second unlists it only if it is still listed at ``listed_at`` (not started again).
+        """
+        others = [key for key in keys.all() if key not in (keys.meta, keys.lease)]
+        deleted = self.scripts.purge(
+            keys=[keys.meta, keys.lease, *others], args=[updated_at, *statuses]
+        )
+        if not deleted:
+            return False
+        self.scripts.purge_index(
+            keys=[keys.index.runs, keys.index.due], args=[keys.run, repr(listed_at)]
+        )
+        return True
+
     def metas(self, runs: Iterable[RunKeys], with_steps: bool) -> list[dict[bytes, bytes]]:
         """Each run's meta (and, when asked, steps right after it), in one pipelined trip."""
         pipe = self.client.pipeline(transaction=False)

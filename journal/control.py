@@ -1,4 +1,4 @@
-"""What an operator does to a run from outside it: cancel, retry, fork.
+"""What an operator does to a run from outside it: cancel, retry, fork, purge.
 
 Generic: any workflow's runs, from a command line or a web page alike. None of these ever
 writes a step of a run another process holds: a cancel of a held run is a request that the
@@ -17,6 +17,7 @@ from journal.clock import millis
 from journal.errors import ControlRefused, EffectUnderway
 from journal.keys import RunKeys
 from journal.records import decode_fields
+from journal.runner import decode_meta
 from journal.status import RunStatus
 from journal.store import Journal
 
@@ -135,3 +136,47 @@ def _claim(
         if wanted:
             raise ControlRefused(keys.run, "that run exists already; choose another --as")
     raise ControlRefused(f"{workflow}:{run_id}", "it has been forked 999 times; use --as")
+
+
+# Statuses a purge may remove: runs that ended, or failed for good (parked ones included). A
+# running, waiting or retrying run is never purged, however old.
+PURGEABLE = (RunStatus.DONE, RunStatus.CANCELLED, RunStatus.FAILED)
+
+
+@dataclass(frozen=True)
+class Purged:
+    """One run a purge removed (or, dry, would remove).
+
+    Attributes:
+        run: the full run id.
+        status: its status then.
+    """
+
+    run: str
+    status: str
+
+
+def purge(journal: Journal, older_than: float, *, dry_run: bool = False) -> list[Purged]:
+    """Remove the keys of every ended run last updated more than ``older_than`` seconds ago.
+
+    Each run is checked again in the script that deletes it (unheld, not updated since it was
+    read, still ended), so a run that a delivery or an operator touches meanwhile stays.
+
+    Returns:
+        The runs removed, oldest first; with ``dry_run``, those that would be, none removed.
+    """
+    cutoff = millis(journal.clock.now()) - int(older_than * 1000)
+    found = journal.call(journal.backend.runs_updated_before, cutoff)
+    listed = [(journal.keyspace.parse_run(member.decode()), score) for member, score in found]
+    metas = journal.call(journal.backend.metas, [keys for keys, _ in listed], False)
+    purged: list[Purged] = []
+    for (keys, score), raw in zip(listed, metas, strict=True):
+        meta = decode_meta(keys.run, raw)
+        status = meta.get("status", "")
+        if status not in PURGEABLE or "updated_at" not in meta:
+            continue
+        if dry_run or journal.call(
+            journal.backend.purge, keys, meta["updated_at"], score, PURGEABLE
+        ):
+            purged.append(Purged(keys.run, status))
+    return purged

@@ -413,13 +413,13 @@ class DurableWorkflow(Generic[Opts, R]):
         """The Celery task's name, as a task's ``name`` is (the workflow's: ``workflow.name``)."""
         return str(self.task.name)
 
-    def delay(self, run_id: str, **options: Any) -> Any:
+    def delay(self, run_id: str | None = None, **options: Any) -> Any:
         """Send one delivery of ``run_id``, like Celery's ``delay``, once its options pass.
 
         Raises:
-            InvalidRunId, InvalidArguments: nothing was sent.
+            InvalidRunId, InvalidArguments: nothing was sent (no run id included).
         """
-        return self.apply_async(args=[run_id], kwargs=options)
+        return self.apply_async(args=[] if run_id is None else [run_id], kwargs=options)
 
     def apply_async(
         self,
@@ -432,6 +432,9 @@ class DurableWorkflow(Generic[Opts, R]):
         Raises:
             InvalidRunId, InvalidArguments: nothing was sent.
         """
+        if len(args) != 1:  # the run id alone: Celery would refuse it only in the worker
+            given = "none was given" if not args else f"{len(args)} arguments were given"
+            raise InvalidRunId("", f'{given} ({self.name.split(".")[-1]}.delay("2026-w42"))')
         (run_id,) = args
         checked = self.workflow.check(run_id, kwargs or {})
         return self.task.apply_async(args=[run_id], kwargs=checked, **celery_options)

@@ -133,22 +133,88 @@ class RunRow:
     meta: dict[str, str]
     steps: list[Record]
 
+    @property
+    def cursor(self) -> Cursor:
+        """Where a page ending with this row ends (``list_runs(before=...)``)."""
+        return Cursor(self.run, self.updated_ms)
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Where a page of the listing ended: its last run and that run's place in the index.
+
+    Written ``<run>@<updated_ms>`` (``digest:2026-w42@1764745893123``): the next page starts
+    after that run, at that time, so a run updated meanwhile (moved to the front) does not
+    shift the pages, and one that ties it to the millisecond is not skipped.
+    """
+
+    run: str
+    updated_ms: int
+
+    def __str__(self) -> str:
+        return f"{self.run}@{self.updated_ms}"
+
+    @classmethod
+    def parse(cls, text: str) -> Cursor:
+        """The cursor ``str`` wrote.
+
+        Raises:
+            ValueError: ``text`` is not one.
+        """
+        run, at, ms = text.rpartition("@")
+        if not (run and at and ms.isdigit()):
+            raise ValueError(f"{text!r} is not a listing cursor (RUN@MILLISECONDS)")
+        return cls(run, int(ms))
+
 
 def list_runs(
-    journal: Journal, *, state: str | None = None, limit: int = 50, steps: bool = False
+    journal: Journal,
+    *,
+    state: str | None = None,
+    limit: int = 50,
+    steps: bool = False,
+    before: Cursor | None = None,
 ) -> list[RunRow]:
     """Runs newest first from the runs index (no SCAN), optionally only those in ``state``.
 
     Reads the index a page at a time, with each page's metas (and step journals, if asked)
-    in one pipelined round trip, until ``limit`` runs matched or the index ends.
+    in one pipelined round trip, until ``limit`` runs matched or the index ends. ``before``
+    starts after the row a previous page ended with (``Cursor``).
     """
-    return list(islice(_rows(journal, state, steps), limit))
+    return list(islice(_rows(journal, state, steps, before), limit))
+
+
+def _after(
+    journal: Journal, members: Iterator[tuple[bytes, float]], cursor: Cursor
+) -> Iterator[tuple[bytes, float]]:
+    """The index's members that come after ``cursor`` in its newest-first order.
+
+    Those newer than the cursor's time are skipped; at its very time, those up to the cursor's
+    own run (ties come in the same order every time). Should that run have moved since, every
+    tie is skipped rather than one shown twice.
+    """
+    for member, score in members:
+        if score > cursor.updated_ms:
+            continue
+        if score == cursor.updated_ms:
+            if journal.keyspace.parse_run(member.decode()).run == cursor.run:
+                break
+            continue
+        yield member, score
+        break
+    yield from members
 
 
 def _rows(
-    journal: Journal, state: str | None, with_steps: bool, page: int = 100
+    journal: Journal,
+    state: str | None,
+    with_steps: bool,
+    before: Cursor | None = None,
+    page: int = 100,
 ) -> Iterator[RunRow]:
     members = journal.call(journal.backend.runs_newest, page)
+    if before is not None:
+        members = _after(journal, members, before)
     while chunk := journal.call(list, islice(members, page)):
         keys = [journal.keyspace.parse_run(member.decode()) for member, _ in chunk]
         replies = iter(journal.call(journal.backend.metas, keys, with_steps))

@@ -33,6 +33,8 @@ SCRIPT_NAMES = (
     "effect_claim",
     "effect_settle",
     "cancel",
+    "purge",
+    "purge_index",
 )
 
 
@@ -103,6 +105,8 @@ class Scripts:
     effect_claim: Script
     effect_settle: Script
     cancel: Script
+    purge: Script
+    purge_index: Script
 
     @classmethod
     def register(cls, client: Client) -> Scripts:

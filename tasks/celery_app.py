@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shutil
 import ssl
 import sys
 from collections.abc import Iterator, Mapping
@@ -28,12 +29,14 @@ from celery.signals import (
     after_setup_task_logger,
     worker_init,
     worker_process_shutdown,
+    worker_shutdown,
 )
 
 from journal import StepEvent
 from journal.clock import SystemClock
 from journal.contrib.checks import check_persistence, check_skew
 from journal.contrib.embedded import embedded_broker_url
+from journal.control import purge as purge_runs
 from journal.durable import SWEEP_TASK, Durable, at_least_once_settings
 from journal.errors import ClockSkewed, StoreEvicts
 from journal.logcontext import log_with_run_context
@@ -45,13 +48,18 @@ from tasks.errors import BadInput
 from tasks.runtime import (
     broker_url,
     connect,
+    metrics_dir,
     prepare_metrics,
     process_config,
     process_runtime,
+    remove_dead_metrics,
     store_url,
 )
 
 log = logging.getLogger("tasks.digest")
+
+# Celery's names for a cron expression's five fields, in the expression's order.
+CRON_FIELDS = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
 
 
 def settings() -> Config:
@@ -62,7 +70,9 @@ def settings() -> Config:
             that imported the app: its exception to handle).
     """
     try:
-        return process_config()
+        config = process_config()
+        config.parsed_schedule()  # only beat and workers read it: checked as they start
+        return config
     except BadInput as bad:
         if Path(sys.argv[0]).name != "celery" and not sys.argv[0].endswith("celery/__main__.py"):
             raise
@@ -105,9 +115,10 @@ def celery_settings(config: Config) -> dict[str, Any]:
     """Celery's configuration for these settings: the at-least-once ones, broker, schedule."""
     broker = broker_url(config)
     backend = result_backend(config)
+    schedule = config.parsed_schedule()
     return {
         **at_least_once_settings(
-            visibility_timeout=config.visibility_timeout, task_time_limit=config.task_time_limit
+            visibility_timeout=config.visibility_timeout, task_time_limit=config.time_limit
         ),
         "broker_url": broker,
         "broker_use_ssl": verified_tls(broker),
@@ -117,14 +128,27 @@ def celery_settings(config: Config) -> dict[str, Any]:
         "task_default_queue": config.queue,
         "worker_soft_shutdown_timeout": config.soft_shutdown_timeout,
         "timezone": config.timezone,
+        # Beat's own record of when it last sent each entry: state, not source, so it goes
+        # to the state dir (`--schedule` still overrides it), never into a checkout.
+        "beat_schedule_filename": str(config.state_dir / "celerybeat-schedule"),
         "beat_schedule": {
             "digest-weekly": {
                 "task": "tasks.dispatch_weekly",
-                "schedule": crontab(minute="0", hour="8", day_of_week="mon"),
+                "schedule": crontab(**dict(zip(CRON_FIELDS, schedule.fields, strict=True))),
             },
             # The same idempotent dispatcher, hourly: catches up on Mondays beat was down for.
             "digest-catch-up": {"task": "tasks.dispatch_weekly", "schedule": crontab(minute="5")},
             "journal-sweep": {"task": SWEEP_TASK, "schedule": config.sweep_interval},
+            **(
+                {}
+                if config.run_retention is None
+                else {
+                    "journal-purge": {
+                        "task": "tasks.purge_old_runs",
+                        "schedule": crontab(minute="30", hour="3", day_of_week="sun"),
+                    }
+                }
+            ),
         },
     }
 
@@ -160,10 +184,18 @@ def import_model_sdk(**_: Any) -> None:
     """Import the Anthropic SDK in the worker's main process, before its pool forks.
 
     Every child then shares the imported modules instead of paying the import (seconds) on its
-    first model call; a worker with no key never calls the model and skips it.
+    first model call; a worker with no key never calls the model and skips it, saying once
+    whether it summarizes offline.
     """
     if os.environ.get("ANTHROPIC_API_KEY"):
         import anthropic  # noqa: F401
+    elif settings().offline_allowed:
+        # Once, from the main process: the pool children summarize offline without a word.
+        log.warning(
+            "no ANTHROPIC_API_KEY: summarizing offline (first sentence of each update), as "
+            "`digest run` does; set the key for real summaries%s",
+            "" if settings().offline else " (with REDIS_URL set, a worker refuses instead)",
+        )
 
 
 @worker_init.connect
@@ -216,13 +248,23 @@ def serve_metrics(**_: Any) -> None:
     config = settings()
     if config.metrics_port is None:
         return
-    prepare_metrics(config.state_dir / f"metrics-{os.getpid()}")
+    for removed in remove_dead_metrics(config.state_dir):
+        log.info("removed %s: its worker is gone", removed)
+    prepare_metrics(metrics_dir(config.state_dir, os.getpid()))
     from prometheus_client import start_http_server
 
     from tasks import metrics
 
     start_http_server(config.metrics_port, registry=metrics.worker_registry())
     log.info("metrics on :%d/metrics", config.metrics_port)
+
+
+@worker_shutdown.connect
+def remove_own_metrics(**_: Any) -> None:
+    """A stopping worker's counters go with it: nothing scrapes them once it is gone."""
+    own = metrics_dir(settings().state_dir, os.getpid())
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR") == str(own):  # not a directory it was given
+        shutil.rmtree(own, ignore_errors=True)
 
 
 @worker_process_shutdown.connect
@@ -260,6 +302,19 @@ def dispatch_weekly() -> list[str]:
         runtime.keys,
         datetime.now(UTC),
         zone=config.timezone,
+        schedule=config.parsed_schedule(),
         catch_up_weeks=config.catch_up_weeks,
         enqueue=lambda run_id: digest.apply_async(args=[run_id], task_id=f"digest-{run_id}"),
     )
+
+
+@app.task(name="tasks.purge_old_runs", ignore_result=True)
+def purge_old_runs() -> list[str]:
+    """Remove the keys of runs that ended longer than ``DIGEST_RUN_RETENTION`` ago."""
+    runtime = process_runtime()
+    retention = runtime.config.run_retention
+    if retention is None:  # a message left from when it was set
+        return []
+    purged = [run.run for run in purge_runs(runtime.journal, retention)]
+    log.info("purged %d runs that ended over %gs ago", len(purged), retention)
+    return purged

@@ -16,9 +16,11 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from importlib import metadata
 from typing import Any, NoReturn
 
 from journal import StepEvent
+from journal.control import purge as purge_runs
 from journal.control import retry as retry_run
 from journal.errors import (
     ControlRefused,
@@ -28,15 +30,17 @@ from journal.errors import (
     RunParked,
     StoreEvicts,
 )
-from journal.inspect import STATES, RunView, inspect_run, list_runs
+from journal.inspect import STATES, Cursor, RunView, inspect_run, list_runs
 from journal.keys import validate_run_id
 from journal.preflight import Verdict, check_runs, unended_runs
+from journal.records import Record
 from journal.redact import redact, redact_logging
 from tasks import control
 from tasks.claims import STUCK, Held, holdings
-from tasks.config import Config
+from tasks.config import Config, parse_duration
 from tasks.cost import dollars, is_call, usage_of
 from tasks.errors import BadInput, DigestError
+from tasks.feeds import is_url
 from tasks.items import load_items
 from tasks.model import OfflineSummarizer
 from tasks.prompts import PROMPTS
@@ -52,6 +56,9 @@ from tasks.workflow import (
 )
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BUSY = 0, 1, 2, 3
+RUN_ID_HELP = "the run, as listed (digest:2026-w42) or alone (2026-w42)"
+# The version of `digest show --json`'s layout: raised when a field changes meaning or goes.
+SHOW_SCHEMA = 1
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,46 +66,80 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"digest: {message} (see digest --help)\n")
 
 
+def _page_size(text: str) -> int:
+    """``--limit``: a whole number of runs from 1 to 1000."""
+    if not text.isdigit() or not 1 <= int(text) <= 1000:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of runs from 1 to 1000")
+    return int(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="digest", description="The weekly AI digest, durable on Redis.")
+    parser.add_argument(
+        "--version", action="version", version=f"digest {metadata.version('durable-digest')}"
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = sub.add_parser("run", help="run a digest in this process (resumes where it stopped)")
-    run.add_argument("run_id", nargs="?", help="the run id, e.g. 2026-w42 (default: this week)")
+    run.add_argument("run_id", nargs="?", help=f"{RUN_ID_HELP} (default: this week)")
     run.add_argument("--to", help="recipient (default: DIGEST_TO)")
     run.add_argument("--items", help="items file (default: DIGEST_ITEMS)")
     run.add_argument("--dry-run", action="store_true", help="run every step but send/mark-seen")
-    run.add_argument("--approval", action="store_true", help="wait for `digest approve` first")
-    run.add_argument("--retry", action="store_true", help="reset a parked run, then run it")
+    run.add_argument(
+        "--approval", action="store_true", help="wait for `digest approve` first (DIGEST_APPROVAL)"
+    )
+    run.add_argument(
+        "--retry",
+        action="store_true",
+        help="make a failed, parked or retrying run ready to start again, then run it",
+    )
 
     enqueue = sub.add_parser("enqueue", help="hand a run to the Celery workers")
-    enqueue.add_argument("run_id", nargs="?", help="the run id (default: this week)")
+    enqueue.add_argument("run_id", nargs="?", help=f"{RUN_ID_HELP} (default: this week)")
 
     show = sub.add_parser("show", help="what a run did: steps, attempts, usage, lease, errors")
-    show.add_argument("run_id", nargs="?", help="the run id (default: this week)")
-    show.add_argument("--json", action="store_true", help="machine-readable output")
+    show.add_argument("run_id", nargs="?", help=f"{RUN_ID_HELP} (default: this week)")
+    show.add_argument(
+        "--json", action="store_true", help=f"typed JSON, schema {SHOW_SCHEMA} (docs/operations.md)"
+    )
 
-    runs = sub.add_parser("runs", help="the most recently updated runs")
-    runs.add_argument("--status", choices=STATES, help="only runs in this state")
+    runs = sub.add_parser("runs", help="the most recently updated runs, a page at a time")
+    runs.add_argument("--status", choices=STATES, help="only runs in this state (default: all)")
+    runs.add_argument(
+        "--limit", type=_page_size, default=50, metavar="N", help="runs per page (default: 50)"
+    )
+    runs.add_argument(
+        "--before",
+        metavar="CURSOR",
+        help="the page after the one that ended here (printed after a full page)",
+    )
 
     cancel = sub.add_parser("cancel", help="stop a run before its next step; a waiting one now")
-    cancel.add_argument("run_id")
-    cancel.add_argument("--reason", default="", help="kept in the run's meta")
-    retry = sub.add_parser("retry", help="hand a failed (or parked) run to the workers now")
-    retry.add_argument("run_id")
+    cancel.add_argument("run_id", help=RUN_ID_HELP)
+    cancel.add_argument(
+        "--reason", default="", help="kept in the run's meta (default: none, 'cancelled')"
+    )
+    retry = sub.add_parser("retry", help="hand a failed, parked or retrying run to the workers now")
+    retry.add_argument("run_id", help=RUN_ID_HELP)
     release = sub.add_parser("release", help="end a failed run; its items go to the next run")
-    release.add_argument("run_id")
+    release.add_argument("run_id", help=RUN_ID_HELP)
     console = sub.add_parser("console", help="the web console: runs, steps, actions")
     console.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine)")
-    console.add_argument("--port", type=int, default=8765)
+    console.add_argument("--port", type=int, default=8765, help="default: 8765")
     metrics = sub.add_parser(
         "metrics", help="serve what Redis holds (runs by state, due lag) to Prometheus"
     )
     metrics.add_argument("--host", default="127.0.0.1", help="address (default: %(default)s)")
     metrics.add_argument("--port", type=int, default=9808, help="port (default: %(default)s)")
     fork = sub.add_parser("fork", help="a new run with this one's steps before STEP; runs the rest")
-    fork.add_argument("run_id")
-    fork.add_argument("--from", dest="step", required=True, metavar="STEP")
+    fork.add_argument("run_id", help=RUN_ID_HELP)
+    fork.add_argument(
+        "--from",
+        dest="step",
+        required=True,
+        metavar="STEP",
+        help="the first step the fork runs again (a key `digest show` lists, e.g. compose)",
+    )
     fork.add_argument(
         "--as", dest="new_run_id", metavar="NEW", help="RUN-fork-NAME (default: RUN-forkN)"
     )
@@ -106,16 +147,30 @@ def _parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="print its email beside the run's; write nothing"
     )
     export = sub.add_parser("export", help="a run's journal as a JSON fixture, secrets masked")
-    export.add_argument("run_id")
+    export.add_argument("run_id", help=RUN_ID_HELP)
     export.add_argument("-o", "--output", metavar="FILE", help="default: standard output")
     check = sub.add_parser("check-replay", help="would the installed code resume these runs?")
     check.add_argument("runs", nargs="*", metavar="RUN", help="default: every run not ended")
 
+    purge = sub.add_parser(
+        "purge", help="remove the keys of ended runs (done, cancelled, failed) older than this"
+    )
+    purge.add_argument(
+        "--older-than",
+        required=True,
+        metavar="DURATION",
+        help="last updated longer ago than this: 30d, 36h, 8w (running, waiting and retrying "
+        "runs are never removed)",
+    )
+    purge.add_argument(
+        "--dry-run", action="store_true", help="list what would go, and remove nothing"
+    )
+
     approve = sub.add_parser("approve", help="approve a digest waiting for approval")
-    approve.add_argument("run_id")
+    approve.add_argument("run_id", help=RUN_ID_HELP)
     reject = sub.add_parser("reject", help="reject a digest waiting for approval")
-    reject.add_argument("run_id")
-    reject.add_argument("--reason", required=True)
+    reject.add_argument("run_id", help=RUN_ID_HELP)
+    reject.add_argument("--reason", required=True, help="why, kept with the run's outcome")
     return parser
 
 
@@ -127,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = Config.from_env()
         # Only an omitted id means this week; an empty one is refused like any bad id.
         given = getattr(args, "run_id", None)  # `digest runs` takes no run id
-        run_id = iso_week_run_id(datetime.now(config.zone)) if given is None else given
+        run_id = iso_week_run_id(datetime.now(config.zone)) if given is None else _run_id(given)
         validate_run_id(run_id)
         return int(COMMANDS[args.command](config, run_id, args))
     except (BadInput, InvalidRunId, ControlRefused, StoreEvicts) as bad:
@@ -139,6 +194,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (DigestError, JournalError) as failure:
         print(f"failed: {_printable(redact(str(failure)))}", file=sys.stderr)
         return EXIT_FAILED
+
+
+def _run_id(given: str) -> str:
+    """The run id of ``given``, which may be as listings print it (``digest:2026-w42``).
+
+    Raises:
+        BadInput: ``given`` names a run of another workflow.
+    """
+    workflow, colon, run_id = given.rpartition(":")
+    if colon and workflow != digest.name:
+        raise BadInput(
+            f"{given!r} is not a digest run; give its id as `digest runs` prints it "
+            f"({digest.name}:2026-w42) or alone (2026-w42)"
+        )
+    return run_id if colon else given
+
+
+def _known(runtime: Runtime, run_id: str) -> RunView:
+    """The run, which must have started: acting on or showing a run never begun is a typo.
+
+    Raises:
+        BadInput: the journal has no such run.
+    """
+    view = inspect_run(runtime.journal, digest.name, run_id)
+    if not view.meta:
+        raise BadInput(
+            f"no run {view.run} in the journal: it never started; `digest runs` lists the "
+            f"runs, `digest run {run_id}` starts it"
+        )
+    return view
 
 
 def _step_printer(offline: OfflineSummarizer | None) -> Callable[[StepEvent], None]:
@@ -173,8 +258,11 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
     # A dry run is a workflow of its own, in a scratch journal: a worker never runs a preview.
     workflow = preview if args.dry_run else digest
     view = inspect_run(journal, workflow.name, run_id)
-    if view.step("select") is None and view.status not in ("done", "cancelled"):
-        load_items(args.items or config.items_path)  # bad input: refused before any write
+    source = args.items or config.items_path
+    # Bad input is refused before any write; a URL is fetched once, by `select` itself.
+    unstarted = view.step("select") is None and view.status not in ("done", "cancelled")
+    if unstarted and not is_url(source):
+        load_items(source)
     # What a worker would freeze (the workflow's defaults): the recipient and the gate are
     # read now, at the first start, and a later change of the environment changes nothing.
     options = DigestOptions(
@@ -194,7 +282,8 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
         print(f"cancelled: {outcome.run} was cancelled; nothing more runs or is sent")
         return EXIT_OK
     if outcome.status == "already-done":
-        print("already-done: 0 items, 0 model calls in this attempt")
+        earlier = _outcome({"status": "done", "outcome": json.dumps(outcome.result)})
+        print(f"already-done: ended earlier ({earlier}); nothing ran in this attempt")
         return EXIT_OK
     if outcome.status == "waiting":
         assert outcome.wait is not None
@@ -216,10 +305,14 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
         print(_printable(text, newlines=True))
     held = [Held(**entry) for entry in result.get("held", [])]
     items = f"{result['items']} new items" if held else f"{result['items']} items"
-    line = (
-        f"{result['status']}: {items}, {result['model_calls']} model calls "
-        f"in this attempt{receipt_line(result)}"
+    calls = result["model_calls"]
+    # The offline summarizer calls no model: its completions are counted as what they are.
+    made = (
+        f"{calls} offline summaries (no model calls)"
+        if offline is not None and offline.used
+        else f"{calls} model calls"
     )
+    line = f"{result['status']}: {items}, {made} in this attempt{receipt_line(result)}"
     print(_printable("; ".join([line, *(entry.line() for entry in held)])))
     return EXIT_OK
 
@@ -236,7 +329,7 @@ def cmd_enqueue(config: Config, run_id: str, args: argparse.Namespace) -> int:
 def cmd_show(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Print what the journal knows about a run."""
     runtime = Runtime.build(config, allow_offline=True)
-    view = inspect_run(runtime.journal, digest.name, run_id)
+    view = _known(runtime, run_id)
     held = holdings(runtime).get(view.run, 0)
     # Masked again here: a journal written before masking, or by other code, may hold a secret.
     if args.json:
@@ -248,16 +341,31 @@ def cmd_show(config: Config, run_id: str, args: argparse.Namespace) -> int:
 
 def cmd_runs(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """List recent runs with their state, newest first."""
+    try:
+        before = Cursor.parse(args.before) if args.before else None
+    except ValueError as bad:
+        raise BadInput(f"--before: {bad}; give the cursor a full page ended with") from None
     runtime = Runtime.build(config, allow_offline=True)
     held = holdings(runtime)
-    for row in list_runs(runtime.journal, state=args.status, steps=True):
+    # One row more than the page, to say whether another page follows.
+    rows = list_runs(
+        runtime.journal, state=args.status, steps=True, limit=args.limit + 1, before=before
+    )
+    for row in rows[: args.limit]:
         usage = usage_of(record.result for record in row.steps)
         line = (
             f"{row.run:32} {row.state:10} updated {_when(row.updated_ms / 1000)}  "
             f"{usage.calls} calls {dollars(usage.cost_usd)}"
         )
-        flags = [_fate(row.meta), _holds(held.get(row.run, 0))]
+        flags = [_fate(row.meta) or _outcome(row.meta), _holds(held.get(row.run, 0))]
         print(_printable("  ".join([line, *(flag for flag in flags if flag)])))
+    if len(rows) > args.limit:
+        status = f" --status {args.status}" if args.status else ""
+        print(
+            f"more runs: digest runs{status} --limit {args.limit} "
+            f"--before {rows[args.limit - 1].cursor}",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 
@@ -348,6 +456,19 @@ def cmd_check_replay(config: Config, run_id: str, args: argparse.Namespace) -> i
     return EXIT_FAILED if broken else EXIT_OK
 
 
+def cmd_purge(config: Config, run_id: str, args: argparse.Namespace) -> int:
+    """Remove ended runs older than ``--older-than`` (``DIGEST_RUN_RETENTION``, for beat)."""
+    older_than = parse_duration("--older-than", args.older_than)
+    runtime = Runtime.build(config, allow_offline=True)
+    purged = purge_runs(runtime.journal, older_than, dry_run=args.dry_run)
+    verb = "would purge" if args.dry_run else "purged"
+    for run in purged:
+        print(_printable(f"{verb} {run.run} ({run.status})"))
+    runs = f"{len(purged)} run{'' if len(purged) == 1 else 's'}"
+    print(f"{verb} {runs}; nothing deleted (--dry-run)" if args.dry_run else f"{verb} {runs}")
+    return EXIT_OK
+
+
 def cmd_approve(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Approve a digest waiting at its approval gate."""
     return _decide(config, run_id, {"approved": True})
@@ -418,6 +539,7 @@ COMMANDS = {
     "fork": cmd_fork,
     "export": cmd_export,
     "check-replay": cmd_check_replay,
+    "purge": cmd_purge,
 }
 
 
@@ -451,6 +573,17 @@ def _preview(value: Any, width: int = 60) -> str:
     return flat if len(flat) <= width else flat[: width - 3] + "..."
 
 
+def _result_text(record: Record) -> str:
+    """A step's result in a line: the send step's receipt in words, as ``digest run`` says it.
+
+    Its record's ``sent`` means "delivered by this attempt": false for an email an earlier
+    attempt delivered, which would read as "not sent".
+    """
+    if record.key == "send" and isinstance(record.result, dict) and "id" in record.result:
+        return receipt_line({"receipt": record.result}).removeprefix(", ")
+    return _preview(record.result)
+
+
 def _cost(value: Any) -> str:
     if not is_call(value):
         return ""
@@ -480,6 +613,19 @@ def _fate(meta: dict[str, str]) -> str:
     return ""
 
 
+def _outcome(meta: dict[str, str]) -> str:
+    """A finished run's outcome in words: ``sent: 8 items, email sent (...)``, ``rejected``."""
+    if meta.get("status") != "done" or "outcome" not in meta:
+        return ""
+    result = json.loads(meta["outcome"])
+    if not isinstance(result, dict) or "status" not in result:
+        return ""
+    if result["status"] == "sent":
+        return f"sent: {result['items']} items{receipt_line(result)}"
+    reason = result.get("reason")
+    return f"{result['status']} ({reason})" if reason else str(result["status"])
+
+
 def _when_ms(meta: dict[str, str], name: str) -> str:
     raw = meta.get(name, "")
     return _when(int(raw) / 1000) if raw.isdigit() else f"unknown ({name}={raw!r})"
@@ -488,7 +634,9 @@ def _when_ms(meta: dict[str, str], name: str) -> str:
 def _render(view: RunView, held: int = 0) -> str:
     meta = view.meta
     fate = _fate(meta)  # the next retry, or that it gave up
-    lines = [f"run      {view.run}", f"status   {view.status} {fate}".rstrip()]
+    outcome = _outcome(meta)
+    status = f"{view.status}: {outcome}" if outcome else f"{view.status} {fate}".rstrip()
+    lines = [f"run      {view.run}", f"status   {status}"]
     if held:
         ways = ": digest retry sends them, digest release hands them on"
         lines.append(f"holds    {held} items{ways if view.status in STUCK else ''}")
@@ -522,14 +670,15 @@ def _render(view: RunView, held: int = 0) -> str:
     for record in view.steps:
         lines.append(
             f"{record.key:22} {_when(record.finished_at / 1000):23} {record.attempt:>3} "
-            f"{_usage(record.result):>13} {_cost(record.result):>9}  {_preview(record.result)}"
+            f"{_usage(record.result):>13} {_cost(record.result):>9}  {_result_text(record)}"
         )
     lines += _prompt_lines(view)
     usage = usage_of(record.result for record in view.steps)
     unpriced = f" ({usage.unpriced} calls unpriced)" if usage.unpriced else ""
+    offline = f" ({usage.offline} offline summaries)" if usage.offline else ""
     lines.append(
-        f"\n{len(view.steps)} steps, {usage.calls} model calls, {usage.input_tokens} input + "
-        f"{usage.output_tokens} output tokens, {dollars(usage.cost_usd)}{unpriced}"
+        f"\n{len(view.steps)} steps, {usage.calls} model calls{offline}, {usage.input_tokens} "
+        f"input + {usage.output_tokens} output tokens, {dollars(usage.cost_usd)}{unpriced}"
     )
     draft = view.step("draft")
     if view.wait is not None and view.wait.signal == "approval" and draft is not None:
@@ -574,12 +723,21 @@ def _verdict_line(verdict: Verdict) -> str:
 
 
 def _view_json(view: RunView) -> dict[str, Any]:
+    """``digest show --json``: every value typed (numbers, ISO 8601 times, nested objects).
+
+    The layout is versioned (``schema``); docs/operations.md describes it.
+    """
+    # The wait is given once, below, with its time in ISO 8601 like every other.
+    meta = {name: _typed(name, value) for name, value in view.meta.items() if name != "wait"}
     return {
+        "schema": SHOW_SCHEMA,
         "run": view.run,
         "status": view.status,
-        "meta": view.meta,
+        "state": view.state,
+        "outcome": meta.pop("outcome", None),  # the run's result, once it ended
+        "meta": meta,
         "lease": {"holder": view.lease_holder, "ttl_ms": view.lease_ttl_ms},
-        "wait": view.wait.to_json() if view.wait else None,
+        "wait": _wait_json(view),
         "signals": view.signals,
         "steps": [
             {
@@ -588,13 +746,43 @@ def _view_json(view: RunView) -> dict[str, Any]:
                 "seq": r.seq,
                 "attempt": r.attempt,
                 "fence": r.fence,
-                "started_at": r.started_at,
-                "finished_at": r.finished_at,
+                "started_at": _iso(r.started_at),
+                "finished_at": _iso(r.finished_at),
                 "result": r.result,
+                "text": _result_text(r),
             }
             for r in view.steps
         ],
     }
+
+
+def _iso(ms: float) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+def _typed(name: str, value: str) -> Any:
+    """A meta field as JSON: times in ISO 8601, counts as numbers, stored JSON as objects.
+
+    Times are the fields stored as milliseconds since the epoch (``*_at``, ``*_until``);
+    stored JSON is the outcome, the arguments and the wait; anything else stays text.
+    """
+    if value.isdigit():
+        return _iso(int(value)) if name.endswith(("_at", "_until")) else int(value)
+    if value[:1] in "{[":
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _wait_json(view: RunView) -> dict[str, Any] | None:
+    if view.wait is None:
+        return None
+    wait = view.wait.to_json()
+    if isinstance(wait.get("until"), int | float):
+        wait["until"] = datetime.fromtimestamp(wait["until"], UTC).isoformat()
+    return wait
 
 
 def entry() -> None:

@@ -6,6 +6,7 @@ Conflicting settings are refused when a process starts, not discovered at 3 a.m.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from journal.redact import add_secret, add_url_secrets, redact
 from tasks.cost import PriceTable
 from tasks.errors import BadInput
 from tasks.model import DEFAULT_INTRO_MODEL, DEFAULT_SUMMARY_MODEL
+from tasks.schedule import DEFAULT_SCHEDULE, Schedule
 
 # Variables whose values are secrets as a whole, and those that are URLs that may carry one.
 SECRET_VARIABLES = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
@@ -68,8 +70,28 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
     raise BadInput(f"{name}={raw!r}: not a flag; use 1 or 0")
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+
+
+def parse_duration(name: str, raw: str) -> float:
+    """Seconds from ``90m``, ``36h``, ``30d``, ``8w`` (a number and its unit).
+
+    Raises:
+        BadInput: ``raw`` is not a duration; ``name`` is the option or variable it came from.
+    """
+    found = _DURATION.fullmatch(raw.strip())
+    if not found:
+        raise BadInput(
+            f"{name}={raw!r}: not a duration; use a number and a unit, s, m, h, d or w, such as 30d"
+        )
+    return float(found.group(1)) * _UNITS[found.group(2)]
+
+
 AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
 LOG_FORMATS = ("text", "json")
+# A delivery's hard limit unless the broker needs a shorter one (``Config.time_limit``).
+DEFAULT_TIME_LIMIT = 1800
 
 
 def _check_url(name: str, url: str | None, schemes: tuple[str, ...] | None) -> None:
@@ -97,7 +119,8 @@ class Config:
         redis_url: the journal store; None means the embedded Valkey in ``state_dir``.
         broker_url: Celery's broker; None means the journal store.
         state_dir: embedded server data and the file outbox.
-        items_path: this week's updates.
+        items_path: this week's updates: a file, or an https:// URL (``tasks.feeds``).
+        items_timeout: seconds a URL of updates may take to answer.
         key_prefix: the prefix of every Redis key the project writes.
         summary_model, intro_model: model ids.
         concurrency: summaries in flight at once.
@@ -115,7 +138,8 @@ class Config:
         smtp_require_tls: refuse an ``smtp://`` server that offers no STARTTLS, even when
             the URL carries no credentials (credentials are never sent in clear anyway).
         sender, recipient: the email's From and To.
-        timezone: the zone of the Monday 08:00 schedule.
+        timezone: the zone of the schedule.
+        schedule: when beat sends a digest: a day and a time, or a cron expression.
         offline: allow the worker to summarize without an API key.
         approval: wait for a human approval before sending.
         approval_timeout: seconds to wait for it.
@@ -129,7 +153,8 @@ class Config:
             ``journal.keys``); on a Redis Cluster, more than the masters spreads the sweep's
             and the listing's load over them. Part of the key layout: set it once.
         visibility_timeout: the Redis broker's redelivery timeout, in seconds.
-        task_time_limit: the hard limit of one delivery, in seconds.
+        task_time_limit: the hard limit of one delivery, in seconds; None derives it from the
+            broker in use (``time_limit``).
         queue: the Celery queue digests are sent to and workers consume; one per deployment
             sharing a broker.
         run_retry_delay: seconds before the due sweep retries a run that failed for a
@@ -140,6 +165,8 @@ class Config:
         metrics_port: the port a worker serves Prometheus metrics on; None for none.
         log_format: ``text`` (Celery's lines, the run's fields at the end) or ``json`` (one
             object per line, for log shippers).
+        run_retention: seconds after its last update an ended run's keys are purged by beat,
+            weekly; None keeps every run.
         max_cost_usd: a run's model budget in dollars; None for no limit.
         prices: the per-model price table a call's cost is computed with.
         consumer_timeout: RabbitMQ's delivery acknowledgement timeout (its ``consumer_timeout``,
@@ -154,7 +181,8 @@ class Config:
     redis_url: str | None = None
     broker_url: str | None = None
     state_dir: Path = Path(".digest")
-    items_path: Path = Path("data/items.json")
+    items_path: str = "data/items.json"
+    items_timeout: float = 10.0
     key_prefix: str = "journal"
     summary_model: str = DEFAULT_SUMMARY_MODEL
     intro_model: str = DEFAULT_INTRO_MODEL
@@ -170,6 +198,7 @@ class Config:
     sender: str = "digest@example.com"
     recipient: str = "team@example.com"
     timezone: str = "UTC"
+    schedule: str = DEFAULT_SCHEDULE
     offline: bool = False
     approval: bool = False
     approval_timeout: float = 24 * 3600.0
@@ -179,7 +208,7 @@ class Config:
     catch_up_weeks: int = 4
     journal_shards: int = 1
     visibility_timeout: float = 3600.0
-    task_time_limit: float = 1800.0
+    task_time_limit: float | None = None
     queue: str = "celery"
     run_retry_delay: float = 60.0
     run_retry_max_delay: float = 3600.0
@@ -189,6 +218,7 @@ class Config:
     max_cost_usd: float | None = None
     metrics_port: int | None = None
     log_format: str = "text"
+    run_retention: float | None = None
     prices: PriceTable = field(default_factory=PriceTable)
 
     @classmethod
@@ -225,28 +255,27 @@ class Config:
                 f"DIGEST_TIMEZONE={self.timezone!r}: unknown time zone; use an IANA name such "
                 "as Europe/Berlin"
             ) from None
-        if redelivers_running(self.task_time_limit, self.visibility_timeout):
+        if redelivers_running(self.time_limit, self.visibility_timeout):
             raise BadInput(
-                f"DIGEST_TASK_TIME_LIMIT={self.task_time_limit:g} must stay below 90% of "
+                f"DIGEST_TASK_TIME_LIMIT={self.time_limit:g} must stay below 90% of "
                 f"DIGEST_VISIBILITY_TIMEOUT={self.visibility_timeout:g}, or the broker "
                 "redelivers tasks that are still running"
             )
         # Checked, not set: an x-consumer-timeout argument is ignored before RabbitMQ 3.12 (its
         # 30 minutes still apply), and as a queue argument it makes every later declaration of
         # an existing queue fail (PRECONDITION_FAILED). The broker's operator owns the timeout.
-        amqp = self.broker_url is not None and urlsplit(self.broker_url).scheme in AMQP_SCHEMES
-        if amqp and redelivers_running(self.task_time_limit, self.consumer_timeout):
+        if self.amqp and redelivers_running(self.time_limit, self.consumer_timeout):
             raise BadInput(
-                f"DIGEST_TASK_TIME_LIMIT={self.task_time_limit:g} must stay below 90% of "
+                f"DIGEST_TASK_TIME_LIMIT={self.time_limit:g} must stay below 90% of "
                 f"RabbitMQ's consumer timeout (DIGEST_CONSUMER_TIMEOUT={self.consumer_timeout:g}"
                 "), or RabbitMQ closes the channel of a delivery still running and redelivers "
                 f"it; lower DIGEST_TASK_TIME_LIMIT to {safe_time_limit(self.consumer_timeout)} or "
                 "less, or raise consumer_timeout on the broker and DIGEST_CONSUMER_TIMEOUT to match"
             )
-        if self.model_timeout >= self.task_time_limit:
+        if self.model_timeout >= self.time_limit:
             raise BadInput(
                 f"DIGEST_MODEL_TIMEOUT={self.model_timeout:g} must be shorter than "
-                f"DIGEST_TASK_TIME_LIMIT={self.task_time_limit:g}"
+                f"DIGEST_TASK_TIME_LIMIT={self.time_limit:g}"
             )
         unpriced = [
             m for m in (self.summary_model, self.intro_model) if m not in self.prices.prices
@@ -284,7 +313,7 @@ class Config:
                 "Celery's Redis transport cannot use as its broker; set CELERY_BROKER_URL to a "
                 "standalone Redis"
             )
-        if urlsplit(self.broker_url).scheme in AMQP_SCHEMES:
+        if self.amqp:
             # With RabbitMQ, task states go to the journal's Redis (see result_backend), and
             # Celery's Redis result backend has no cluster client either.
             raise BadInput(
@@ -292,6 +321,48 @@ class Config:
                 "CELERY_BROKER_URL is RabbitMQ, so Celery's task states would go to the cluster, "
                 "which its Redis result backend cannot use; use a standalone Redis broker"
             )
+
+    @property
+    def amqp(self) -> bool:
+        """Whether Celery's broker is RabbitMQ (or another AMQP broker)."""
+        return self.broker_url is not None and urlsplit(self.broker_url).scheme in AMQP_SCHEMES
+
+    @property
+    def time_limit(self) -> float:
+        """One delivery's hard limit: ``DIGEST_TASK_TIME_LIMIT``, else derived from the broker.
+
+        30 minutes, or less where the broker would redeliver a running task sooner: safely
+        below RabbitMQ's consumer timeout, or the Redis broker's visibility timeout. So the
+        defaults work with either broker, and only a limit set by hand can be refused.
+        """
+        if self.task_time_limit is not None:
+            return self.task_time_limit
+        redelivery = self.consumer_timeout if self.amqp else self.visibility_timeout
+        return float(min(DEFAULT_TIME_LIMIT, safe_time_limit(redelivery)))
+
+    @property
+    def offline_allowed(self) -> bool:
+        """Whether a worker with no API key summarizes offline, as ``digest run`` does.
+
+        On the embedded default (no ``REDIS_URL``: one machine, trying things out) it does;
+        a deployment that names its Redis refuses unless ``DIGEST_OFFLINE=1`` says so, rather
+        than send offline summaries because a secret went missing.
+        """
+        return self.offline or self.redis_url is None
+
+    def parsed_schedule(self) -> Schedule:
+        """``DIGEST_SCHEDULE``, read by beat's entry and the dispatcher alike.
+
+        Checked where it is used, when a worker or beat starts, not by every command line
+        (see ``Schedule.parse``).
+
+        Raises:
+            BadInput: it is neither a day and a time nor a cron expression.
+        """
+        try:
+            return Schedule.parse(self.schedule)
+        except ValueError as bad:
+            raise BadInput(f"DIGEST_SCHEDULE={bad}") from None
 
     @property
     def zone(self) -> ZoneInfo:
@@ -305,7 +376,15 @@ class Config:
 
 
 Kind = Literal[
-    "text", "optional", "path", "number", "count", "flag", "optional_number", "optional_count"
+    "text",
+    "optional",
+    "path",
+    "number",
+    "count",
+    "flag",
+    "optional_number",
+    "optional_count",
+    "optional_duration",
 ]
 
 
@@ -321,7 +400,8 @@ class Setting:
         env: the variable.
         field: the ``Config`` field it sets; None for a variable another library reads.
         kind: how its text becomes a value (``optional``: unset is None; ``optional_number``
-            and ``optional_count``: unset or 0 is None).
+            and ``optional_count``: unset or 0 is None; ``optional_duration``: ``30d``, unset
+            is None).
         low, high: the range of a number or a count.
         doc: the table's meaning column.
         unit: shown after a numeric default.
@@ -357,6 +437,8 @@ class Setting:
         if self.kind == "optional_number":
             return _number(env, self.env, 0, low, high) or None
         raw = env.get(self.env) or None
+        if self.kind == "optional_duration":
+            return None if raw is None else parse_duration(self.env, raw)
         if self.kind == "optional":
             return raw
         if raw is None:
@@ -401,7 +483,22 @@ SETTINGS: tuple[Setting, ...] = (
         "embedded server data, file outbox; made 0700 and the server's files 0600 at its start "
         "(they hold model output and drafts)",
     ),
-    Setting("DIGEST_ITEMS", "items_path", "path", "this week's updates"),
+    Setting(
+        "DIGEST_ITEMS",
+        "items_path",
+        "text",
+        "this week's updates: a JSON file, or an `https://` URL of a JSON list or an Atom/RSS "
+        "feed, fetched once by the `select` step (at most 5 MB) and frozen with the run",
+    ),
+    Setting(
+        "DIGEST_ITEMS_TIMEOUT",
+        "items_timeout",
+        "number",
+        "how long a `DIGEST_ITEMS` URL may take to answer",
+        1,
+        300,
+        "s",
+    ),
     Setting(
         "DIGEST_KEY_PREFIX", "key_prefix", "text", "prefix of every Redis key the project writes"
     ),
@@ -497,8 +594,22 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("DIGEST_FROM", "sender", "text", "the email's sender"),
     Setting("DIGEST_TO", "recipient", "text", "the email's recipient"),
-    Setting("DIGEST_TIMEZONE", "timezone", "text", "beat schedule zone (Monday 08:00)"),
-    Setting("DIGEST_OFFLINE", "offline", "flag", "let a worker summarize without an API key"),
+    Setting("DIGEST_TIMEZONE", "timezone", "text", "the schedule's time zone"),
+    Setting(
+        "DIGEST_SCHEDULE",
+        "schedule",
+        "text",
+        "when beat sends the week's digest: a day and a time (`fri 17:30`) or a cron expression "
+        "read by Celery's parser (`0 8 * * 1-5`: one digest a week all the same, the run id is "
+        "the ISO week); refused at a worker's or beat's start",
+    ),
+    Setting(
+        "DIGEST_OFFLINE",
+        "offline",
+        "flag",
+        "1: a worker with no API key summarizes offline; without `REDIS_URL` (the embedded "
+        "default) it does so anyway and logs it once, with `REDIS_URL` it refuses every run",
+    ),
     Setting("DIGEST_APPROVAL", "approval", "flag", "the approval gate: 1 waits for a decision"),
     Setting(
         "DIGEST_APPROVAL_TIMEOUT",
@@ -563,19 +674,21 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "DIGEST_TASK_TIME_LIMIT",
         "task_time_limit",
-        "number",
-        "hard limit of one delivery; below 90% of the visibility timeout",
+        "optional_number",
+        "hard limit of one delivery; one set here must stay below 90% of the broker's "
+        "redelivery timeout (the visibility timeout, or RabbitMQ's consumer timeout)",
         30,
         43200,
-        "s",
+        shown="1800 (s), or 90% of the broker's redelivery timeout less 1 s where that is "
+        "shorter (1619 with RabbitMQ's default)",
     ),
     Setting(
         "DIGEST_CONSUMER_TIMEOUT",
         "consumer_timeout",
         "number",
         "RabbitMQ's `consumer_timeout` (its default: 30 min); with an AMQP broker the time limit "
-        "must stay below 90% of it, so set `DIGEST_TASK_TIME_LIMIT` to 1619 or less, or raise "
-        "both",
+        "stays below 90% of it (the default is derived from it; one set by hand is refused "
+        "above)",
         60,
         7 * 86400,
         "s",
@@ -639,6 +752,14 @@ SETTINGS: tuple[Setting, ...] = (
         "text",
         "`text`, or `json` for one JSON object per line; either way every line a run writes "
         "names its run, Celery task, attempt and fence",
+    ),
+    Setting(
+        "DIGEST_RUN_RETENTION",
+        "run_retention",
+        "optional_duration",
+        "beat purges, every Sunday at 03:30, the runs that ended (done, cancelled, failed) "
+        "longer ago than this (`90d`; see `digest purge`)",
+        shown="unset: runs are kept",
     ),
     Setting(
         "PROMETHEUS_MULTIPROC_DIR",

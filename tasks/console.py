@@ -437,11 +437,12 @@ def check_binding(host: str, env: dict[str, str] | None = None) -> str | None:
 
 def serve(runtime: Runtime, host: str, port: int, names: Names, token: str | None) -> None:
     """Serve the console with waitress (a production WSGI server, pure Python)."""
-    from waitress import serve as waitress_serve
+    from waitress.server import create_server
 
     app = create_app(runtime, names, token=token)
-    print(f"digest console on http://{host}:{port}/ (Ctrl-C stops it)", flush=True)
-    try:
-        waitress_serve(app, host=host, port=port, threads=4, ident="")
+    try:  # bound before the address is printed: a busy port is refused, never announced
+        server = create_server(app, host=host, port=port, threads=4, ident="")
     except OSError as exc:
         raise BadInput(f"--host {host} --port {port}: {exc.strerror}; choose another") from None
+    print(f"digest console on http://{host}:{port}/ (Ctrl-C stops it)", flush=True)
+    server.run()

@@ -99,13 +99,18 @@ def _parse(name: str, where: str, text: str) -> dict[str, Price]:
 
 @dataclass(frozen=True)
 class Usage:
-    """Model calls, tokens and dollars, summed over step results."""
+    """Model calls, tokens and dollars, summed over step results.
+
+    Attributes:
+        offline: completions the offline summarizer made: no model call, not in ``calls``.
+    """
 
     calls: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float = 0.0
     unpriced: int = 0
+    offline: int = 0
 
     @property
     def tokens(self) -> int:
@@ -113,16 +118,27 @@ class Usage:
         return self.input_tokens + self.output_tokens
 
 
-def is_call(result: Any) -> bool:
-    """Whether a step result records a model call (a completion with its usage)."""
+# The model name the offline summarizer's completions carry (``tasks.model``).
+OFFLINE_MODEL = "offline"
+
+
+def is_completion(result: Any) -> bool:
+    """Whether a step result records a completion with its usage, offline ones included."""
     return isinstance(result, dict) and "input_tokens" in result and "output_tokens" in result
+
+
+def is_call(result: Any) -> bool:
+    """Whether a step result records a model call: a completion the model API made."""
+    return is_completion(result) and result.get("model") != OFFLINE_MODEL
 
 
 def usage_of(results: Iterable[Any]) -> Usage:
     """The usage recorded in these step results (anything not a model call is skipped)."""
-    calls = input_tokens = output_tokens = unpriced = 0
+    calls = input_tokens = output_tokens = unpriced = offline = 0
     cost = 0.0
     for result in results:
+        if is_completion(result) and not is_call(result):
+            offline += 1
         if not is_call(result):
             continue
         calls += 1
@@ -132,7 +148,7 @@ def usage_of(results: Iterable[Any]) -> Usage:
             cost += float(result["cost_usd"])
         else:
             unpriced += 1
-    return Usage(calls, input_tokens, output_tokens, cost, unpriced)
+    return Usage(calls, input_tokens, output_tokens, cost, unpriced, offline)
 
 
 def dollars(amount: float) -> str:

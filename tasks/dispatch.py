@@ -28,7 +28,7 @@ from journal.holder import ProcessIdentity
 from journal.scripts import Client
 from tasks.faults import before_publishing
 from tasks.keys import DigestKeys, text
-from tasks.schedule import run_ids_due
+from tasks.schedule import Schedule, run_ids_due
 
 MARKER_TTL_S = 400 * 24 * 3600  # longer than any look-back, short enough to expire
 CLAIM_TTL_S = 60  # a publish takes milliseconds; well inside the hourly catch-up
@@ -42,6 +42,7 @@ def dispatch_due(
     *,
     zone: str,
     catch_up_weeks: int,
+    schedule: Schedule | None = None,
     enqueue: Callable[[str], None],
 ) -> list[str]:
     """Enqueue every due, not yet dispatched run id, oldest first; returns those enqueued.
@@ -52,10 +53,10 @@ def dispatch_due(
     published, by its claimant or, once the claim expires, by a later dispatch.
     """
     tz = ZoneInfo(zone)
-    due = run_ids_due(now, tz, catch_up_weeks)
+    due = run_ids_due(now, tz, catch_up_weeks, schedule)
     raw = client.get(keys.dispatch_watermark)
     # A first deployment sends only the latest week: as if the one before had been dispatched.
-    watermark = text(raw) if raw else run_ids_due(now, tz, 1)[0]
+    watermark = text(raw) if raw else run_ids_due(now, tz, 1, schedule)[0]
     enqueued: list[str] = []
     published, gap = watermark, False
     for run_id in (r for r in due if r > watermark):

@@ -60,8 +60,8 @@ class ModelNotConfigured(DigestError):
 
     def __str__(self) -> str:
         return (
-            "ANTHROPIC_API_KEY is not set on this worker; set it, or set DIGEST_OFFLINE=1 to "
-            "send offline summaries"
+            "ANTHROPIC_API_KEY is not set on this worker (REDIS_URL is set: a real deployment); "
+            "set it, or set DIGEST_OFFLINE=1 to send offline summaries"
         )
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tasks import feeds
 from tasks.errors import BadInput
 
 MAX_BODY_CHARS = 100_000
@@ -46,22 +47,35 @@ class Item:
         return cls(id=data["id"], title=data["title"], body=data["body"])
 
 
-def load_items(path: str | Path) -> list[Item]:
-    """Read and check the updates file.
+def load_items(source: str | Path, timeout: float = 10.0) -> list[Item]:
+    """Read and check this week's updates.
 
     Args:
-        path: A JSON file holding a list of ``{"id", "title", "body"}`` objects.
+        source: A JSON file holding a list of ``{"id", "title", "body"}`` objects, or an
+            https:// URL of such a list or of an Atom/RSS feed (``tasks.feeds``).
+        timeout: Seconds a URL may take to answer.
 
     Returns:
-        The items in file order.
+        The items in their order.
 
     Raises:
-        BadInput: The file is missing, unreadable, not UTF-8, not JSON, or an entry breaks a
-            rule; the message is one line that says where and what to do.
+        BadInput: The file or URL is missing, unreadable, not UTF-8, not JSON, not a feed, or
+            an entry breaks a rule; the message is one line that says where and what to do.
     """
-    name = str(path)
+    name = str(source)
+    if feeds.is_url(name):
+        raw = feeds.fetch(name, timeout)
+        if not raw.lstrip().startswith((b"[", b"\xef\xbb\xbf[")):
+            entries = feeds.feed_entries(name, raw)
+            if entries is None:
+                raise BadInput(
+                    f"{name}: neither a JSON list of updates nor an Atom or RSS feed; point "
+                    "DIGEST_ITEMS at one"
+                )
+            return _check_list(name, entries)
+        return _parse(name, raw)
     try:
-        raw = Path(path).read_bytes()
+        raw = Path(source).read_bytes()
     except FileNotFoundError:
         raise BadInput(
             f"{name}: file not found; create it or set DIGEST_ITEMS to this week's updates file"
@@ -70,7 +84,10 @@ def load_items(path: str | Path) -> list[Item]:
         raise BadInput(f"{name}: is a directory; point DIGEST_ITEMS at a JSON file") from None
     except OSError as exc:
         raise BadInput(f"{name}: cannot be read ({exc.strerror}); check its permissions") from None
+    return _parse(name, raw)
 
+
+def _parse(name: str, raw: bytes) -> list[Item]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -102,7 +119,10 @@ def load_items(path: str | Path) -> list[Item]:
             f"{name}: expected a JSON list of updates, found {_kind(data)}; "
             'wrap the entries in [ ] as [{"id": ..., "title": ..., "body": ...}]'
         )
+    return _check_list(name, data)
 
+
+def _check_list(name: str, data: list[Any]) -> list[Item]:
     items: list[Item] = []
     first_index: dict[str, int] = {}
     for index, entry in enumerate(data):

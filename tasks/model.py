@@ -36,6 +36,7 @@ from datetime import UTC
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from journal.events import emit
+from tasks.cost import OFFLINE_MODEL
 from tasks.errors import DigestError, ItemRefused, ModelAuthFailed, ModelRefused
 from tasks.items import Item
 from tasks.prompts import INTRO_SYSTEM, SUMMARY_SYSTEM, intro_prompt, summary_prompt
@@ -245,7 +246,7 @@ class OfflineSummarizer:
             the CLI says the summaries are offline only when there are some.
     """
 
-    name = "offline"
+    name = OFFLINE_MODEL
     remote = False
 
     def __init__(self) -> None:

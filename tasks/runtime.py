@@ -10,6 +10,7 @@ import contextlib
 import functools
 import logging
 import os
+import shutil
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -55,6 +56,34 @@ def prepare_metrics(directory: Path) -> None:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
 
 
+def metrics_dir(state_dir: Path, pid: int) -> Path:
+    """The multiprocess directory of the worker whose main process is ``pid``."""
+    return state_dir / f"metrics-{pid}"
+
+
+def remove_dead_metrics(state_dir: Path) -> list[Path]:
+    """Remove the metrics directories of workers that are gone; the ones removed.
+
+    A worker removes its own when it stops; one killed (kill -9, an OOM) cannot, and its
+    directory would stay forever. A pid that names a live process keeps its directory, even
+    if that process is not the worker that wrote it (a reused pid): a stale directory kept is
+    harmless, a live worker's removed would lose its counts.
+    """
+    removed = []
+    for directory in state_dir.glob("metrics-*"):
+        pid = directory.name.removeprefix("metrics-")
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(directory, ignore_errors=True)
+            removed.append(directory)
+        except PermissionError:  # alive, another user's
+            continue
+    return removed
+
+
 def store_url(config: Config) -> str:
     """The journal store's URL: ``REDIS_URL``, or the embedded server (started on demand)."""
     return config.redis_url or embedded_url(config.state_dir)
@@ -95,7 +124,8 @@ class Runtime:
         Args:
             config: the settings.
             allow_offline: use the offline summarizer when no API key is set (the CLI);
-                a worker passes ``config.offline`` so it refuses to fake summaries silently.
+                a worker passes ``config.offline_allowed`` so that a deployment with its own
+                Redis refuses to fake summaries silently.
         """
         url = store_url(config)
         try:
@@ -160,7 +190,7 @@ def choose_mailer(config: Config) -> Mailer:
 
 
 class MissingKey:
-    """Stands in for a summarizer on a worker with no API key and no ``DIGEST_OFFLINE=1``."""
+    """Stands in for a summarizer on a worker with no API key, ``REDIS_URL`` set, no offline."""
 
     name = "none (ANTHROPIC_API_KEY is not set)"
     remote = False
@@ -192,13 +222,14 @@ def process_runtime() -> Runtime:
     """The runtime workflows in this process run with, built on first use.
 
     A worker's is built on its first delivery, after the pool forks, and summarizes offline
-    only with ``DIGEST_OFFLINE=1``; a command line installs its own first (``use_runtime``).
+    only where ``Config.offline_allowed``; a command line installs its own first
+    (``use_runtime``).
     """
     global _runtime
     with _runtime_lock:
         if _runtime is None:
             config = process_config()
-            _runtime = Runtime.build(config, allow_offline=config.offline)
+            _runtime = Runtime.build(config, allow_offline=config.offline_allowed)
         return _runtime
 
 

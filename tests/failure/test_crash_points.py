@@ -128,7 +128,8 @@ def test_crash_then_resume(
 
     assert (again.returncode, again.stdout, again.stderr) == (
         0,
-        "already-done: 0 items, 0 model calls in this attempt\n",
+        f"already-done: ended earlier (sent: 8 items, email {state} (digest-{run_id})); "
+        "nothing ran in this attempt\n",
         "",
     )
     assert fake_anthropic.calls == 9

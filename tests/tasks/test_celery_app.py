@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, Deployment
+from tests.support import BIN, ROOT, Deployment, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -103,3 +104,121 @@ def test_importing_the_app_reads_no_setting_and_starts_nothing(deployment: Deplo
     # The bad setting surfaces at the first use, to the caller, as the CLI words it.
     assert seen["refused"] == "DIGEST_CONCURRENCY='lots': not a number; use a value from 1 to 64"
     assert not state.exists()  # no embedded server was started, no state written
+
+
+def test_beat_keeps_its_schedule_file_in_the_state_dir_not_where_it_was_started(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    started_in = tmp_path / "checkout"
+    started_in.mkdir()
+    beat = subprocess.Popen(
+        [str(BIN / "celery"), "-A", "tasks", "beat", "--loglevel=INFO"],
+        cwd=started_in,
+        env=deployment.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deployment.processes.append(beat)
+    wait_until(
+        lambda: list(deployment.state_dir.glob("celerybeat-schedule*")), 30, "beat's schedule file"
+    )
+    beat.terminate()
+    beat.wait(timeout=30)
+    assert list(started_in.iterdir()) == []
+
+
+def test_with_rabbitmq_and_the_defaults_the_app_limits_a_task_below_its_consumer_timeout(
+    deployment: Deployment,
+) -> None:
+    # Reading the configuration connects to nothing: nothing listens on port 9.
+    env = {**deployment.env, "CELERY_BROKER_URL": "amqp://guest:guest@127.0.0.1:9//"}
+    probe = "from tasks.celery_app import app; print(app.conf.task_time_limit)"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert (done.returncode, done.stdout) == (0, "1619\n"), done.stderr
+
+
+def test_digest_schedule_sets_beats_entry_and_the_dispatcher_and_a_bad_one_stops_beat(
+    deployment: Deployment,
+) -> None:
+    probe = (
+        "from datetime import datetime, UTC\n"
+        "from tasks.celery_app import app\n"
+        "from tasks.schedule import run_ids_due\n"
+        "from tasks.runtime import process_config\n"
+        "entry = app.conf.beat_schedule['digest-weekly']['schedule']\n"
+        "print(entry._orig_minute, entry._orig_hour, entry._orig_day_of_week)\n"
+        "now = datetime(2026, 10, 16, 17, 29, tzinfo=UTC)\n"
+        "print(run_ids_due(now, process_config().zone, 1, process_config().parsed_schedule()))\n"
+    )
+    env = {**deployment.env, "DIGEST_SCHEDULE": "fri 17:30"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.stdout.splitlines() == ["30 17 fri", "['2026-w40', '2026-w41']"], done.stderr
+
+    refused = subprocess.run(
+        [str(BIN / "celery"), "-A", "tasks", "beat"],
+        env={**deployment.env, "DIGEST_SCHEDULE": "every monday"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (refused.returncode, refused.stdout) == (2, "")
+    assert refused.stderr.splitlines() == [
+        "digest: DIGEST_SCHEDULE='every monday': use a day and a time (mon 08:00) or a cron "
+        "expression of five fields (0 8 * * mon)"
+    ]
+
+
+def test_with_digest_run_retention_beat_purges_ended_runs_weekly(deployment: Deployment) -> None:
+    deployment.env.pop("ANTHROPIC_API_KEY", None)
+    assert deployment.cli("run", "2026-w42").returncode == 0
+    probe = (
+        "from tasks.celery_app import app, purge_old_runs\n"
+        "entry = app.conf.beat_schedule.get('journal-purge')\n"
+        "print(entry and (entry['task'], str(entry['schedule'])))\n"
+        "print(purge_old_runs() if entry else None)\n"
+    )
+
+    def run(**env: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-c", probe],
+            cwd=ROOT,
+            env={**deployment.env, **env},
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    assert run() == ["None", "None"]
+    assert deployment.view("2026-w42").status == "done"
+    assert run(DIGEST_RUN_RETENTION="0s") == [
+        "('tasks.purge_old_runs', '<crontab: 30 3 * * sun (m/h/dM/MY/d)>')",
+        "['digest:2026-w42']",
+    ]
+    assert deployment.view("2026-w42").meta == {}
+
+
+def test_delay_without_a_run_id_is_refused_in_one_line_before_anything_is_sent(
+    deployment: Deployment,
+) -> None:
+    probe = (
+        "from tasks import digest\n"
+        "for send in (lambda: digest.delay(), lambda: digest.apply_async(args=[])):\n"
+        "    try:\n"
+        "        send()\n"
+        "    except Exception as refused:\n"
+        "        print(type(refused).__name__, refused)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=deployment.env, capture_output=True, text=True
+    )
+    expected = (
+        "InvalidRunId invalid run id '': none was given (digest.delay(\"2026-w42\")); use 1-128 "
+        "characters of letters, digits, '.', '_' or '-' (for example 2026-w42)"
+    )
+    assert done.stdout.splitlines() == [expected, expected], done.stderr

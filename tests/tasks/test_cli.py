@@ -8,8 +8,11 @@ real SDK against the fake Anthropic server.
 from __future__ import annotations
 
 import json
+import re
+import socket
+import subprocess
 import threading
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,7 @@ import pytest
 from journal import Run
 from journal.inspect import inspect_run
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.support import TITLES, Deployment, as_bytes, wait_until
+from tests.support import BIN, TITLES, Deployment, as_bytes, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +50,8 @@ RESUMED = """\
   ran      send
   ran      mark-seen
   ran      done
-sent: 8 items, 6 model calls in this attempt, email sent (digest-2026-w42)
+sent: 8 items, 6 offline summaries (no model calls) in this attempt, email sent \
+(digest-2026-w42)
 """
 
 SENT_TWICE = """\
@@ -95,7 +99,8 @@ def test_the_tutorial_transcript_crash_resume_rerun_and_next_week(
     again = deployment.cli("run", RUN)
     assert (again.returncode, again.stdout) == (
         0,
-        "already-done: 0 items, 0 model calls in this attempt\n",
+        "already-done: ended earlier (sent: 8 items, email sent (digest-2026-w42)); "
+        "nothing ran in this attempt\n",
     )
     next_week = deployment.cli("run", "2026-w43")
     assert (next_week.returncode, next_week.stdout) == (
@@ -180,7 +185,7 @@ def test_with_the_model_api_a_crash_costs_only_the_calls_in_flight(
             assert result["cost_usd"] == pytest.approx(price)
             spent += price
             cost = f"${price:.4f}"
-        finished = datetime.fromtimestamp(step["finished_at"] / 1000, UTC)
+        finished = datetime.fromisoformat(step["finished_at"])
         when = finished.strftime("%Y-%m-%d %H:%M:%S UTC")
         assert (
             f"\n{step['key']:22} {when:23} {step['attempt']:>3} {usage:>13} {cost:>9}  "
@@ -189,7 +194,8 @@ def test_with_the_model_api_a_crash_costs_only_the_calls_in_flight(
     assert shown.stdout.endswith(
         f"\n13 steps, 9 model calls, {tokens[0]} input + {tokens[1]} output tokens, ${spent:.4f}\n"
     )
-    assert "status   done\nlease    free\n" in shown.stdout
+    status = "status   done: sent: 8 items, email sent (digest-2026-w42)"
+    assert f"{status}\nlease    free\n" in shown.stdout
 
     runs = deployment.cli("runs")
     [line] = runs.stdout.splitlines()
@@ -393,3 +399,193 @@ def test_only_a_model_call_imports_the_sdk(
         heavy = {"anthropic", "celery", "httpx", "pydantic"} & set(imported(done.stderr))
         assert (args, heavy) == (args, set())
     assert fake_anthropic.calls == 9
+
+
+def test_every_command_takes_the_ids_it_prints_and_an_unknown_run_is_one_line_exit_2(
+    deployment: Deployment,
+) -> None:
+    offline(deployment)
+    assert deployment.cli("run", RUN).returncode == 0
+    listed = deployment.cli("runs")
+    assert listed.stdout.startswith(f"digest:{RUN} ")
+    assert "sent: 8 items" in listed.stdout
+
+    by_printed_id = deployment.cli("show", f"digest:{RUN}")
+    by_run_id = deployment.cli("show", RUN)
+    assert (by_printed_id.returncode, by_printed_id.stderr) == (0, "")
+    assert by_printed_id.stdout == by_run_id.stdout
+    assert by_printed_id.stdout.splitlines()[1] == (
+        "status   done: sent: 8 items, email sent (digest-2026-w42)"
+    )
+    rerun = deployment.cli("run", f"digest:{RUN}")
+    assert rerun.returncode == 0
+
+    for command in (["show"], ["show", "--json"]):
+        unknown = deployment.cli(*command, "digest:2026-w41")
+        assert (unknown.returncode, unknown.stdout) == (2, ""), command
+        assert unknown.stderr == (
+            "digest: no run digest:2026-w41 in the journal: it never started; `digest runs` "
+            "lists the runs, `digest run 2026-w41` starts it\n"
+        ), command
+    for command in (["cancel"], ["retry"], ["approve"], ["fork", "--from", "send"]):
+        unknown = deployment.cli(*command, "digest:2026-w41")
+        assert (unknown.returncode, unknown.stdout) == (2, ""), command
+        assert len(unknown.stderr.splitlines()) == 1, command
+        assert "digest:2026-w41" in unknown.stderr, command
+    other = deployment.cli("show", "orders:2026-w42")
+    assert (other.returncode, other.stdout) == (2, "")
+    assert "orders:2026-w42" in other.stderr and "digest" in other.stderr
+
+
+def test_runs_pages_through_the_listing_with_limit_status_and_before(
+    deployment: Deployment,
+) -> None:
+    offline(deployment)
+    weeks = [f"2026-w{n:02d}" for n in range(30, 37)]
+    for week in weeks:  # the first sends, the rest find nothing new
+        assert deployment.cli("run", week).returncode == 0
+    newest_first = [f"digest:{week}" for week in reversed(weeks)]
+
+    seen: list[str] = []
+    page = deployment.cli("runs", "--limit", "3")
+    while True:
+        assert page.returncode == 0, page.stderr
+        seen += [line.split()[0] for line in page.stdout.splitlines()]
+        more = re.fullmatch(r"more runs: digest runs --limit 3 --before (\S+)\n", page.stderr)
+        if not more:
+            assert page.stderr == ""
+            break
+        page = deployment.cli("runs", "--limit", "3", "--before", more.group(1))
+    assert seen == newest_first
+
+    done = deployment.cli("runs", "--status", "done", "--limit", "100")
+    assert [line.split()[0] for line in done.stdout.splitlines()] == newest_first
+    assert done.stderr == ""
+    assert deployment.cli("runs", "--status", "failed").stdout == ""
+
+    for bad in (["--limit", "0"], ["--before", "yesterday"]):
+        refused = deployment.cli("runs", *bad)
+        assert (refused.returncode, refused.stdout) == (2, "")
+        assert len(refused.stderr.splitlines()) == 1, refused.stderr
+
+
+def test_purge_removes_only_ended_runs_older_than_asked_and_a_dry_run_nothing(
+    deployment: Deployment,
+) -> None:
+    offline(deployment)
+    assert deployment.cli("run", "2026-w40", "--approval").stdout.startswith("  ran      select")
+    for ended in ("2026-w41", "2026-w37"):  # nothing new: w40 holds every item
+        assert deployment.cli("run", ended).returncode == 0
+    crashed = deployment.cli("run", "2026-w38", env={"CRASH": "after:select"})
+    assert crashed.returncode == 137  # left running, its lease expiring
+    before = {run: deployment.view(run).status for run in ("2026-w40", "2026-w38")}
+    assert before == {"2026-w40": "waiting", "2026-w38": "running"}
+
+    fresh = deployment.cli("purge", "--older-than", "1d")
+    assert (fresh.returncode, fresh.stdout) == (0, "purged 0 runs\n"), fresh.stderr
+
+    dry = deployment.cli("purge", "--older-than", "0s", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.splitlines() == [
+        "would purge digest:2026-w41 (done)",
+        "would purge digest:2026-w37 (done)",
+        "would purge 2 runs; nothing deleted (--dry-run)",
+    ]
+    assert deployment.view("2026-w41").status == "done"
+
+    purged = deployment.cli("purge", "--older-than", "0s")
+    assert purged.stdout.splitlines()[-1] == "purged 2 runs", purged.stderr
+    for gone in ("2026-w41", "2026-w37"):
+        assert deployment.cli("show", gone).returncode == 2
+        assert deployment.client().keys(f"*{{digest:{gone}}}*") == []
+    listed = deployment.cli("runs").stdout
+    assert [line.split()[0] for line in listed.splitlines()] == [
+        "digest:2026-w38",
+        "digest:2026-w40",
+    ]
+    # A cancelled run still holds the items it selected; purged, it lets the next run have them.
+    assert deployment.cli("cancel", "2026-w40").returncode == 0
+    assert deployment.cli("purge", "--older-than", "0s").stdout.splitlines() == [
+        "purged digest:2026-w40 (cancelled)",
+        "purged 1 run",
+    ]
+    after = deployment.cli("run", "2026-w43")
+    assert after.stdout.splitlines()[-1].startswith("sent: 8 items"), after.stdout
+
+    for bad in ("soon", "-1d", "10"):
+        refused = deployment.cli("purge", "--older-than", bad)
+        assert (refused.returncode, refused.stdout) == (2, ""), bad
+        assert len(refused.stderr.splitlines()) == 1, refused.stderr
+
+
+def test_the_command_line_names_its_version_and_every_argument_and_default() -> None:
+    version = subprocess.run([str(BIN / "digest"), "--version"], capture_output=True, text=True)
+    assert (version.returncode, version.stdout) == (0, "digest 0.1.0\n")
+    top = subprocess.run([str(BIN / "digest"), "--help"], capture_output=True, text=True)
+    commands = re.findall(r"^    (\w+)\s", top.stdout, re.MULTILINE)
+    assert {"run", "show", "runs", "purge", "console"} <= set(commands)
+    for command in commands:
+        shown = subprocess.run(
+            [str(BIN / "digest"), command, "--help"], capture_output=True, text=True
+        )
+        assert shown.returncode == 0, command
+        listed = shown.stdout.split("\n\n", 2)[-1]
+        # Every argument line carries its help, on the same line or the next.
+        for line, after in zip(listed.splitlines(), [*listed.splitlines()[1:], ""], strict=True):
+            if re.match(r"^  \S", line) and "-h, --help" not in line:
+                assert re.search(r"\S\s{2,}\S", line.strip()) or after.startswith(" " * 10), (
+                    command,
+                    line,
+                )
+    console = subprocess.run(
+        [str(BIN / "digest"), "console", "--help"], capture_output=True, text=True
+    )
+    assert "default: 8765" in console.stdout
+    run = subprocess.run([str(BIN / "digest"), "run", "--help"], capture_output=True, text=True)
+    assert "failed, parked or retrying" in " ".join(run.stdout.split())
+
+
+def test_show_json_is_typed_with_a_schema_version_and_a_rerun_says_what_was_done(
+    deployment: Deployment,
+) -> None:
+    offline(deployment)
+    first = deployment.cli("run", RUN)
+    assert first.stdout.splitlines()[-1] == (
+        "sent: 8 items, 9 offline summaries (no model calls) in this attempt, "
+        "email sent (digest-2026-w42)"
+    )
+    again = deployment.cli("run", RUN)
+    assert again.stdout == (
+        "already-done: ended earlier (sent: 8 items, email sent (digest-2026-w42)); "
+        "nothing ran in this attempt\n"
+    )
+    text = deployment.cli("show", RUN).stdout
+    assert "13 steps, 0 model calls (9 offline summaries)" in text
+    send_line = next(line for line in text.splitlines() if line.startswith("send "))
+    assert send_line.endswith("email sent (digest-2026-w42)")
+
+    shown = json.loads(deployment.cli("show", RUN, "--json").stdout)
+    assert shown["schema"] == 1
+    assert shown["outcome"] == {
+        "status": "sent",
+        "items": 8,
+        "model_calls": 9,
+        "receipt": {"id": "digest-2026-w42", "sent": True},
+    }
+    assert isinstance(shown["meta"]["starts"], int)
+    assert datetime.fromisoformat(shown["meta"]["created_at"]).tzinfo is not None
+    assert shown["lease"] == {"holder": None, "ttl_ms": None}
+    step = shown["steps"][0]
+    assert (step["key"], type(step["seq"])) == ("select", int)
+    assert datetime.fromisoformat(step["finished_at"]) >= datetime.fromisoformat(step["started_at"])
+
+
+def test_console_on_a_busy_port_fails_before_printing_its_url(deployment: Deployment) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        refused = deployment.cli("console", "--port", str(port))
+    assert (refused.returncode, refused.stdout) == (2, "")
+    assert refused.stderr.startswith(f"digest: --host 127.0.0.1 --port {port}: ")
+    assert len(refused.stderr.splitlines()) == 1

@@ -55,7 +55,10 @@ def test_the_digest_runs_crashes_and_resumes_on_a_cluster(
     assert [r.key for r in deployment.view(RUN).steps] == JOURNAL
     assert [p.name for p in deployment.outbox()] == ["digest-2026-w42.json"]
     again = deployment.cli("run", RUN)
-    assert again.stdout == "already-done: 0 items, 0 model calls in this attempt\n"
+    assert again.stdout == (
+        "already-done: ended earlier (sent: 8 items, email sent (digest-2026-w42)); "
+        "nothing ran in this attempt\n"
+    )
     listed = deployment.cli("runs")
     assert listed.returncode == 0 and RUN in listed.stdout
     seen = runtime.client.scard(runtime.keys.seen)

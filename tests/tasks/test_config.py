@@ -17,7 +17,7 @@ def test_an_empty_environment_gives_the_documented_defaults() -> None:
     assert config == Config()
     assert (config.redis_url, config.broker_url, config.smtp_url) == (None, None, None)
     assert config.state_dir == Path(".digest")
-    assert config.items_path == Path("data/items.json")
+    assert config.items_path == "data/items.json"
     assert config.key_prefix == "journal"
     assert (config.summary_model, config.intro_model) == ("claude-haiku-5-5", "claude-sonnet-5-5")
     assert (config.concurrency, config.lease_ttl, config.model_timeout) == (3, 30.0, 20.0)
@@ -30,7 +30,7 @@ def test_an_empty_environment_gives_the_documented_defaults() -> None:
         15.0,
         4,
     )
-    assert (config.visibility_timeout, config.task_time_limit) == (3600.0, 1800.0)
+    assert (config.visibility_timeout, config.time_limit) == (3600.0, 1800.0)
     assert config.max_countdown == 900.0
     assert (config.run_retry_delay, config.run_retry_max_delay, config.give_up_after) == (
         60.0,
@@ -83,7 +83,7 @@ def test_every_variable_is_read() -> None:
         redis_url="redis://store:6379/2",
         broker_url="amqp://broker//",
         state_dir=Path("/var/lib/digest"),
-        items_path=Path("/srv/items.json"),
+        items_path="/srv/items.json",
         key_prefix="acme",
         summary_model="claude-haiku-x",
         intro_model="claude-sonnet-x",
@@ -236,7 +236,7 @@ def test_the_app_and_the_library_refuse_the_same_time_limits(limit: float) -> No
 @pytest.mark.parametrize(
     ("broker", "env", "refused"),
     [
-        ("amqp://mq//", {}, True),  # RabbitMQ's 30 min default equals the 30 min limit
+        ("amqp://mq//", {"DIGEST_TASK_TIME_LIMIT": "1800"}, True),  # its 30 min default
         ("pyamqp://mq//", {"DIGEST_TASK_TIME_LIMIT": "1620"}, True),
         ("amqps://mq//", {"DIGEST_TASK_TIME_LIMIT": "1619"}, False),
         ("amqp://mq//", {"DIGEST_CONSUMER_TIMEOUT": "3600"}, False),  # raised on the broker too
@@ -253,13 +253,28 @@ def test_with_rabbitmq_the_time_limit_must_stay_below_its_consumer_timeout(
         return
     with pytest.raises(BadInput) as caught:
         Config.from_env(env)
-    limit = env.get("DIGEST_TASK_TIME_LIMIT", "1800")
+    limit = env["DIGEST_TASK_TIME_LIMIT"]
     assert str(caught.value) == (
         f"DIGEST_TASK_TIME_LIMIT={limit} must stay below 90% of RabbitMQ's consumer timeout "
         "(DIGEST_CONSUMER_TIMEOUT=1800), or RabbitMQ closes the channel of a delivery still "
         "running and redelivers it; lower DIGEST_TASK_TIME_LIMIT to 1619 or less, or raise "
         "consumer_timeout on the broker and DIGEST_CONSUMER_TIMEOUT to match"
     )
+
+
+@pytest.mark.parametrize(
+    ("env", "limit"),
+    [
+        ({}, 1800),  # the embedded Redis: 30 min, far below its visibility timeout
+        ({"CELERY_BROKER_URL": "amqp://mq//"}, 1619),  # below RabbitMQ's 30 min
+        ({"CELERY_BROKER_URL": "pyamqp://mq//", "DIGEST_CONSUMER_TIMEOUT": "7200"}, 1800),
+        ({"REDIS_URL": "redis://r:6379/0", "DIGEST_VISIBILITY_TIMEOUT": "600"}, 539),
+    ],
+)
+def test_the_default_time_limit_is_derived_from_the_broker_in_use(
+    env: dict[str, str], limit: int
+) -> None:
+    assert Config.from_env(env).time_limit == limit
 
 
 def test_the_model_timeout_must_be_shorter_than_the_task_time_limit() -> None:

@@ -94,7 +94,7 @@ class LocalDigest:
     ) -> Runtime:
         config = Config(
             state_dir=self.outbox_dir.parent,
-            items_path=self.items,
+            items_path=str(self.items),
             key_prefix=self.prefix,
             concurrency=concurrency,
             lease_ttl=LEASE_TTL,

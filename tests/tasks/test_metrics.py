@@ -7,6 +7,7 @@ with the next child's through ``prometheus_client``'s multiprocess mode.
 from __future__ import annotations
 
 import socket
+import subprocess
 import urllib.request
 from typing import Any
 
@@ -94,3 +95,19 @@ def test_a_prefork_workers_metrics_add_up_its_children_and_match_the_journal(
     assert any(name == "digest_build_info" for name, _ in metrics)
     # What Redis holds is exported once, by the console or `digest metrics`: not here.
     assert not {"journal_runs", "journal_due_lag_seconds"} & {name for name, _ in metrics}
+
+
+def test_a_worker_removes_the_metrics_directories_of_dead_workers_and_its_own_at_exit(
+    deployment: Deployment,
+) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = deployment.state_dir / f"metrics-{dead.pid}"
+    stale.mkdir()
+    (stale / "counter_1.db").write_bytes(b"old")
+    worker = deployment.worker("w1", env={"DIGEST_METRICS_PORT": str(free_port())})
+    own = deployment.state_dir / f"metrics-{worker.process.pid}"
+    assert own.is_dir()
+    assert not stale.exists()
+    assert worker.stop() == 0  # a warm shutdown (SIGTERM)
+    assert not own.exists()

@@ -74,7 +74,8 @@ def test_make_run_then_the_walk_through_print_what_the_readme_shows(checkout: Pa
         "  ran      send",
         "  ran      mark-seen",
         "  ran      done",
-        f"sent: 8 items, 9 model calls in this attempt, email sent (digest-{week})",
+        f"sent: 8 items, 9 offline summaries (no model calls) in this attempt, "
+        f"email sent (digest-{week})",
     ]
 
     blocks = walk_through()

@@ -73,7 +73,7 @@ def test_a_transient_error_is_retried_within_the_step(
     runtime = Runtime(
         config=Config(
             state_dir=tmp_path / "state",
-            items_path=items_file,
+            items_path=str(items_file),
             key_prefix=prefix,
             concurrency=1,
             retry_base_delay=0.01,

@@ -1,9 +1,10 @@
+import re
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
 
-from tasks.schedule import iso_week_run_id, run_ids_due, scheduled_occurrences
+from tasks.schedule import Schedule, iso_week_run_id, run_ids_due, scheduled_occurrences
 
 AUCKLAND = ZoneInfo("Pacific/Auckland")
 LOS_ANGELES = ZoneInfo("America/Los_Angeles")
@@ -109,3 +110,24 @@ def test_a_naive_now_is_refused() -> None:
 def test_a_negative_lookback_is_refused() -> None:
     with pytest.raises(ValueError, match="lookback_weeks must be 0 or more, got -1"):
         run_ids_due(datetime(2026, 10, 19, 9, 0, tzinfo=UTC), ZoneInfo("UTC"), -1)
+
+
+def test_a_cron_schedule_with_several_occurrences_a_week_still_names_one_run_per_week() -> None:
+    weekdays = Schedule.parse("0 8 * * 1-5")
+    now = datetime(2026, 10, 21, 9, 0, tzinfo=UTC)  # a Wednesday
+    assert [m.day for m in scheduled_occurrences(now, ZoneInfo("UTC"), 1, weekdays)] == [
+        14,
+        15,
+        16,
+        19,
+        20,
+        21,
+    ]
+    assert run_ids_due(now, ZoneInfo("UTC"), 1, weekdays) == ["2026-w42", "2026-w43"]
+    assert Schedule.parse("monday 8:00").fields == ("0", "8", "*", "*", "mon")
+
+
+@pytest.mark.parametrize("text", ["every monday", "mon 25:00", "0 8 * *", "61 8 * * mon"])
+def test_a_schedule_neither_a_day_and_time_nor_cron_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(repr(text))):
+        Schedule.parse(text)

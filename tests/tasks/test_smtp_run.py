@@ -52,5 +52,8 @@ def test_a_crash_after_smtp_accepted_the_email_sends_nothing_more(
     assert deployment.outbox() == []  # SMTP replaced the file outbox
 
     again = deployment.cli("run", RUN)
-    assert again.stdout.strip() == "already-done: 0 items, 0 model calls in this attempt"
+    assert again.stdout.strip() == (
+        "already-done: ended earlier (sent: 8 items, email already sent earlier, not resent "
+        f"(digest-{RUN})); nothing ran in this attempt"
+    )
     assert len(handler.messages) == 1

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 from typing import Any
 
 import pytest
 
+from journal.contrib.embedded import embedded_broker_url, embedded_url
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.support import BIN, ROOT, Deployment, Worker, wait_until
 
@@ -64,12 +66,39 @@ def test_a_worker_runs_the_digest_once_and_a_second_delivery_is_already_done(
     assert deployment.view(RUN).meta["deliveries"] == "2"
 
 
-def test_a_worker_without_a_key_refuses_instead_of_summarizing_offline(
+OFFLINE_LOG = "no ANTHROPIC_API_KEY: summarizing offline"
+
+
+def test_on_the_embedded_default_a_worker_without_a_key_summarizes_offline_like_the_cli(
     deployment: Deployment, fake_anthropic: FakeAnthropic
 ) -> None:
     deployment.env.pop("ANTHROPIC_API_KEY", None)
     deployment.env["ANTHROPIC_BASE_URL"] = fake_anthropic.url
     deployment.env.pop("DIGEST_OFFLINE", None)
+    # What `digest run` makes offline (a dry run: nothing sent, nothing marked seen).
+    by_cli = deployment.cli("run", RUN, "--dry-run")
+    assert by_cli.returncode == 0, by_cli.stderr
+    worker = deployment.worker("nokey", concurrency=2)
+
+    task_id = enqueue(deployment)
+    result = wait_until(lambda: task_result(worker, task_id), 30, "the delivery")
+    assert result["result"]["status"] == "sent"
+    assert fake_anthropic.calls == 0
+    assert [p.name for p in deployment.outbox()] == ["digest-2026-w42.json"]
+    sent = json.loads(deployment.outbox()[0].read_text())
+    assert sent["body"].split("\n\n", 1)[1] in by_cli.stdout
+    assert worker.text().count(OFFLINE_LOG) == 1
+
+
+def test_with_redis_url_set_a_worker_without_a_key_refuses_instead_of_summarizing_offline(
+    deployment: Deployment, fake_anthropic: FakeAnthropic
+) -> None:
+    deployment.env.pop("ANTHROPIC_API_KEY", None)
+    deployment.env["ANTHROPIC_BASE_URL"] = fake_anthropic.url
+    deployment.env.pop("DIGEST_OFFLINE", None)
+    # A real deployment names its Redis: the same server, given explicitly.
+    deployment.env["REDIS_URL"] = embedded_url(deployment.state_dir)
+    deployment.env["CELERY_BROKER_URL"] = embedded_broker_url(deployment.state_dir)
     worker = deployment.worker("nokey", concurrency=1)
 
     task_id = enqueue(deployment)
@@ -81,6 +110,7 @@ def test_a_worker_without_a_key_refuses_instead_of_summarizing_offline(
     wait_until(lambda: f"tasks.digest[{task_id}] raised" in worker.text(), 10, "the failure log")
     assert fake_anthropic.calls == 0
     assert deployment.outbox() == []
+    assert OFFLINE_LOG not in worker.text()
 
 
 def test_the_pool_children_share_the_sdk_the_main_process_imported(
@@ -103,8 +133,13 @@ def test_the_pool_children_share_the_sdk_the_main_process_imported(
 def test_with_rabbitmq_a_time_limit_at_its_consumer_timeout_is_refused_at_start(
     deployment: Deployment, program: str
 ) -> None:
-    # Nothing listens on port 9: the refusal comes before any connection is tried.
-    env = {**deployment.env, "CELERY_BROKER_URL": "amqp://guest:s3cret@127.0.0.1:9//"}
+    # Nothing listens on port 9: the refusal comes before any connection is tried. The default
+    # limit is derived from the broker; one set explicitly is still checked.
+    env = {
+        **deployment.env,
+        "CELERY_BROKER_URL": "amqp://guest:s3cret@127.0.0.1:9//",
+        "DIGEST_TASK_TIME_LIMIT": "1800",
+    }
     started = subprocess.run(
         [str(BIN / "celery"), "-A", "tasks", program],
         env=env,
