@@ -240,7 +240,7 @@ class Config:
                 f"DIGEST_TASK_TIME_LIMIT={self.task_time_limit:g}"
             )
         unpriced = [
-            m for m in (self.summary_model, self.intro_model) if m not in self.prices.prices
+            m for m in (self.summary_model, self.intro_model) if self.prices.price(m) is None
         ]
         if self.max_cost_usd is not None and unpriced:
             raise BadInput(

@@ -61,6 +61,8 @@ class Completion:
     input_tokens: int
     output_tokens: int
     model: str
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The step result: plain JSON, so a journal outlives this class's code."""
@@ -75,17 +77,22 @@ class Completion:
         """
         text, model = data.get("text"), data.get("model")
         input_tokens, output_tokens = data.get("input_tokens"), data.get("output_tokens")
+        # Recorded before cache tokens were: none.
+        cache_write = data.get("cache_creation_input_tokens", 0)
+        cache_read = data.get("cache_read_input_tokens", 0)
         if not (
             isinstance(text, str)
             and isinstance(model, str)
             and _is_count(input_tokens)
             and _is_count(output_tokens)
+            and _is_count(cache_write)
+            and _is_count(cache_read)
         ):
             raise ValueError(
                 "a recorded completion needs text and model (strings) and input_tokens and "
                 f"output_tokens (counts), got {dict(data)!r:.200}"
             )
-        return cls(text=text, input_tokens=input_tokens, output_tokens=output_tokens, model=model)
+        return cls(text, input_tokens, output_tokens, model, cache_write, cache_read)
 
 
 def _is_count(value: object) -> TypeGuard[int]:
@@ -214,11 +221,14 @@ class AnthropicSummarizer:
                 "for next week: reword or remove it"
             )
         text = "".join(block.text for block in message.content if block.type == "text")
+        usage = message.usage
         return Completion(
             text=text.strip(),
-            input_tokens=message.usage.input_tokens,
-            output_tokens=message.usage.output_tokens,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
             model=message.model,
+            cache_creation_input_tokens=usage.cache_creation_input_tokens or 0,
+            cache_read_input_tokens=usage.cache_read_input_tokens or 0,
         )
 
 

@@ -22,6 +22,7 @@ from journal.contrib.checks import check_persistence, check_skew
 from journal.contrib.embedded import embedded_broker_url, embedded_url
 from journal.errors import StoreUnavailable
 from journal.scripts import Client
+from tasks.budget import Budget
 from tasks.config import Config
 from tasks.errors import ModelNotConfigured, is_transient_failure
 from tasks.items import Item
@@ -82,6 +83,12 @@ class Runtime:
     keys: DigestKeys
     summarizer: Summarizer
     mailer: Mailer
+
+    @functools.cached_property
+    def budget(self) -> Budget:
+        """Every run's ``DIGEST_MAX_COST_USD``, reserved in this store before each call."""
+        config = self.config
+        return Budget(self.client, config.max_cost_usd, config.prices, config.model_timeout)
 
     @classmethod
     def build(cls, config: Config, *, allow_offline: bool) -> Runtime:
