@@ -37,7 +37,14 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from tasks.errors import DigestError, ItemRefused, ModelAuthFailed, ModelRefused
 from tasks.items import Item
-from tasks.prompts import INTRO_SYSTEM, SUMMARY_SYSTEM, intro_prompt, summary_prompt
+from tasks.prompts import (
+    INTRO_SYSTEM,
+    SUMMARY_SYSTEM,
+    estimated_tokens,
+    intro_prompt,
+    summary_prompt,
+)
+from tasks.ratelimit import CapacityWait, RateLimiter
 
 if TYPE_CHECKING:
     import anthropic
@@ -122,12 +129,19 @@ class AnthropicSummarizer:
             once, by the first call: a run that replays every step never pays for the SDK.
         summary_model: The model for each item's summary.
         intro_model: The model for the opening paragraph.
+        limiter: The rate limits shared with every process on the API key: each call waits
+            for room in them first, and teaches them what the answer says (None: no limiter).
     """
 
     def __init__(
-        self, connect: Callable[[], anthropic.Anthropic], summary_model: str, intro_model: str
+        self,
+        connect: Callable[[], anthropic.Anthropic],
+        summary_model: str,
+        intro_model: str,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self._connect = connect
+        self._limiter = limiter
         self._client: anthropic.Anthropic | None = None
         self._connecting = threading.Lock()  # a map's first calls arrive together
         self._summary_model = summary_model
@@ -140,6 +154,7 @@ class AnthropicSummarizer:
         timeout_s: float,
         summary_model: str = DEFAULT_SUMMARY_MODEL,
         intro_model: str = DEFAULT_INTRO_MODEL,
+        limiter: RateLimiter | None = None,
     ) -> AnthropicSummarizer:
         """Build from the SDK's own variables (the key, the base URL) and the model ids.
 
@@ -149,6 +164,7 @@ class AnthropicSummarizer:
                 step policy retries, rather than outliving the worker's lease.
             summary_model: The model of each summary.
             intro_model: The model of the opening paragraph.
+            limiter: The shared rate limits (see the class).
         """
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
@@ -161,7 +177,7 @@ class AnthropicSummarizer:
                 timeout=anthropic.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s)),
             )
 
-        return cls(connect, summary_model=summary_model, intro_model=intro_model)
+        return cls(connect, summary_model=summary_model, intro_model=intro_model, limiter=limiter)
 
     def summarize(self, item: Item) -> Completion:
         """One request to the summary model; API errors propagate for the step policy to judge.
@@ -201,8 +217,12 @@ class AnthropicSummarizer:
             if self._client is None:
                 self._client = self._connect()
             client = self._client
+        limiter = self._limiter
+        take = None
+        if limiter is not None:
+            take = limiter.take(model, estimated_tokens(system, prompt), MAX_TOKENS)
         try:
-            message = client.messages.create(
+            raw = client.messages.with_raw_response.create(
                 model=model,
                 max_tokens=MAX_TOKENS,
                 system=system,
@@ -210,11 +230,26 @@ class AnthropicSummarizer:
                 output_config=anthropic.omit if output_config is None else output_config,
             )
         except anthropic.APIStatusError as exc:
+            if limiter and take:
+                limiter.settle(
+                    take,
+                    exc.response.headers,
+                    refused=exc.status_code == 429,
+                    retry_after=retry_after_seconds(exc),
+                )
             refusal = refusal_for(exc)
             if refusal is None:
                 raise  # transient: the step's retry policy decides
             where = f"the Anthropic API at {client.base_url}"
             raise refusal.error(refusal.describe(exc, where, model, setting)) from exc
+        except BaseException:
+            if limiter and take:
+                limiter.settle(take, {})  # no answer: what it took stays taken
+            raise
+        message = raw.parse()
+        if limiter and take:
+            used = (message.usage.input_tokens, message.usage.output_tokens)
+            limiter.settle(take, raw.headers, used=used)
         if message.stop_reason == "refusal":
             raise ItemRefused(
                 f"model {model} declined to answer (stop_reason refusal); the item stays unseen "
@@ -269,8 +304,11 @@ def is_transient(exc: BaseException) -> bool:
 
     Mirrors the SDK's own retry rule, which ``max_retries=0`` switches off: connection errors and
     timeouts, 408, 409, 429 and every 5xx (529 is ``overloaded_error``), unless the server sent
-    ``x-should-retry: false``.
+    ``x-should-retry: false``. A wait for the shared rate limits' room (``CapacityWait``) is
+    transient too.
     """
+    if isinstance(exc, CapacityWait):
+        return True
     if not _sdk_loaded():
         return False
     import anthropic
@@ -294,9 +332,12 @@ def retry_after_seconds(
     HTTP date (a date already past means 0).
 
     Args:
-        exc: Any exception; only an API status error can carry the headers.
+        exc: Any exception; only an API status error can carry the headers, and a
+            ``CapacityWait`` its wait for the shared rate limits.
         now: The clock that turns an HTTP date into a wait.
     """
+    if isinstance(exc, CapacityWait):
+        return exc.seconds
     if not _sdk_loaded():
         return None
     import anthropic

@@ -29,8 +29,12 @@ from tasks.items import Item
 from tasks.keys import DigestKeys
 from tasks.mail import FileOutbox, Mailer, SmtpMailer
 from tasks.model import AnthropicSummarizer, Completion, OfflineSummarizer, Summarizer
+from tasks.ratelimit import RateLimiter, account_of
 
 log = logging.getLogger(__name__)
+
+# The SDK's own default, for naming the API a key belongs to when ANTHROPIC_BASE_URL is unset.
+DEFAULT_BASE_URL = "https://api.anthropic.com"
 
 # What the journal's errors tell a digest operator to do.
 HINTS = Hints(
@@ -83,6 +87,7 @@ class Runtime:
     keys: DigestKeys
     summarizer: Summarizer
     mailer: Mailer
+    limiter: RateLimiter | None = None
 
     @functools.cached_property
     def budget(self) -> Budget:
@@ -128,21 +133,43 @@ class Runtime:
             url=url,
         )
         keys = DigestKeys(config.key_prefix, cluster=cluster)
+        limiter = rate_limiter(client, keys, config)
         return cls(
             config=config,
             client=client,
             journal=journal,
             keys=keys,
-            summarizer=choose_summarizer(config, allow_offline=allow_offline),
+            summarizer=choose_summarizer(config, allow_offline=allow_offline, limiter=limiter),
             mailer=choose_mailer(config),
+            limiter=limiter,
         )
 
 
-def choose_summarizer(config: Config, *, allow_offline: bool) -> Summarizer:
-    """The Anthropic summarizer when a key is set; otherwise offline, where allowed."""
+def rate_limiter(client: Client, keys: DigestKeys, config: Config) -> RateLimiter | None:
+    """The rate limits shared on the store by every process on this API key; None without one.
+
+    Named by the API's URL and key (``ANTHROPIC_BASE_URL``, ``ANTHROPIC_API_KEY``), hashed.
+    """
+    key = os.environ.get("ANTHROPIC_API_KEY")
+    if not key:
+        return None
+    base_url = os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL
+    return RateLimiter(client, keys, account_of(base_url, key), wait_over=config.long_backoff)
+
+
+def choose_summarizer(
+    config: Config, *, allow_offline: bool, limiter: RateLimiter | None = None
+) -> Summarizer:
+    """The Anthropic summarizer when a key is set; otherwise offline, where allowed.
+
+    Args:
+        config: the settings.
+        allow_offline: whether no key means the offline summarizer.
+        limiter: the rate limits shared with every process on the key (``rate_limiter``).
+    """
     if os.environ.get("ANTHROPIC_API_KEY"):
         return AnthropicSummarizer.from_env(
-            config.model_timeout, config.summary_model, config.intro_model
+            config.model_timeout, config.summary_model, config.intro_model, limiter=limiter
         )
     if allow_offline:
         return OfflineSummarizer()

@@ -197,7 +197,8 @@ class Bucket:
         full = now + max(0.0, self.limit - self.level) / self.rate
         reset = datetime.fromtimestamp(full, UTC).isoformat(timespec="milliseconds")
         return {
-            f"anthropic-ratelimit-{kind}-limit": str(int(self.limit)),
+            # Stated per minute, as the real API states it, whatever span it is enforced over.
+            f"anthropic-ratelimit-{kind}-limit": str(round(self.rate * 60)),
             f"anthropic-ratelimit-{kind}-remaining": str(max(0, math.floor(self.level))),
             f"anthropic-ratelimit-{kind}-reset": reset.replace("+00:00", "Z"),
         }
@@ -464,7 +465,7 @@ class FakeAnthropic:
         with self._arrived:
             fault = None if problem else self._pick_fault(text)
             if problem is None and fault is None:
-                fault = self._take_capacity(str(model), _prompt_tokens(body))
+                fault = self._take_capacity(str(model), prompt_tokens(body))
             status = problem[0] if problem else fault.status if fault else 200
             request = Received(len(self._received) + 1, body, lowered, status)
             self._received.append(request)
@@ -560,7 +561,7 @@ class FakeAnthropic:
             "stop_reason": "refusal" if refused else "end_turn",
             "stop_sequence": None,
             "usage": {
-                "input_tokens": _prompt_tokens(request.body),
+                "input_tokens": prompt_tokens(request.body),
                 "output_tokens": len(text.split()),
                 "cache_creation_input_tokens": creation,
                 "cache_read_input_tokens": read,
@@ -568,7 +569,7 @@ class FakeAnthropic:
         }
 
 
-def _prompt_tokens(body: Mapping[str, Any]) -> int:
+def prompt_tokens(body: Mapping[str, Any]) -> int:
     """The fake's token count of a prompt: its words, the system prompt's included."""
     return len(message_text(body).split()) + len(str(body.get("system") or "").split())
 

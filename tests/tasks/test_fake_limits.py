@@ -38,7 +38,7 @@ def test_a_burst_passes_the_next_call_is_refused_with_the_real_headers() -> None
     headers = refused.value.response.headers
     assert refused.value.type == "rate_limit_error"
     assert headers["retry-after"] == "1"  # whole seconds, rounded up, as the real API says
-    assert headers["anthropic-ratelimit-requests-limit"] == "4"
+    assert headers["anthropic-ratelimit-requests-limit"] == "240"  # 4 a second, per minute
     assert headers["anthropic-ratelimit-requests-remaining"] == "0"
     reset = datetime.fromisoformat(headers["anthropic-ratelimit-requests-reset"])
     assert 0 < reset.timestamp() - time.time() <= 1.0  # four calls' worth, at 4 a second
