@@ -42,6 +42,8 @@ from tasks import workflow
 from tasks.config import Config
 from tasks.dispatch import dispatch_due
 from tasks.errors import BadInput
+from tasks.keys import DigestKeys
+from tasks.ratelimit import LimitState
 from tasks.runtime import (
     HINTS,
     broker_url,
@@ -49,6 +51,7 @@ from tasks.runtime import (
     prepare_metrics,
     process_config,
     process_runtime,
+    rate_limiter,
     store_url,
 )
 
@@ -219,7 +222,14 @@ def serve_metrics(**_: Any) -> None:
         keyspace = Keyspace(config.key_prefix, shards=config.journal_shards)
         return Journal(connect(store_url(config)), keyspace=keyspace, hints=HINTS)
 
-    start_http_server(config.metrics_port, registry=metrics.registry(journal))
+    def limits() -> list[LimitState]:
+        client = journal().client
+        keys = DigestKeys(config.key_prefix, cluster=isinstance(client, redis.RedisCluster))
+        limiter = rate_limiter(client, keys, config)
+        models = (config.summary_model, config.intro_model)
+        return [] if limiter is None else limiter.states(models)
+
+    start_http_server(config.metrics_port, registry=metrics.registry(journal, limits))
     log.info("metrics on :%d/metrics", config.metrics_port)
 
 

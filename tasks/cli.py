@@ -30,6 +30,7 @@ from tasks.cost import dollars, is_call, usage_of
 from tasks.errors import BadInput, DigestError
 from tasks.items import load_items
 from tasks.model import OfflineSummarizer
+from tasks.ratelimit import LimitState
 from tasks.runtime import Runtime, use_runtime
 from tasks.schedule import iso_week_run_id
 from tasks.workflow import DigestOptions, digest, draft_digest, preview, receipt_line
@@ -200,12 +201,21 @@ def cmd_show(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Print what the journal knows about a run."""
     runtime = Runtime.build(config, allow_offline=True)
     view = inspect_run(runtime.journal, digest.name, run_id)
+    limits = _limit_states(runtime)
     # Masked again here: a journal written before masking, or by other code, may hold a secret.
     if args.json:
-        print(redact(json.dumps(_view_json(view), indent=2, sort_keys=True)))
+        shown = _view_json(view) | {"model_limits": {s.model: s.to_json() for s in limits}}
+        print(redact(json.dumps(shown, indent=2, sort_keys=True)))
     else:
-        print(_printable(redact(_render(view)), newlines=True))
+        print(_printable(redact(_render(view, limits)), newlines=True))
     return EXIT_OK
+
+
+def _limit_states(runtime: Runtime) -> list[LimitState]:
+    """What the shared rate limiter knows of the two models, if this process has a key."""
+    if runtime.limiter is None:
+        return []
+    return runtime.limiter.states((runtime.config.summary_model, runtime.config.intro_model))
 
 
 def cmd_runs(config: Config, run_id: str, args: argparse.Namespace) -> int:
@@ -347,7 +357,7 @@ def _when_ms(meta: dict[str, str], name: str) -> str:
     return _when(int(raw) / 1000) if raw.isdigit() else f"unknown ({name}={raw!r})"
 
 
-def _render(view: RunView) -> str:
+def _render(view: RunView, limits: Sequence[LimitState] = ()) -> str:
     meta = view.meta
     fate = _fate(meta)  # the next retry, or that it gave up
     lines = [f"run      {view.run}", f"status   {view.status} {fate}".rstrip()]
@@ -375,6 +385,8 @@ def _render(view: RunView) -> str:
         lines.append(
             f"waiting  {view.wait.kind} {view.wait.signal or view.wait.step} until {until}"
         )
+    # Not the run's own: every process on the API key shares them (tasks.ratelimit).
+    lines.extend(f"{'limits' if n == 0 else '':8} {state.line()}" for n, state in enumerate(limits))
     lines.append("")
     lines.append(f"{'step':22} {'finished':23} {'try':>3} {'usage':>13} {'cost':>9}  result")
     for record in view.steps:

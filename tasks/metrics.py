@@ -8,8 +8,10 @@ imports this module, only the worker with ``DIGEST_METRICS_PORT`` and the consol
 
 Counted where they happen, through ``journal.events`` (the journal knows nothing of
 Prometheus): steps ran and replayed, model calls, tokens and dollars by model, step retries by
-cause, lease takeovers, fenced writes refused, renewals failed. Read from Redis at scrape
-time: the due index's lag (age of its oldest overdue entry) and runs by state.
+cause, lease takeovers, fenced writes refused, renewals failed, seconds waited for room in
+the shared rate limits and calls refused for them (429). Read from Redis at scrape time: the
+due index's lag (age of its oldest overdue entry), runs by state, and each model's rate limits
+as the API last stated them.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from prometheus_client.registry import Collector
 from journal import Journal
 from journal.events import listen
 from journal.inspect import STATES, list_runs
+from tasks.ratelimit import LimitState
 
 STEPS = Counter("digest_steps_total", "Steps passed, by outcome: ran or replayed.", ["outcome"])
 CALLS = Counter("digest_model_calls_total", "Model calls made, by model.", ["model"])
@@ -33,6 +36,16 @@ COST = Counter("digest_model_cost_usd_total", "Dollars spent on model calls, by 
 RETRIES = Counter("digest_step_retries_total", "Step attempts retried, by cause.", ["cause"])
 TAKEOVERS = Counter("digest_lease_takeovers_total", "Leases of provably dead holders taken over.")
 FENCED = Counter("digest_fenced_writes_refused_total", "Writes refused by the fence.")
+CAPACITY_WAIT = Counter(
+    "digest_model_capacity_wait_seconds_total",
+    "Seconds model calls waited for room in the rate limits shared on the API key, by model.",
+    ["model"],
+)
+RATE_LIMITED = Counter(
+    "digest_model_rate_limited_total",
+    "Model calls the API refused for its rate limits (429), by model.",
+    ["model"],
+)
 RENEWALS_FAILED = Counter(
     "digest_lease_renewals_failed_total", "Lease renewals that found it lost."
 )
@@ -56,6 +69,10 @@ def count(event: str, label: str, amount: float) -> None:
         FENCED.inc(amount)
     elif event == "renewal_failed":
         RENEWALS_FAILED.inc(amount)
+    elif event == "capacity_wait_seconds":
+        CAPACITY_WAIT.labels(label).inc(amount)
+    elif event == "rate_limited":
+        RATE_LIMITED.labels(label).inc(amount)
 
 
 listen(count)
@@ -94,11 +111,52 @@ class JournalCollector(Collector):
         yield states
 
 
-def registry(journal: Callable[[], Journal]) -> CollectorRegistry:
-    """A registry summing every process's counters, plus the gauges of ``journal()``."""
+class LimitsCollector(Collector):
+    """Each model's shared rate limits as the API last stated them, read at scrape time.
+
+    Args:
+        states: reads them (``RateLimiter.states``), at each scrape.
+    """
+
+    def __init__(self, states: Callable[[], list[LimitState]]) -> None:
+        self.states = states
+
+    def collect(self) -> Iterator[Any]:
+        """Yield the limit, the burst and what remained, by model and kind."""
+        labels = ["model", "kind"]
+        limit = GaugeMetricFamily(
+            "digest_model_limit_per_minute", "The API's rate limit, per minute.", labels=labels
+        )
+        burst = GaugeMetricFamily(
+            "digest_model_limit_burst", "The rate limit's bucket as learned.", labels=labels
+        )
+        remaining = GaugeMetricFamily(
+            "digest_model_limit_remaining",
+            "What the API said remained of the limit at its last answer.",
+            labels=labels,
+        )
+        for state in self.states():
+            for kind, known in state.kinds.items():
+                limit.add_metric([state.model, kind], known.per_minute)
+                burst.add_metric([state.model, kind], known.burst)
+                remaining.add_metric([state.model, kind], known.remaining)
+        yield from (limit, burst, remaining)
+
+
+def registry(
+    journal: Callable[[], Journal], limits: Callable[[], list[LimitState]] | None = None
+) -> CollectorRegistry:
+    """A registry summing every process's counters, plus the gauges of ``journal()``.
+
+    Args:
+        journal: the journal the gauges read.
+        limits: the shared rate limits' states, for their gauges (none without it).
+    """
     collected = CollectorRegistry()
     multiprocess.MultiProcessCollector(collected)  # type: ignore[no-untyped-call]
     collected.register(JournalCollector(journal))
+    if limits is not None:
+        collected.register(LimitsCollector(limits))
     return collected
 
 

@@ -25,7 +25,7 @@ import hashlib
 import math
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
@@ -33,7 +33,7 @@ from importlib import resources
 from journal.events import emit
 from journal.scripts import Client, Script
 from tasks.errors import DigestError
-from tasks.keys import DigestKeys
+from tasks.keys import DigestKeys, text
 
 KINDS = ("requests", "input-tokens", "output-tokens")
 # A probing call (nothing learned yet) holds the probe at most this long.
@@ -183,14 +183,94 @@ class RateLimiter:
             ],
         )
 
-    def state(self, model: str) -> dict[str, str]:
-        """What the limits hash of ``model`` holds now (for ``digest show`` and metrics)."""
+    def state(self, model: str) -> LimitState | None:
+        """What is known of ``model``'s limits now (``digest show``, metrics); None: nothing."""
         raw = self.client.hgetall(self.keys.model_limits(self.account, model))
-        return {_text(k): _text(v) for k, v in raw.items()}
+        if not raw:
+            return None
+        return LimitState.decode(model, {text(k): text(v) for k, v in raw.items()})
+
+    def states(self, models: Iterable[str]) -> list[LimitState]:
+        """The state of each of ``models`` something is known of, once each."""
+        found = (self.state(model) for model in dict.fromkeys(models))
+        return [state for state in found if state is not None]
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+@dataclass(frozen=True)
+class KindState:
+    """One limit as the API's last answer described it.
+
+    Attributes:
+        per_minute: the limit, per minute.
+        burst: the bucket's size as learned (at most ``per_minute``).
+        remaining: what the API said was left.
+        reset: when it said the bucket would be full again (seconds since the epoch).
+    """
+
+    per_minute: int
+    burst: int
+    remaining: int
+    reset: float
+
+
+@dataclass(frozen=True)
+class LimitState:
+    """A model's shared limits and what waiting on them cost, decoded once from the hash."""
+
+    model: str
+    calls: int
+    waited_s: float
+    refused: int
+    kinds: dict[str, KindState]
+
+    @classmethod
+    def decode(cls, model: str, fields: Mapping[str, str]) -> LimitState:
+        """From the limits hash; a field another version wrote unreadably counts as absent."""
+
+        def number(name: str) -> float:
+            try:
+                return float(fields.get(name, "0"))
+            except ValueError:
+                return 0.0
+
+        kinds = {
+            kind: KindState(
+                int(number(f"{kind}:limit")),
+                int(number(f"{kind}:cap")),
+                int(number(f"{kind}:remaining")),
+                number(f"{kind}:reset") / 1000,
+            )
+            for kind in ("requests", "input", "output")
+            if number(f"{kind}:limit") > 0
+        }
+        return cls(
+            model, int(number("calls")), number("waited_ms") / 1000, int(number("refused")), kinds
+        )
+
+    def line(self) -> str:
+        """``claude-haiku-5-5: 41 calls, 3.2 s waited for room, 0 refused (429); requests ...``."""
+        described = [
+            f"{_KIND_NAMES[kind]} {state.per_minute}/min (burst {state.burst}, "
+            f"{state.remaining} left at the last answer)"
+            for kind, state in self.kinds.items()
+        ]
+        limits = "; ".join(described) or "no limits stated by the API"
+        return (
+            f"{self.model}: {self.calls} calls, {self.waited_s:.1f} s waited for room, "
+            f"{self.refused} refused (429); {limits}"
+        )
+
+    def to_json(self) -> dict[str, object]:
+        """For ``digest show --json``."""
+        return {
+            "calls": self.calls,
+            "waited_s": round(self.waited_s, 3),
+            "refused": self.refused,
+            "limits": {kind: vars(state) for kind, state in self.kinds.items()},
+        }
+
+
+_KIND_NAMES = {"requests": "requests", "input": "input tokens", "output": "output tokens"}
 
 
 def _limit_state(headers: Mapping[str, str], kind: str) -> list[str]:

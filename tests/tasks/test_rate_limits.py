@@ -8,6 +8,7 @@ the step's durable wait, as a long ``retry-after`` does.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from tasks.model import is_transient, retry_after_seconds
 from tasks.ratelimit import CapacityWait, RateLimiter, account_of
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.support import ROOT, Deployment, wait_until
+from tests.tasks.test_metrics import free_port, scrape
 
 RATE = 4  # requests a second, a burst of 4
 ITEMS = 12
@@ -45,8 +47,11 @@ def test_two_workers_and_a_command_line_share_one_limit_and_are_not_refused(
     with FakeAnthropic(delay=0.1, log=lambda line: arrivals.append(time.monotonic())) as fake:
         fake.limit(requests=RATE, per=1)
         deployment.env.update(fake.env(), DIGEST_LEASE_TTL="10")
+        port = free_port()
         for name in ("a", "b"):  # one run each: each worker's week is its own items file
             env = {"DIGEST_ITEMS": str(items_file(tmp_path, name))}
+            if name == "a":
+                env["DIGEST_METRICS_PORT"] = str(port)
             deployment.worker(name, concurrency=1, env=env)
         for week in ("2026-w40", "2026-w41"):
             assert deployment.cli("enqueue", week).returncode == 0
@@ -66,6 +71,23 @@ def test_two_workers_and_a_command_line_share_one_limit_and_are_not_refused(
     summaries = sorted(t for t, r in zip(arrivals, fake.requests, strict=True) if r.status == 200)
     span = summaries[-1] - summaries[0]
     assert (calls - RATE - 1) / RATE * 0.95 <= span
+
+    # Visible: the shared limits' state and what waiting on them cost, in show and metrics.
+    shown = deployment.cli("show", "2026-w42").stdout
+    [line] = [x for x in shown.splitlines() if x.startswith("limits   claude-haiku-5-5: ")]
+    found = re.fullmatch(
+        r"limits   claude-haiku-5-5: (\d+) calls, ([\d.]+) s waited for room, 0 refused \(429\); "
+        r"requests 240/min \(burst [34], \d left at the last answer\)",
+        line,
+    )
+    assert found, shown
+    assert int(found.group(1)) == 3 * ITEMS
+    assert float(found.group(2)) > 1  # the calls waited for room rather than being refused
+    metrics = scrape(port)
+    labels = (("kind", "requests"), ("model", "claude-haiku-5-5"))
+    assert metrics[("digest_model_limit_per_minute", labels)] == 240
+    waited = metrics[("digest_model_capacity_wait_seconds_total", (("model", "claude-haiku-5-5"),))]
+    assert 0 < waited <= float(found.group(2))
 
 
 @pytest.mark.slow  # the shared Valkey
@@ -94,4 +116,5 @@ def test_a_wait_longer_than_a_step_may_block_is_handed_to_the_retry_policy(
     assert is_transient(waiting.value)
     assert retry_after_seconds(waiting.value) == waiting.value.seconds
     state = limiter.state("claude-haiku-5-5")
-    assert (state["refused"], state["calls"]) == ("1", "1")
+    assert state is not None
+    assert (state.refused, state.calls, state.kinds) == (1, 1, {})
