@@ -429,7 +429,7 @@ SETTINGS: tuple[Setting, ...] = (
         "DIGEST_LONG_BACKOFF",
         "long_backoff",
         "number",
-        "longer back-offs become a durable sleep",
+        "longer back-offs and waits for rate-limit room become a durable sleep",
         0,
         3600,
         "s",
@@ -642,7 +642,8 @@ SETTINGS: tuple[Setting, ...] = (
         "DIGEST_MAX_COST_USD",
         "max_cost_usd",
         "optional_number",
-        "a run's model budget in dollars: it stops before a call that could take it over",
+        "a run's model budget in dollars: each call reserves its estimate first; it stops "
+        "before one that does not fit",
         0,
         1e6,
         shown="unset: no limit",
@@ -652,7 +653,8 @@ SETTINGS: tuple[Setting, ...] = (
         None,
         "text",
         "per-model prices, a JSON file then inline JSON (`DIGEST_PRICES`): "
-        '`{"<model>": {"input": 1.0, "output": 5.0}}` in USD per million tokens',
+        '`{"<model>": {"input": 1.0, "output": 5.0}}` in USD per million tokens (optionally '
+        "`cache_write`, `cache_read`)",
         shown="the defaults below",
     ),
     Setting("CRASH", None, "text", "fault injection point (see above)", shown="unset"),
