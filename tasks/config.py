@@ -18,6 +18,7 @@ from journal.redact import add_secret, add_url_secrets, redact
 from tasks.cost import PriceTable
 from tasks.errors import BadInput
 from tasks.model import DEFAULT_INTRO_MODEL, DEFAULT_SUMMARY_MODEL
+from tasks.ratelimit import Overrides
 
 # Variables whose values are secrets as a whole, and those that are URLs that may carry one.
 SECRET_VARIABLES = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
@@ -139,6 +140,7 @@ class Config:
         metrics_port: the port a worker serves Prometheus metrics on; None for none.
         max_cost_usd: a run's model budget in dollars; None for no limit.
         prices: the per-model price table a call's cost is computed with.
+        rate_limits: model API rate limits set over what the API's headers say.
         consumer_timeout: RabbitMQ's delivery acknowledgement timeout (its ``consumer_timeout``,
             30 minutes unless the broker's configuration or a queue policy says otherwise),
             in seconds. A delivery still running then has its channel closed and its message
@@ -186,6 +188,7 @@ class Config:
     max_cost_usd: float | None = None
     metrics_port: int | None = None
     prices: PriceTable = field(default_factory=PriceTable)
+    rate_limits: Overrides = field(default_factory=Overrides)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -197,7 +200,7 @@ class Config:
         env = os.environ if env is None else env
         _register_secrets(env)
         values = {s.field: s.read(env) for s in SETTINGS if s.field is not None}
-        config = cls(**values, prices=PriceTable.from_env(env))
+        config = cls(**values, prices=PriceTable.from_env(env), rate_limits=Overrides.from_env(env))
         config.check()
         return config
 
@@ -656,6 +659,14 @@ SETTINGS: tuple[Setting, ...] = (
         '`{"<model>": {"input": 1.0, "output": 5.0}}` in USD per million tokens (optionally '
         "`cache_write`, `cache_read`)",
         shown="the defaults below",
+    ),
+    Setting(
+        "DIGEST_RATE_LIMITS",
+        None,
+        "text",
+        "model API rate limits per minute over what its headers say: "
+        '`{"<model>": {"requests": 50, "input_tokens": 50000, "output_tokens": 10000}}`',
+        shown="unset: learned from the API",
     ),
     Setting("CRASH", None, "text", "fault injection point (see above)", shown="unset"),
 )

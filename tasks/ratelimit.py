@@ -8,9 +8,10 @@ output tokens, or the learned average), in one script that checks all three (GCR
 buckets, ``tasks/lua/ratelimit_reserve.lua``). Without room it waits for it, so the API is not
 asked in vain. After the call, the take is settled with the answer's ``usage``, and the limits
 and their state are learned from the answer's ``anthropic-ratelimit-*`` headers (limit per
-minute, remaining, reset), so nothing needs configuring; a 429 without those headers holds
-every caller for its ``retry-after``. Until the first answer teaches anything, one call at a
-time asks.
+minute, remaining, reset), so nothing needs configuring (``DIGEST_RATE_LIMITS`` overrides a
+model's limits where the headers are wrong or missing, as behind a proxy); a 429 without those
+headers holds every caller for its ``retry-after``. Until the first answer teaches anything,
+one call at a time asks.
 
 The limits live under one hash tag per API key (a hash of it and the API's URL, never the key)
 and model, so the script touches one slot of a Redis Cluster.
@@ -22,17 +23,18 @@ the step's retry policy, which suspends the run durably, as for a long ``retry-a
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import resources
 
 from journal.events import emit
 from journal.scripts import Client, Script
-from tasks.errors import DigestError
+from tasks.errors import BadInput, DigestError
 from tasks.keys import DigestKeys, text
 
 KINDS = ("requests", "input-tokens", "output-tokens")
@@ -72,6 +74,60 @@ def _load(name: str) -> str:
     return resources.files("tasks").joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
 
 
+# The kinds an override may set, in the order the scripts take them.
+OVERRIDE_KINDS = ("requests", "input_tokens", "output_tokens")
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Limits per minute the operator sets (``DIGEST_RATE_LIMITS``), over what the API says.
+
+    A kind set here is a bucket of that size, refilled over a minute; the API's headers no
+    longer change it. The others are still learned.
+    """
+
+    limits: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+    def of(self, model: str) -> tuple[int, int, int]:
+        """Requests, input and output tokens per minute set for ``model`` (0: learned)."""
+        given = self.limits.get(model, {})
+        return (
+            given.get("requests", 0),
+            given.get("input_tokens", 0),
+            given.get("output_tokens", 0),
+        )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Overrides:
+        """``DIGEST_RATE_LIMITS``: ``{"<model>": {"requests": 50, "input_tokens": 50000}}``.
+
+        Raises:
+            BadInput: one line naming the variable and what is wrong.
+        """
+        text = env.get("DIGEST_RATE_LIMITS")
+        if not text:
+            return cls()
+        example = '{"claude-haiku-5-5": {"requests": 50, "input_tokens": 50000} (per minute)'
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise BadInput(f"DIGEST_RATE_LIMITS: not JSON ({exc}); use {example}") from None
+        ok = isinstance(data, dict) and all(
+            isinstance(limits, dict)
+            and all(
+                kind in OVERRIDE_KINDS and isinstance(n, int) and not isinstance(n, bool) and n > 0
+                for kind, n in limits.items()
+            )
+            for limits in data.values()
+        )
+        if not ok:
+            raise BadInput(
+                f"DIGEST_RATE_LIMITS: each model takes whole numbers > 0 of "
+                f"{', '.join(OVERRIDE_KINDS)}; use {example}"
+            )
+        return cls({str(model): dict(limits) for model, limits in data.items()})
+
+
 @dataclass
 class Take:
     """One call's take from the limits, to be settled when the call ends."""
@@ -92,6 +148,7 @@ class RateLimiter:
         keys: where the limits hash of an API key and model lives.
         account: ``account_of(base_url, api_key)``.
         wait_over: waits longer than this (the step's back-off threshold) raise ``CapacityWait``.
+        overrides: limits the operator set over the API's.
         sleep: how a call waits for room.
         now: the clock ``reset`` headers are read against.
     """
@@ -102,6 +159,7 @@ class RateLimiter:
         keys: DigestKeys,
         account: str,
         wait_over: float,
+        overrides: Overrides | None = None,
         sleep: Callable[[float], None] = time.sleep,
         now: Callable[[], float] = time.time,
     ) -> None:
@@ -109,6 +167,7 @@ class RateLimiter:
         self.keys = keys
         self.account = account
         self.wait_over = wait_over
+        self.overrides = overrides or Overrides()
         self._sleep = sleep
         self._now = now
         self._reserve = Script(client, _load("ratelimit_reserve"))
@@ -123,7 +182,10 @@ class RateLimiter:
         key = self.keys.model_limits(self.account, model)
         waited = 0.0
         while True:
-            reply = self._reserve(keys=[key], args=[input_tokens, max_tokens, PROBE_MS, KEEP_MS])
+            reply = self._reserve(
+                keys=[key],
+                args=[input_tokens, max_tokens, PROBE_MS, KEEP_MS, *self.overrides.of(model)],
+            )
             if int(reply[0]) == 1:
                 if waited:
                     emit("capacity_wait_seconds", model, waited)
@@ -159,8 +221,8 @@ class RateLimiter:
         """
         now = self._now()
         learned: list[str] = []
-        for kind in KINDS:
-            learned += _limit_state(headers, kind)
+        for kind, override in zip(KINDS, self.overrides.of(take.model), strict=True):
+            learned += ["", "", ""] if override else _limit_state(headers, kind)
         hold = ""
         if refused and retry_after is not None and not any(learned):
             hold = str(int((now + retry_after) * 1000))

@@ -154,7 +154,10 @@ def rate_limiter(client: Client, keys: DigestKeys, config: Config) -> RateLimite
     if not key:
         return None
     base_url = os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL
-    return RateLimiter(client, keys, account_of(base_url, key), wait_over=config.long_backoff)
+    account = account_of(base_url, key)
+    return RateLimiter(
+        client, keys, account, wait_over=config.long_backoff, overrides=config.rate_limits
+    )
 
 
 def choose_summarizer(

@@ -10,6 +10,7 @@
 -- ARGV[2] - the output tokens at most (max_tokens; "output:avg" once learned)
 -- ARGV[3] - how long a probing call holds the probe, ms
 -- ARGV[4] - how long the hash outlives its last use, ms
+-- ARGV[5..7] - requests, input and output tokens per minute the operator set (0: learned)
 -- returns {1, 0, input, output} when taken (the amounts taken, to settle later), or
 --         {0, wait ms} when some limit has no room yet (nothing taken).
 local key = KEYS[1]
@@ -29,7 +30,11 @@ local output = tonumber(ARGV[2])
 if s['output:avg'] then
   output = math.min(output, math.ceil(tonumber(s['output:avg'])))
 end
-if not s['learned'] then
+local overrides = {
+  requests = tonumber(ARGV[5]), input = tonumber(ARGV[6]), output = tonumber(ARGV[7])
+}
+local overridden = overrides.requests > 0 or overrides.input > 0 or overrides.output > 0
+if not s['learned'] and not overridden then
   local probe = tonumber(s['probe'] or '0')
   if probe > now then
     return {0, math.min(math.ceil(probe - now), 50)}
@@ -43,8 +48,12 @@ local wait = 0
 local tats = {}
 for kind, need in pairs(needs) do
   local cap = tonumber(s[kind .. ':cap'] or '0')
+  local rate = tonumber(s[kind .. ':rate'] or '0')
+  if overrides[kind] > 0 then
+    cap = overrides[kind]
+    rate = cap / 60000
+  end
   if cap > 0 then
-    local rate = tonumber(s[kind .. ':rate'])
     local tat = math.max(tonumber(s[kind .. ':tat'] or '0'), now)
     local after = tat + math.min(need, cap) / rate
     wait = math.max(wait, after - cap / rate - now)

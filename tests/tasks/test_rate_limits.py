@@ -16,9 +16,11 @@ import anthropic
 import pytest
 import redis
 
+from tasks.config import Config
+from tasks.errors import BadInput
 from tasks.keys import DigestKeys
 from tasks.model import is_transient, retry_after_seconds
-from tasks.ratelimit import CapacityWait, RateLimiter, account_of
+from tasks.ratelimit import CapacityWait, Overrides, RateLimiter, account_of
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.support import ROOT, Deployment, wait_until
 from tests.tasks.test_metrics import free_port, scrape
@@ -118,3 +120,31 @@ def test_a_wait_longer_than_a_step_may_block_is_handed_to_the_retry_policy(
     state = limiter.state("claude-haiku-5-5")
     assert state is not None
     assert (state.refused, state.calls, state.kinds) == (1, 1, {})
+
+
+@pytest.mark.slow  # the shared Valkey
+def test_an_operators_override_sets_a_limit_without_asking_the_api(
+    real_redis: redis.Redis, prefix: str
+) -> None:
+    overrides = Overrides.from_env({"DIGEST_RATE_LIMITS": '{"m": {"requests": 2}}'})
+    limiter = RateLimiter(
+        real_redis, DigestKeys(prefix), account_of("http://api", "k"), 5, overrides
+    )
+
+    limiter.take("m", 10, 100)
+    limiter.take("m", 10, 100)  # no probe: the override is known before any answer
+    with pytest.raises(CapacityWait) as waiting:
+        limiter.take("m", 10, 100)
+
+    assert 25 < waiting.value.seconds <= 30  # 2 a minute: the next in 30 s
+    limiter.take("other", 10, 100)  # another model is not limited by it
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["{", '{"m": {"requests": 0}}', '{"m": {"rpm": 5}}', '{"m": 5}', '{"m": {"requests": 1.5}}'],
+)
+def test_a_bad_override_is_refused_in_one_line(text: str) -> None:
+    with pytest.raises(BadInput, match=r"^DIGEST_RATE_LIMITS: ") as refused:
+        Config.from_env({"DIGEST_RATE_LIMITS": text})
+    assert "\n" not in str(refused.value)
