@@ -72,7 +72,8 @@ class Budget:
         client: the journal's store (the usage hash lives in the run's slot).
         limit: ``DIGEST_MAX_COST_USD``; None reserves nothing.
         prices: the table estimates are priced with.
-        call_timeout: how long one call may take, so a reservation lapses after it.
+        call_timeout: how long one call may take, its wait for rate-limit room included, so
+            a reservation lapses after it.
         sleep: how a call waits for others to settle (tests may pass their own).
     """
 

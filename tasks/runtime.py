@@ -93,7 +93,9 @@ class Runtime:
     def budget(self) -> Budget:
         """Every run's ``DIGEST_MAX_COST_USD``, reserved in this store before each call."""
         config = self.config
-        return Budget(self.client, config.max_cost_usd, config.prices, config.model_timeout)
+        # A call may first wait up to the back-off threshold for rate-limit room, then run.
+        longest = config.long_backoff + config.model_timeout
+        return Budget(self.client, config.max_cost_usd, config.prices, longest)
 
     @classmethod
     def build(cls, config: Config, *, allow_offline: bool) -> Runtime:
