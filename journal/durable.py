@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar, overload
 
 from celery import Celery, Task
 
+from journal import logcontext
 from journal.clock import SystemClock
 from journal.errors import (
     CorruptJournal,
@@ -78,6 +79,49 @@ def at_least_once_settings(*, visibility_timeout: float, task_time_limit: float)
     }
 
 
+class _QuietRoutine(logging.Filter):
+    """Celery's "sending", "received" and "succeeded" lines of routine tasks, demoted to DEBUG.
+
+    The due sweep runs every few seconds; at INFO its three lines a run (beat's and the
+    worker's) would bury the lines of the runs themselves. The sweep logs at INFO itself when
+    it enqueued something.
+    """
+
+    LOGGERS = ("celery.beat", "celery.worker.strategy", "celery.app.trace")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    @classmethod
+    def install(cls, name: str) -> None:
+        """Quiet the routine task ``name`` on Celery's loggers (once per logger)."""
+        for logger_name in cls.LOGGERS:
+            logger = logging.getLogger(logger_name)
+            quiet = next((f for f in logger.filters if isinstance(f, cls)), None)
+            if quiet is None:
+                quiet = cls()
+                logger.addFilter(quiet)
+            quiet.names.add(name)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Demote a routine task's INFO line; drop it unless its logger shows DEBUG."""
+        if record.levelno != logging.INFO or self._task(record) not in self.names:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+    @staticmethod
+    def _task(record: logging.LogRecord) -> object:
+        """The task a Celery line is about: in its ``data`` (worker), last argument (beat)."""
+        data = getattr(record, "data", None)
+        if isinstance(data, dict):
+            return data.get("name")
+        if isinstance(record.args, tuple) and record.args:
+            return record.args[-1]
+        return None
+
+
 class Durable:
     """Registers durable workflows as Celery tasks and runs the due sweep.
 
@@ -115,6 +159,7 @@ class Durable:
             return self.sweep(limit)
 
         sweep.__doc__ = self.sweep.__doc__
+        _QuietRoutine.install(SWEEP_TASK)
         # Not shared: a shared task is added to every app the process creates later, so a
         # second app's sweep would run the first app's journal.
         app.task(name=SWEEP_TASK, ignore_result=True, shared=False)(sweep)
@@ -189,7 +234,11 @@ class Durable:
         """
 
         def deliver(task: Task, run_id: str, **kwargs: Any) -> dict[str, Any]:
-            return self._deliver(task, workflow, run_id, kwargs)
+            request = task.request
+            with logcontext.bound(
+                f"{workflow.name}:{run_id}", task_id=request.id, attempt=request.retries + 1
+            ):
+                return self._deliver(task, workflow, run_id, kwargs)
 
         deliver.__doc__ = workflow.__doc__
         task: Task = self.app.task(

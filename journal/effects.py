@@ -170,7 +170,7 @@ class Effect:
     def _lost(self, fenced: bool, what: str) -> LeaseLost:
         if not fenced:
             return LeaseLost(self._keys.run, f"the lease expired before effect {self.key!r} {what}")
-        emit("fenced")
+        emit("fenced", workflow=self._keys.workflow)
         return Fenced(self._keys.run, f"effect {self.key!r} refused: the run has a newer holder")
 
 

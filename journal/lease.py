@@ -112,7 +112,7 @@ class Lease:
                 asked = time.monotonic()
                 holder, reply = reply.holder, self._acquire(now_ms, me, reply.holder, opening)
                 if reply.status.acquired:
-                    emit("takeover")
+                    emit("takeover", workflow=self.keys.workflow)
                     log.info(
                         "run %s: lease holder %s (pid %d on %s) is gone; taken over at once",
                         self.keys.run,
@@ -310,7 +310,7 @@ class Heartbeat:
         status = self._lease.renew(self._holder)
         if status is Renewed.LOST:
             self.lost.set()
-            emit("renewal_failed")
+            emit("renewal_failed", workflow=self._lease.keys.workflow)
             return False
         if status is Renewed.CANCEL_PENDING:
             self.cancelled.set()

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 
-from journal import codec
+from journal import codec, logcontext
 from journal.backend import DELETE, Closed, Opened, Opening, RecordWait
 from journal.cancel import Cancelled
 from journal.clock import millis
@@ -28,6 +28,7 @@ from journal.errors import (
     RunParked,
     StoreUnavailable,
 )
+from journal.events import emit, outcome_of
 from journal.keys import RunKeys
 from journal.lease import Found, Grant, Heartbeat, Lease
 from journal.redact import redact
@@ -135,13 +136,16 @@ class Runner:
         if isinstance(taken, Found):
             return self._found(keys, taken)
         grant = taken
+        logcontext.set_fence(grant.fence)
         try:
+            current = decode_meta(keys.run, _pairs(grant.meta))
+            created = _created(current, self.clock.now())
             if grant.status is Opened.STALLED:
-                self._park(keys, grant.holder, grant.starts_without_progress - 1)
+                self._park(keys, grant.holder, grant.starts_without_progress - 1, created)
             if grant.status is Opened.CANCEL_PENDING:  # its holder died before it could stop
                 self._cancel(keys, grant.holder)
+                self._ended(keys, "cancelled", created)
                 return Outcome(keys.run, "cancelled")
-            current = decode_meta(keys.run, _pairs(grant.meta))
             frozen = frozen_args(keys, current)
             # As it was before the start cleared it: a retry wait carries its attempt count.
             waited = Wait.from_meta(keys.run, current["wait"]) if current.get("wait") else None
@@ -150,7 +154,7 @@ class Runner:
         except BaseException:
             self.call(lease.release, grant.holder)
             raise
-        return self._drive(keys, grant.holder, run, heartbeat, body)
+        return self._drive(keys, grant.holder, run, heartbeat, body, created)
 
     def _lease(self, keys: RunKeys) -> Lease:
         """A new holder's lease on the run; its renewals keep the run due past its expiry."""
@@ -221,6 +225,7 @@ class Runner:
         run: Run,
         heartbeat: Heartbeat,
         body: Callable[[Run], R],
+        created: float,
     ) -> Outcome:
         try:
             while True:
@@ -236,6 +241,7 @@ class Runner:
         except Cancelled:
             heartbeat.stop()
             self._cancel(keys, holder)
+            self._ended(keys, "cancelled", created)
             return Outcome(keys.run, "cancelled", None, None, run.ran, run.replayed)
         except (LeaseLost, StoreUnavailable):
             heartbeat.stop()
@@ -249,7 +255,7 @@ class Runner:
             ) from down
         except Exception as error:
             heartbeat.stop()
-            verdict = self._fail(keys, holder, error)
+            verdict = self._fail(keys, holder, error, created)
             if verdict is not None:
                 raise verdict from error
             raise
@@ -258,6 +264,7 @@ class Runner:
             raise
         heartbeat.stop()
         self._finish(keys, holder, result)
+        self._ended(keys, outcome_of(result), created)
         return Outcome(keys.run, "done", result, None, run.ran, run.replayed)
 
     # -- closing transitions, each one fenced script that also indexes and releases ---------
@@ -291,6 +298,14 @@ class Runner:
         if status < 0:
             raise LeaseLost(keys.run, "the lease was lost before the run's status could be saved")
         return status
+
+    def _ended(self, keys: RunKeys, outcome: str, created: float) -> None:
+        """Tell observers the run ended, and how long it took since it was created.
+
+        Waits and retry back-offs included: what the run's requester waited.
+        """
+        seconds = max(self.clock.now() - created, 0.0)
+        emit("run_finished", outcome, seconds, workflow=keys.workflow)
 
     def _due_ms(self) -> int:
         """When a running run is due again should its holder die: lease expiry plus a grace."""
@@ -334,7 +349,9 @@ class Runner:
         }
         self._close(keys, holder, fields, now, None)
 
-    def _fail(self, keys: RunKeys, holder: str, error: BaseException) -> JournalError | None:
+    def _fail(
+        self, keys: RunKeys, holder: str, error: BaseException, created: float
+    ) -> JournalError | None:
         """Record a failure; a transient one stays in the due index for the sweep to retry.
 
         Returns:
@@ -372,6 +389,8 @@ class Runner:
                     verdict = GaveUp(keys.run, described, failures, since)
             due = None if retry_at is None else millis(retry_at)
             self._close(keys, holder, fields, millis(now), due)
+            if retry_at is None:
+                self._ended(keys, "failed", created)
         except (LeaseLost, StoreUnavailable):
             log.warning("run %s failed (%s) and its status could not be saved", keys.run, error)
             return None
@@ -405,7 +424,7 @@ class Runner:
         }
         self._close(keys, holder, fields, now, None)
 
-    def _park(self, keys: RunKeys, holder: str, starts: int) -> None:
+    def _park(self, keys: RunKeys, holder: str, starts: int, created: float) -> None:
         now = millis(self.clock.now())
         fields = {
             "status": RunStatus.FAILED,
@@ -417,7 +436,16 @@ class Runner:
             "updated_at": now,
         }
         self._close(keys, holder, fields, now, None)
+        self._ended(keys, "failed", created)
         raise RunParked(keys.run, starts, self.hints.parked)
+
+
+def _created(meta: dict[str, str], now: float) -> float:
+    """When the run was created, from its meta as it was before this start (now: a new run)."""
+    try:
+        return int(meta["created_at"]) / 1000
+    except (KeyError, ValueError):
+        return now
 
 
 def meta_value(keys: RunKeys, meta: dict[str, str], name: str) -> Any:

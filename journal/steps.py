@@ -8,6 +8,7 @@ parallel steps safe, and what lets drift be detected by name.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import threading
 import uuid as uuid_module
@@ -24,7 +25,7 @@ from journal.errors import (
     Fenced,
     LeaseLost,
 )
-from journal.events import emit
+from journal.events import emit, step_name
 from journal.keys import RunKeys
 from journal.lease import Heartbeat
 from journal.replay import ReplayCursor
@@ -245,7 +246,10 @@ class Run:
                 order.done(index)
 
         pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=prefix)
-        futures: dict[Future[T], int] = {pool.submit(one, i): i for i in todo}
+        # Each call in its own copy of this context: its log lines name the run's delivery.
+        futures: dict[Future[T], int] = {
+            pool.submit(contextvars.copy_context().run, one, i): i for i in todo
+        }
         try:
             for index, record in enumerate(recorded):
                 if record is not None:
@@ -371,6 +375,7 @@ class Run:
     # -- internals ---------------------------------------------------------------------
 
     def _replay(self, key: str, record: dict[str, Any]) -> Any:
+        emit("step_replayed", step_name(key), workflow=self.keys.workflow)
         if self._on_step is not None:
             kind = record.get("kind", "step")
             self._on_step(StepEvent(key, True, kind, record.get("attempt", 1)))
@@ -397,6 +402,7 @@ class Run:
     def _record(
         self, key: str, result: Any, attempt: int, started: int, kind: str, group: str | None
     ) -> Any:
+        finished = millis(self.clock.now())
         encoded = records.encode(
             self.keys.run,
             key,
@@ -405,7 +411,7 @@ class Run:
             attempt=attempt,
             fence=self.fence,
             started_at=started,
-            finished_at=millis(self.clock.now()),
+            finished_at=finished,
             kind=kind,
             group=group,
         )
@@ -417,7 +423,7 @@ class Run:
         if status is Recorded.LEASE_EXPIRED:
             raise LeaseLost(self.keys.run, f"the lease expired before {key!r} could be recorded")
         if status is Recorded.FENCED:
-            emit("fenced")
+            emit("fenced", workflow=self.keys.workflow)
             holder = found.decode() if isinstance(found, bytes) else str(found)
             raise Fenced(self.keys.run, f"{key!r} refused: the run is now held by {holder}")
         # The result as replay will see it (JSON types), so every attempt computes alike.
@@ -426,6 +432,11 @@ class Run:
         with self._lock:
             self._cursor.recorded(key, record)
             self.ran += 1
+        if status is Recorded.ALREADY:  # another holder's record: replayed, as reported below
+            emit("step_replayed", step_name(key), workflow=self.keys.workflow)
+        else:
+            seconds = (finished - started) / 1000
+            emit("step_ran", step_name(key), seconds, workflow=self.keys.workflow)
         if self._on_step is not None:
             self._on_step(
                 StepEvent(key, status is Recorded.ALREADY, kind, record.get("attempt", 1))

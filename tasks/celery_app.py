@@ -36,22 +36,18 @@ from journal.contrib.checks import check_skew
 from journal.contrib.embedded import embedded_broker_url
 from journal.durable import SWEEP_TASK, Durable, at_least_once_settings
 from journal.errors import ClockSkewed
-from journal.events import emit
+from journal.logcontext import log_with_run_context
 from journal.redact import redact_logging
 from tasks import workflow
 from tasks.config import Config
 from tasks.dispatch import dispatch_due
 from tasks.errors import BadInput
-from tasks.keys import DigestKeys
-from tasks.ratelimit import LimitState
 from tasks.runtime import (
-    HINTS,
     broker_url,
     connect,
     prepare_metrics,
     process_config,
     process_runtime,
-    rate_limiter,
     store_url,
 )
 
@@ -194,11 +190,16 @@ def refuse_a_skewed_clock(**_: Any) -> None:
 @after_setup_logger.connect
 @after_setup_task_logger.connect
 def mask_secrets_in_logs(logger: logging.Logger, **_: Any) -> None:
-    """Mask secrets in every line the worker or beat logs, Celery's and the libraries' too.
+    """Mask secrets in every line the worker or beat logs, and name the run in each.
 
-    The task logger has handlers of its own and does not propagate, hence both signals.
+    The task logger has handlers of its own and does not propagate, hence both signals. Every
+    line a delivery writes, Celery's and the libraries' too, carries its run id, task id,
+    attempt and fence, as text at the end of the line or as JSON keys (``DIGEST_LOG_FORMAT``).
     """
     redact_logging(logger)
+    json = settings().log_format == "json"
+    for handler in logger.handlers:
+        log_with_run_context(handler, json=json)
 
 
 @worker_init.connect
@@ -206,7 +207,9 @@ def serve_metrics(**_: Any) -> None:
     """With ``DIGEST_METRICS_PORT``, the main process serves every pool child's counters, summed.
 
     Set up before the pool forks, so each child counts into its own files in the shared
-    multiprocess directory and a scrape here adds them up, dead children's included.
+    multiprocess directory and a scrape here adds them up, dead children's included. What
+    Redis holds (runs by state, the due lag) is exported once, by the console or ``digest
+    metrics``, not by every worker.
     """
     config = settings()
     if config.metrics_port is None:
@@ -214,22 +217,9 @@ def serve_metrics(**_: Any) -> None:
     prepare_metrics(config.state_dir / f"metrics-{os.getpid()}")
     from prometheus_client import start_http_server
 
-    from journal import Journal, Keyspace
     from tasks import metrics
 
-    @functools.cache
-    def journal() -> Journal:
-        keyspace = Keyspace(config.key_prefix, shards=config.journal_shards)
-        return Journal(connect(store_url(config)), keyspace=keyspace, hints=HINTS)
-
-    def limits() -> list[LimitState]:
-        client = journal().client
-        keys = DigestKeys(config.key_prefix, cluster=isinstance(client, redis.RedisCluster))
-        limiter = rate_limiter(client, keys, config)
-        models = (config.summary_model, config.intro_model)
-        return [] if limiter is None else limiter.states(models)
-
-    start_http_server(config.metrics_port, registry=metrics.registry(journal, limits))
+    start_http_server(config.metrics_port, registry=metrics.worker_registry())
     log.info("metrics on :%d/metrics", config.metrics_port)
 
 
@@ -243,9 +233,8 @@ def forget_child(pid: int | None = None, **_: Any) -> None:
 
 
 def on_step(event: StepEvent) -> None:
-    """Log and count each step a delivery runs or replays."""
+    """Log each step a delivery runs or replays (the journal counts them)."""
     log.info("%s %s", "replayed" if event.replayed else "ran", event.key)
-    emit("step", "replayed" if event.replayed else "ran")
 
 
 durable = Durable(

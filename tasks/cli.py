@@ -73,6 +73,11 @@ def _parser() -> argparse.ArgumentParser:
     console = sub.add_parser("console", help="the web console: runs, steps, actions")
     console.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine)")
     console.add_argument("--port", type=int, default=8765)
+    metrics = sub.add_parser(
+        "metrics", help="serve what Redis holds (runs by state, due lag) to Prometheus"
+    )
+    metrics.add_argument("--host", default="127.0.0.1", help="address (default: %(default)s)")
+    metrics.add_argument("--port", type=int, default=9808, help="port (default: %(default)s)")
     fork = sub.add_parser("fork", help="a new run with this one's steps before STEP; runs the rest")
     fork.add_argument("run_id")
     fork.add_argument("--from", dest="step", required=True, metavar="STEP")
@@ -201,7 +206,7 @@ def cmd_show(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Print what the journal knows about a run."""
     runtime = Runtime.build(config, allow_offline=True)
     view = inspect_run(runtime.journal, digest.name, run_id)
-    limits = _limit_states(runtime)
+    limits = runtime.limit_states()
     # Masked again here: a journal written before masking, or by other code, may hold a secret.
     if args.json:
         shown = _view_json(view) | {"model_limits": {s.model: s.to_json() for s in limits}}
@@ -209,13 +214,6 @@ def cmd_show(config: Config, run_id: str, args: argparse.Namespace) -> int:
     else:
         print(_printable(redact(_render(view, limits)), newlines=True))
     return EXIT_OK
-
-
-def _limit_states(runtime: Runtime) -> list[LimitState]:
-    """What the shared rate limiter knows of the two models, if this process has a key."""
-    if runtime.limiter is None:
-        return []
-    return runtime.limiter.states((runtime.config.summary_model, runtime.config.intro_model))
 
 
 def cmd_runs(config: Config, run_id: str, args: argparse.Namespace) -> int:
@@ -279,7 +277,38 @@ def cmd_console(config: Config, run_id: str, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_metrics(config: Config, run_id: str, args: argparse.Namespace) -> int:
+    """Export the gauges read from Redis, once for the deployment, until interrupted.
+
+    Workers export their own counters; these gauges are the store's, so one process serves
+    them (this, or the console's ``/metrics``) rather than every worker repeating them.
+    """
+    from prometheus_client import start_http_server
+
+    from tasks import metrics
+
+    runtime = Runtime.build(config, allow_offline=True)
+    try:
+        server, thread = start_http_server(
+            args.port,
+            addr=args.host,
+            registry=metrics.store_registry(
+                lambda: runtime.journal, config.max_cost_usd, runtime.limit_states
+            ),
+        )
+    except OSError as busy:
+        where = f"{args.host}:{args.port}"
+        raise BadInput(f"cannot serve metrics on {where}: {busy.strerror}; use --port") from None
+    print(f"metrics on http://{args.host}:{args.port}/metrics (Ctrl-C stops)", flush=True)
+    try:
+        thread.join()
+    except KeyboardInterrupt:
+        server.shutdown()
+    return EXIT_OK
+
+
 COMMANDS = {
+    "metrics": cmd_metrics,
     "console": cmd_console,
     "run": cmd_run,
     "enqueue": cmd_enqueue,

@@ -70,6 +70,7 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
 
 
 AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+LOG_FORMATS = ("text", "json")
 
 
 def _check_url(name: str, url: str | None, schemes: tuple[str, ...] | None) -> None:
@@ -138,6 +139,8 @@ class Config:
         give_up_after: seconds from a streak's first transient failure to failing the run for
             good; 0 turns automatic retries off.
         metrics_port: the port a worker serves Prometheus metrics on; None for none.
+        log_format: ``text`` (Celery's lines, the run's fields at the end) or ``json`` (one
+            object per line, for log shippers).
         max_cost_usd: a run's model budget in dollars; None for no limit.
         prices: the per-model price table a call's cost is computed with.
         rate_limits: model API rate limits set over what the API's headers say.
@@ -187,6 +190,7 @@ class Config:
     soft_shutdown_timeout: float = 0.0
     max_cost_usd: float | None = None
     metrics_port: int | None = None
+    log_format: str = "text"
     prices: PriceTable = field(default_factory=PriceTable)
     rate_limits: Overrides = field(default_factory=Overrides)
 
@@ -211,6 +215,11 @@ class Config:
             BadInput: naming the settings that conflict.
         """
         _check_url("REDIS_URL", self.redis_url, ("redis", "rediss", "unix"))
+        if self.log_format not in LOG_FORMATS:
+            raise BadInput(
+                f"DIGEST_LOG_FORMAT={self.log_format!r}: unknown log format; use "
+                + " or ".join(LOG_FORMATS)
+            )
         _check_url("CELERY_BROKER_URL", self.broker_url, None)
         try:
             ZoneInfo(self.timezone)
@@ -626,6 +635,13 @@ SETTINGS: tuple[Setting, ...] = (
         0,
         65535,
         shown="unset",
+    ),
+    Setting(
+        "DIGEST_LOG_FORMAT",
+        "log_format",
+        "text",
+        "`text`, or `json` for one JSON object per line; either way every line a run writes "
+        "names its run, Celery task, attempt and fence",
     ),
     Setting(
         "PROMETHEUS_MULTIPROC_DIR",

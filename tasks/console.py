@@ -211,7 +211,12 @@ def create_app(runtime: Runtime, *, token: str | None = None) -> Flask:
         from tasks import metrics as exported
 
         return Response(
-            generate_latest(exported.registry(lambda: journal)), mimetype=CONTENT_TYPE_LATEST
+            generate_latest(
+                exported.store_registry(
+                    lambda: journal, runtime.config.max_cost_usd, runtime.limit_states
+                )
+            ),
+            mimetype=CONTENT_TYPE_LATEST,
         )
 
     @app.get("/runs/<run_id>")

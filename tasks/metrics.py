@@ -1,41 +1,82 @@
-"""Prometheus metrics of the digest, correct under Celery's prefork pool.
+"""Prometheus metrics of the journal and the digest, correct under Celery's prefork pool.
 
-Counters live in ``prometheus_client``'s multiprocess mode: each pool child writes its own
-files under ``PROMETHEUS_MULTIPROC_DIR`` and a scrape sums them, so a child's counts are
-neither lost at fork nor when it exits. The worker sets that directory up before anything
-imports ``prometheus_client`` (``tasks.runtime.prepare_metrics``); the command line never
-imports this module, only the worker with ``DIGEST_METRICS_PORT`` and the console do.
+Two prefixes, two owners: ``journal_*`` is what any durable workflow has (steps, runs, leases,
+the due index), labelled by ``workflow`` and, per step, by the step's name (``summarize``, not
+``summarize:i4``: one series per kind of step, not per item); ``digest_*`` is this app's (model
+calls, tokens, dollars, waits for rate-limit room and 429s, the send).
 
 Counted where they happen, through ``journal.events`` (the journal knows nothing of
-Prometheus): steps ran and replayed, model calls, tokens and dollars by model, step retries by
-cause, lease takeovers, fenced writes refused, renewals failed, seconds waited for room in
-the shared rate limits and calls refused for them (429). Read from Redis at scrape time: the
-due index's lag (age of its oldest overdue entry), runs by state, and each model's rate limits
-as the API last stated them.
+Prometheus), in ``prometheus_client``'s multiprocess mode: each pool child writes its own files
+under ``PROMETHEUS_MULTIPROC_DIR`` and a scrape of the worker sums them, so a child's counts
+are neither lost at fork nor when it exits. The worker sets that directory up before anything
+imports ``prometheus_client`` (``tasks.runtime.prepare_metrics``). A ``digest run`` in a shell
+serves nothing: its runs are counted by the gauges read from Redis.
+
+Read from Redis at scrape time, by ONE exporter (the console's ``/metrics`` or ``digest
+metrics``), never by every worker: runs by workflow and state over the whole runs index, and
+the due index's lag, and each model's rate limits as the API last stated them. Every registry
+also carries ``process_*`` of the serving process and ``digest_build_info``.
 """
 
 from __future__ import annotations
 
+import platform
+import sys
 import time
 from collections.abc import Callable, Iterator
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, multiprocess
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, multiprocess
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from journal import Journal
-from journal.events import listen
-from journal.inspect import STATES, list_runs
+from journal import Journal, codec
+from journal.events import listen, outcome_of
+from journal.inspect import STATES, RunRow, inspect_run, list_runs
+from tasks.cost import usage_of
 from tasks.ratelimit import LimitState
 
-STEPS = Counter("digest_steps_total", "Steps passed, by outcome: ran or replayed.", ["outcome"])
-CALLS = Counter("digest_model_calls_total", "Model calls made, by model.", ["model"])
-TOKENS = Counter("digest_model_tokens_total", "Model tokens, by model and kind.", ["model", "kind"])
-COST = Counter("digest_model_cost_usd_total", "Dollars spent on model calls, by model.", ["model"])
-RETRIES = Counter("digest_step_retries_total", "Step attempts retried, by cause.", ["cause"])
-TAKEOVERS = Counter("digest_lease_takeovers_total", "Leases of provably dead holders taken over.")
-FENCED = Counter("digest_fenced_writes_refused_total", "Writes refused by the fence.")
+LIVE = ("running", "waiting", "retrying")
+DONE_WEEK = ("sent", "nothing-new")
+
+# Seconds: a step is a model call or a Redis write; a run includes its waits (up to days).
+STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+RUN_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 86400, 3 * 86400, 7 * 86400)
+CALL_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
+
+STEPS = Counter(
+    "journal_steps_total",
+    "Steps passed, by workflow, step name and outcome: ran or replayed.",
+    ["workflow", "step", "outcome"],
+)
+STEP_SECONDS = Histogram(
+    "journal_step_duration_seconds",
+    "Seconds from a step's start to its record, retries included, by workflow and step name.",
+    ["workflow", "step"],
+    buckets=STEP_BUCKETS,
+)
+RUNS_FINISHED = Counter(
+    "journal_runs_finished_total",
+    "Runs ended, by workflow and outcome (the result's status, failed or cancelled).",
+    ["workflow", "outcome"],
+)
+RUN_SECONDS = Histogram(
+    "journal_run_duration_seconds",
+    "Seconds from a run's creation to its end, waits and retry back-offs included.",
+    ["workflow", "outcome"],
+    buckets=RUN_BUCKETS,
+)
+RETRIES = Counter("journal_step_retries_total", "Step attempts retried, by cause.", ["cause"])
+TAKEOVERS = Counter(
+    "journal_lease_takeovers_total", "Leases of provably dead holders taken over.", ["workflow"]
+)
+FENCED = Counter(
+    "journal_fenced_writes_refused_total", "Writes refused by the fence.", ["workflow"]
+)
+RENEWALS_FAILED = Counter(
+    "journal_lease_renewals_failed_total", "Lease renewals that found it lost.", ["workflow"]
+)
 CAPACITY_WAIT = Counter(
     "digest_model_capacity_wait_seconds_total",
     "Seconds model calls waited for room in the rate limits shared on the API key, by model.",
@@ -46,29 +87,51 @@ RATE_LIMITED = Counter(
     "Model calls the API refused for its rate limits (429), by model.",
     ["model"],
 )
-RENEWALS_FAILED = Counter(
-    "digest_lease_renewals_failed_total", "Lease renewals that found it lost."
+CALLS = Counter("digest_model_calls_total", "Model calls made, by model.", ["model"])
+CALL_SECONDS = Histogram(
+    "digest_model_call_duration_seconds",
+    "Seconds one model request took, by requested model (refused ones included).",
+    ["model"],
+    buckets=CALL_BUCKETS,
+)
+TOKENS = Counter("digest_model_tokens_total", "Model tokens, by model and kind.", ["model", "kind"])
+COST = Counter("digest_model_cost_usd_total", "Dollars spent on model calls, by model.", ["model"])
+SEND_SECONDS = Histogram(
+    "digest_send_duration_seconds",
+    "Seconds the email's send took, by transport (failed sends included).",
+    ["transport"],
+    buckets=CALL_BUCKETS,
 )
 
 
-def count(event: str, label: str, amount: float) -> None:
-    """The ``journal.events`` listener: one event, one counter."""
-    if event == "step":
-        STEPS.labels(label).inc(amount)
+def count(event: str, label: str, amount: float, workflow: str) -> None:
+    """The ``journal.events`` listener: one event, one counter or histogram."""
+    if event == "step_ran":
+        STEPS.labels(workflow, label, "ran").inc()
+        STEP_SECONDS.labels(workflow, label).observe(amount)
+    elif event == "step_replayed":
+        STEPS.labels(workflow, label, "replayed").inc(amount)
+    elif event == "run_finished":
+        RUNS_FINISHED.labels(workflow, label).inc()
+        RUN_SECONDS.labels(workflow, label).observe(amount)
     elif event == "model_call":
         CALLS.labels(label).inc(amount)
+    elif event == "model_call_seconds":
+        CALL_SECONDS.labels(label).observe(amount)
     elif event in ("input_tokens", "output_tokens"):
         TOKENS.labels(label, event.removesuffix("_tokens")).inc(amount)
     elif event == "cost_usd":
         COST.labels(label).inc(amount)
+    elif event == "send_seconds":
+        SEND_SECONDS.labels(label).observe(amount)
     elif event == "retry":
         RETRIES.labels(label).inc(amount)
     elif event == "takeover":
-        TAKEOVERS.inc(amount)
+        TAKEOVERS.labels(workflow).inc(amount)
     elif event == "fenced":
-        FENCED.inc(amount)
+        FENCED.labels(workflow).inc(amount)
     elif event == "renewal_failed":
-        RENEWALS_FAILED.inc(amount)
+        RENEWALS_FAILED.labels(workflow).inc(amount)
     elif event == "capacity_wait_seconds":
         CAPACITY_WAIT.labels(label).inc(amount)
     elif event == "rate_limited":
@@ -78,37 +141,99 @@ def count(event: str, label: str, amount: float) -> None:
 listen(count)
 
 
-class JournalCollector(Collector):
-    """What only Redis knows, read at scrape time: due-index lag and runs by state.
+class BuildInfo(Collector):
+    """``digest_build_info{version,python}`` 1: which code a process runs, for dashboards."""
 
-    The journal comes from a factory called at each scrape, so a worker whose store was down
-    when it started still serves its counters, and the gauges once the store is back
-    (connecting asks the server whether it is a cluster node, which needs it up).
+    def collect(self) -> Iterator[Any]:
+        """Yield the one gauge."""
+        try:
+            installed = version("durable-digest")
+        except PackageNotFoundError:
+            installed = "unknown"
+        info = GaugeMetricFamily(
+            "digest_build_info", "The running code's version.", labels=["version", "python"]
+        )
+        info.add_metric([installed, platform.python_version()], 1)
+        yield info
+
+
+class JournalCollector(Collector):
+    """What only Redis knows, read at scrape time: runs by workflow and state, due-index lag.
+
+    Every run of the runs index is counted, a page of 100 metas per round trip, so a scrape
+    costs one round trip per 100 runs: keep old runs purged. The journal comes from a factory
+    called at each scrape, so an exporter whose store was down when it started still serves,
+    and the gauges once the store is back.
     """
 
-    def __init__(self, journal: Callable[[], Journal], limit: int = 1000) -> None:
+    def __init__(self, journal: Callable[[], Journal]) -> None:
         self.journal = journal
-        self.limit = limit
 
     def collect(self) -> Iterator[Any]:
         """Yield the two gauges."""
         journal = self.journal()
         lag = GaugeMetricFamily(
-            "digest_due_lag_seconds", "Age of the oldest overdue entry of the due index (0: none)."
+            "journal_due_lag_seconds", "Age of the oldest overdue entry of the due index (0: none)."
         )
         oldest = journal.call(journal.backend.oldest_due)
         overdue = 0.0 if oldest is None else time.time() - oldest / 1000
         lag.add_metric([], max(overdue, 0.0))
         yield lag
         states = GaugeMetricFamily(
-            "digest_runs", "Runs in the runs index by state (the newest 1000).", labels=["state"]
+            "journal_runs",
+            "Runs in the runs index, by workflow and state.",
+            labels=["workflow", "state"],
         )
-        counts = dict.fromkeys(STATES, 0)
-        for row in list_runs(journal, limit=self.limit):
-            counts[row.state] = counts.get(row.state, 0) + 1
-        for state, n in counts.items():
-            states.add_metric([state], n)
+        counts: dict[tuple[str, str], int] = {}
+        for row in list_runs(journal, limit=sys.maxsize):
+            workflow = row.run.split(":", 1)[0]
+            counts[workflow, row.state] = counts.get((workflow, row.state), 0) + 1
+        for workflow in sorted({w for w, _ in counts} or {"digest"}):
+            for state in STATES:
+                states.add_metric([workflow, state], counts.get((workflow, state), 0))
         yield states
+
+
+class DigestCollector(Collector):
+    """The digest's own gauges read from Redis, for the alert rules in ``deploy/prometheus``.
+
+    ``digest_last_week_done_timestamp_seconds``: when the newest run that ended sent or
+    nothing-new ended (a week not done by Monday noon is alerted on); with a budget set,
+    ``digest_budget_used_ratio``: the largest share of ``DIGEST_MAX_COST_USD`` any run not yet
+    ended has spent (alerted on near its cap).
+    """
+
+    def __init__(self, journal: Callable[[], Journal], budget_usd: float | None) -> None:
+        self.journal = journal
+        self.budget_usd = budget_usd
+
+    def collect(self) -> Iterator[Any]:
+        """Yield the gauges."""
+        journal = self.journal()
+        last_done = GaugeMetricFamily(
+            "digest_last_week_done_timestamp_seconds",
+            "When the newest digest that ended sent or nothing-new ended (0: none yet).",
+        )
+        ended_at = 0.0
+        live: list[RunRow] = []
+        for row in list_runs(journal, limit=sys.maxsize):
+            if row.state in LIVE:
+                live.append(row)
+            elif not ended_at and row.state == "done" and _outcome(row) in DONE_WEEK:
+                ended_at = int(row.meta.get("finished_at", row.updated_ms)) / 1000
+        last_done.add_metric([], ended_at)
+        yield last_done
+        if self.budget_usd:
+            used = GaugeMetricFamily(
+                "digest_budget_used_ratio",
+                "The largest share of DIGEST_MAX_COST_USD spent by a run not yet ended.",
+            )
+            spent = [
+                usage_of(r.result for r in inspect_run(journal, *row.run.split(":", 1)).steps)
+                for row in live
+            ]
+            used.add_metric([], max((u.cost_usd for u in spent), default=0.0) / self.budget_usd)
+            yield used
 
 
 class LimitsCollector(Collector):
@@ -143,21 +268,46 @@ class LimitsCollector(Collector):
         yield from (limit, burst, remaining)
 
 
-def registry(
-    journal: Callable[[], Journal], limits: Callable[[], list[LimitState]] | None = None
+def _outcome(row: RunRow) -> object:
+    """A finished run's outcome as its result named it (``sent``, ``nothing-new``, ...)."""
+    try:
+        result = codec.loads(row.meta["outcome"])
+    except (KeyError, codec.DecodeError):
+        return None
+    return outcome_of(result)
+
+
+def _common(collected: CollectorRegistry) -> CollectorRegistry:
+    ProcessCollector(registry=collected)
+    collected.register(BuildInfo())
+    return collected
+
+
+def worker_registry() -> CollectorRegistry:
+    """A worker's: every pool child's counters and histograms, summed; nothing read from Redis."""
+    collected = CollectorRegistry()
+    multiprocess.MultiProcessCollector(collected)  # type: ignore[no-untyped-call]
+    return _common(collected)
+
+
+def store_registry(
+    journal: Callable[[], Journal],
+    budget_usd: float | None = None,
+    limits: Callable[[], list[LimitState]] | None = None,
 ) -> CollectorRegistry:
-    """A registry summing every process's counters, plus the gauges of ``journal()``.
+    """The one exporter's: the gauges read from ``journal()``'s store.
 
     Args:
         journal: the journal the gauges read.
+        budget_usd: ``DIGEST_MAX_COST_USD``, for the budget's gauge.
         limits: the shared rate limits' states, for their gauges (none without it).
     """
     collected = CollectorRegistry()
-    multiprocess.MultiProcessCollector(collected)  # type: ignore[no-untyped-call]
     collected.register(JournalCollector(journal))
+    collected.register(DigestCollector(journal, budget_usd))
     if limits is not None:
         collected.register(LimitsCollector(limits))
-    return collected
+    return _common(collected)
 
 
 def child_exited(pid: int) -> None:

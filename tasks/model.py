@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
+from journal.events import emit
 from tasks.errors import DigestError, ItemRefused, ModelAuthFailed, ModelRefused
 from tasks.items import Item
 from tasks.prompts import (
@@ -221,6 +222,7 @@ class AnthropicSummarizer:
         take = None
         if limiter is not None:
             take = limiter.take(model, estimated_tokens(system, prompt), MAX_TOKENS)
+        started = time.monotonic()
         try:
             raw = client.messages.with_raw_response.create(
                 model=model,
@@ -246,6 +248,8 @@ class AnthropicSummarizer:
             if limiter and take:
                 limiter.settle(take, {})  # no answer: what it took stays taken
             raise
+        finally:
+            emit("model_call_seconds", model, time.monotonic() - started)
         message = raw.parse()
         if limiter and take:
             used = (message.usage.input_tokens, message.usage.output_tokens)

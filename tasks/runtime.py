@@ -29,7 +29,7 @@ from tasks.items import Item
 from tasks.keys import DigestKeys
 from tasks.mail import FileOutbox, Mailer, SmtpMailer
 from tasks.model import AnthropicSummarizer, Completion, OfflineSummarizer, Summarizer
-from tasks.ratelimit import RateLimiter, account_of
+from tasks.ratelimit import LimitState, RateLimiter, account_of
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,12 @@ class Runtime:
     summarizer: Summarizer
     mailer: Mailer
     limiter: RateLimiter | None = None
+
+    def limit_states(self) -> list[LimitState]:
+        """What the shared rate limiter knows of the two models (none without an API key)."""
+        if self.limiter is None:
+            return []
+        return self.limiter.states((self.config.summary_model, self.config.intro_model))
 
     @functools.cached_property
     def budget(self) -> Budget:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -403,7 +404,11 @@ def draft_digest(draft: dict[str, str]) -> str:
 
 def send(runtime: Runtime, key: str, email: Email, effect: Effect) -> dict[str, Any]:
     """Deliver as a fenced effect; the dangerous moment is after delivery, before the record."""
-    receipt = runtime.mailer.send(key, email, effect)
+    started = time.monotonic()
+    try:
+        receipt = runtime.mailer.send(key, email, effect)
+    finally:
+        emit("send_seconds", type(runtime.mailer).__name__, time.monotonic() - started)
     faults.before_saving_send()
     return receipt.to_json()
 

@@ -81,7 +81,7 @@ Event = tuple[str, str, float]
 _event_sinks: list[list[Event]] = []
 
 
-def _to_sinks(event: str, label: str, amount: float) -> None:
+def _to_sinks(event: str, label: str, amount: float, workflow: str) -> None:
     for sink in _event_sinks:
         sink.append((event, label, amount))
 

@@ -56,13 +56,14 @@ if opening then
   if redis.call('HEXISTS', KEYS[3], 'parked') == 1 then
     return {5, all}
   end
-  -- Of the rest, only what the caller reads (the arguments and the wait) and any field that
+  -- Of the rest, only what the caller reads (the arguments, the wait, the creation time) and any field that
   -- is not plain ASCII, for it to refuse one that is not UTF-8: a whole meta hash per start
   -- would cost the caller more to parse than the script costs to run.
   meta = {}
   for i = 1, #all, 2 do
     local name, value = all[i], all[i + 1]
-    if name == 'args' or name == 'wait' or string.find(name, '[\128-\255]')
+    if name == 'args' or name == 'wait' or name == 'created_at'
+        or string.find(name, '[\128-\255]')
         or string.find(value, '[\128-\255]') then
       meta[#meta + 1] = name
       meta[#meta + 1] = value

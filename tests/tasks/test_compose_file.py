@@ -43,8 +43,17 @@ def seconds(duration: str) -> float:
     return sum(float(n) * units[u] for n, u in parts)
 
 
-def test_the_stack_is_redis_a_worker_and_beat(compose: dict[str, Any]) -> None:
-    assert set(compose["services"]) == {"redis", "worker", "beat"}
+def test_the_stack_is_redis_a_worker_beat_the_console_and_monitoring(
+    compose: dict[str, Any],
+) -> None:
+    assert set(compose["services"]) == {
+        "redis",
+        "worker",
+        "beat",
+        "console",
+        "prometheus",
+        "grafana",
+    }
 
 
 def test_redis_persists_every_write_and_never_evicts(compose: dict[str, Any]) -> None:
@@ -125,7 +134,7 @@ def test_every_named_volume_is_declared(compose: dict[str, Any]) -> None:
         for mount in svc.get("volumes", [])
         if not mount.startswith((".", "/"))
     }
-    assert used == set(compose["volumes"]) == {"redis-data", "digest-state"}
+    assert used == set(compose["volumes"]) == {"redis-data", "digest-state", "prometheus-data"}
 
 
 def test_the_dockerfile_installs_the_package_on_python_312_as_a_non_root_user() -> None:

@@ -192,6 +192,13 @@ def test_an_unknown_time_zone_is_refused() -> None:
     )
 
 
+def test_an_unknown_log_format_is_refused() -> None:
+    with pytest.raises(BadInput) as caught:
+        Config.from_env({"DIGEST_LOG_FORMAT": "xml"})
+    assert str(caught.value) == "DIGEST_LOG_FORMAT='xml': unknown log format; use text or json"
+    assert Config.from_env({"DIGEST_LOG_FORMAT": "json"}).log_format == "json"
+
+
 @pytest.mark.parametrize(
     ("limit", "refused"), [("3240", True), ("3300", True), ("3239", False), ("1800", False)]
 )

@@ -124,6 +124,8 @@ def test_the_console_serves_the_journals_gauges_at_metrics(
 
     page = create_app(runtime).test_client().get("/metrics").get_data(as_text=True)
 
-    assert 'digest_runs{state="waiting"} 1.0' in page
-    assert 'digest_runs{state="done"} 0.0' in page
-    assert "digest_due_lag_seconds 0.0" in page
+    assert 'journal_runs{state="waiting",workflow="digest"} 1.0' in page
+    assert 'journal_runs{state="done",workflow="digest"} 0.0' in page
+    assert "journal_due_lag_seconds 0.0" in page
+    assert 'digest_build_info{python="' in page
+    assert "process_cpu_seconds_total" in page

@@ -56,8 +56,26 @@ def test_a_prefork_workers_metrics_add_up_its_children_and_match_the_journal(
     calls = [r.result for r in view.steps if is_call(r.result)]
     metrics = scrape(port)
 
-    assert metrics[("digest_steps_total", (("outcome", "ran"),))] == len(JOURNAL)
-    assert metrics[("digest_steps_total", (("outcome", "replayed"),))] == 4  # select, i1..i3
+    def steps(outcome: str, step: str | None = None) -> float:
+        return sum(
+            value
+            for (name, labels), value in metrics.items()
+            if name == "journal_steps_total"
+            and ("outcome", outcome) in labels
+            and ("workflow", "digest") in labels
+            and (step is None or ("step", step) in labels)
+        )
+
+    assert steps("ran") == len(JOURNAL)
+    assert steps("replayed") == 4  # select, i1..i3
+    assert steps("ran", "summarize") == 8  # three in the dead child, five in the next
+    summarize = (("step", "summarize"), ("workflow", "digest"))
+    assert metrics[("journal_step_duration_seconds_count", summarize)] == 8
+    assert metrics[("journal_step_duration_seconds_bucket", (("le", "+Inf"), *summarize))] == 8
+    sent = (("outcome", "sent"), ("workflow", "digest"))
+    assert metrics[("journal_runs_finished_total", sent)] == 1
+    assert metrics[("journal_run_duration_seconds_count", sent)] == 1
+    assert 0 < metrics[("journal_run_duration_seconds_sum", sent)] < 60
     by_model: dict[str, list[dict[str, Any]]] = {}  # the calls as their steps recorded them
     for call in calls:
         by_model.setdefault(str(call["model"]), []).append(call)
@@ -65,10 +83,14 @@ def test_a_prefork_workers_metrics_add_up_its_children_and_match_the_journal(
     for model, made in by_model.items():
         label = (("model", model),)
         assert metrics[("digest_model_calls_total", label)] == len(made)
+        assert metrics[("digest_model_call_duration_seconds_count", label)] == len(made)
         for kind in ("input", "output"):
             expected = sum(int(c[f"{kind}_tokens"]) for c in made)
             assert metrics[("digest_model_tokens_total", (("kind", kind), *label))] == expected
         spent = sum(float(c["cost_usd"]) for c in made)
         assert metrics[("digest_model_cost_usd_total", label)] == pytest.approx(spent)
-    assert metrics[("digest_runs", (("state", "done"),))] == 1
-    assert metrics[("digest_due_lag_seconds", ())] == 0
+    assert metrics[("digest_send_duration_seconds_count", (("transport", "FileOutbox"),))] == 1
+    assert ("process_cpu_seconds_total", ()) in metrics
+    assert any(name == "digest_build_info" for name, _ in metrics)
+    # What Redis holds is exported once, by the console or `digest metrics`: not here.
+    assert not {"journal_runs", "journal_due_lag_seconds"} & {name for name, _ in metrics}
