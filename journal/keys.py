@@ -131,9 +131,25 @@ class RunKeys:
         """Hash: effect step key -> ``<fence>:<deadline_ms>:<state>``, its claimant, receipt."""
         return self._key("effects")
 
+    @cached_property
+    def usage(self) -> str:
+        """Hash: the application's own counters of the run (a model budget's spend and holds).
+
+        The journal never reads it; it lives in the run's slot and goes with the run.
+        """
+        return self._key("usage")
+
     def all(self) -> tuple[str, ...]:
         """Every per-run key, for inspection and deliberate deletion."""
-        return (self.steps, self.meta, self.lease, self.fence, self.signals, self.effects)
+        return (
+            self.steps,
+            self.meta,
+            self.lease,
+            self.fence,
+            self.signals,
+            self.effects,
+            self.usage,
+        )
 
 
 def _shard_tag(prefix: str, shard: int) -> str:

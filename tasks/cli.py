@@ -44,6 +44,7 @@ from tasks.feeds import is_url
 from tasks.items import load_items
 from tasks.model import OfflineSummarizer
 from tasks.prompts import PROMPTS
+from tasks.ratelimit import LimitState
 from tasks.runtime import Runtime, use_runtime
 from tasks.schedule import iso_week_run_id
 from tasks.workflow import (
@@ -331,11 +332,16 @@ def cmd_show(config: Config, run_id: str, args: argparse.Namespace) -> int:
     runtime = Runtime.build(config, allow_offline=True)
     view = _known(runtime, run_id)
     held = holdings(runtime).get(view.run, 0)
+    limits = runtime.limit_states()
     # Masked again here: a journal written before masking, or by other code, may hold a secret.
     if args.json:
-        print(redact(json.dumps({**_view_json(view), "holds": held}, indent=2, sort_keys=True)))
+        shown = _view_json(view) | {
+            "holds": held,
+            "model_limits": {s.model: s.to_json() for s in limits},
+        }
+        print(redact(json.dumps(shown, indent=2, sort_keys=True)))
     else:
-        print(_printable(redact(_render(view, held)), newlines=True))
+        print(_printable(redact(_render(view, held, limits)), newlines=True))
     return EXIT_OK
 
 
@@ -511,7 +517,9 @@ def cmd_metrics(config: Config, run_id: str, args: argparse.Namespace) -> int:
         server, thread = start_http_server(
             args.port,
             addr=args.host,
-            registry=metrics.store_registry(lambda: runtime.journal, config.max_cost_usd),
+            registry=metrics.store_registry(
+                lambda: runtime.journal, config.max_cost_usd, runtime.limit_states
+            ),
         )
     except OSError as busy:
         where = f"{args.host}:{args.port}"
@@ -631,7 +639,7 @@ def _when_ms(meta: dict[str, str], name: str) -> str:
     return _when(int(raw) / 1000) if raw.isdigit() else f"unknown ({name}={raw!r})"
 
 
-def _render(view: RunView, held: int = 0) -> str:
+def _render(view: RunView, held: int = 0, limits: Sequence[LimitState] = ()) -> str:
     meta = view.meta
     fate = _fate(meta)  # the next retry, or that it gave up
     outcome = _outcome(meta)
@@ -665,6 +673,8 @@ def _render(view: RunView, held: int = 0) -> str:
         lines.append(
             f"waiting  {view.wait.kind} {view.wait.signal or view.wait.step} until {until}"
         )
+    # Not the run's own: every process on the API key shares them (tasks.ratelimit).
+    lines.extend(f"{'limits' if n == 0 else '':8} {state.line()}" for n, state in enumerate(limits))
     lines.append("")
     lines.append(f"{'step':22} {'finished':23} {'try':>3} {'usage':>13} {'cost':>9}  result")
     for record in view.steps:

@@ -19,6 +19,7 @@ from journal.redact import add_secret, add_url_secrets, redact
 from tasks.cost import PriceTable
 from tasks.errors import BadInput
 from tasks.model import DEFAULT_INTRO_MODEL, DEFAULT_SUMMARY_MODEL
+from tasks.ratelimit import Overrides
 from tasks.schedule import DEFAULT_SCHEDULE, Schedule
 
 # Variables whose values are secrets as a whole, and those that are URLs that may carry one.
@@ -169,6 +170,7 @@ class Config:
             weekly; None keeps every run.
         max_cost_usd: a run's model budget in dollars; None for no limit.
         prices: the per-model price table a call's cost is computed with.
+        rate_limits: model API rate limits set over what the API's headers say.
         consumer_timeout: RabbitMQ's delivery acknowledgement timeout (its ``consumer_timeout``,
             30 minutes unless the broker's configuration or a queue policy says otherwise),
             in seconds. A delivery still running then has its channel closed and its message
@@ -220,6 +222,7 @@ class Config:
     log_format: str = "text"
     run_retention: float | None = None
     prices: PriceTable = field(default_factory=PriceTable)
+    rate_limits: Overrides = field(default_factory=Overrides)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -231,7 +234,7 @@ class Config:
         env = os.environ if env is None else env
         _register_secrets(env)
         values = {s.field: s.read(env) for s in SETTINGS if s.field is not None}
-        config = cls(**values, prices=PriceTable.from_env(env))
+        config = cls(**values, prices=PriceTable.from_env(env), rate_limits=Overrides.from_env(env))
         config.check()
         return config
 
@@ -278,7 +281,7 @@ class Config:
                 f"DIGEST_TASK_TIME_LIMIT={self.time_limit:g}"
             )
         unpriced = [
-            m for m in (self.summary_model, self.intro_model) if m not in self.prices.prices
+            m for m in (self.summary_model, self.intro_model) if self.prices.price(m) is None
         ]
         if self.max_cost_usd is not None and unpriced:
             raise BadInput(
@@ -535,7 +538,7 @@ SETTINGS: tuple[Setting, ...] = (
         "DIGEST_LONG_BACKOFF",
         "long_backoff",
         "number",
-        "longer back-offs become a durable sleep",
+        "longer back-offs and waits for rate-limit room become a durable sleep",
         0,
         3600,
         "s",
@@ -787,7 +790,8 @@ SETTINGS: tuple[Setting, ...] = (
         "DIGEST_MAX_COST_USD",
         "max_cost_usd",
         "optional_number",
-        "a run's model budget in dollars: it stops before a call that could take it over",
+        "a run's model budget in dollars: each call reserves its estimate first; it stops "
+        "before one that does not fit",
         0,
         1e6,
         shown="unset: no limit",
@@ -797,8 +801,17 @@ SETTINGS: tuple[Setting, ...] = (
         None,
         "text",
         "per-model prices, a JSON file then inline JSON (`DIGEST_PRICES`): "
-        '`{"<model>": {"input": 1.0, "output": 5.0}}` in USD per million tokens',
+        '`{"<model>": {"input": 1.0, "output": 5.0}}` in USD per million tokens (optionally '
+        "`cache_write`, `cache_read`)",
         shown="the defaults below",
+    ),
+    Setting(
+        "DIGEST_RATE_LIMITS",
+        None,
+        "text",
+        "model API rate limits per minute over what its headers say: "
+        '`{"<model>": {"requests": 50, "input_tokens": 50000, "output_tokens": 10000}}`',
+        shown="unset: learned from the API",
     ),
     Setting("CRASH", None, "text", "fault injection point (see above)", shown="unset"),
 )

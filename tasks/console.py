@@ -288,7 +288,11 @@ def create_app(runtime: Runtime, names: Names, *, token: str | None = None) -> F
         from tasks import metrics as exported
 
         return Response(
-            generate_latest(exported.store_registry(lambda: journal, runtime.config.max_cost_usd)),
+            generate_latest(
+                exported.store_registry(
+                    lambda: journal, runtime.config.max_cost_usd, runtime.limit_states
+                )
+            ),
             mimetype=CONTENT_TYPE_LATEST,
         )
 

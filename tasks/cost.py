@@ -5,12 +5,17 @@ The price of a call is computed when the call returns and recorded in its step's
 crashes and replays (a replayed step costs nothing in this attempt but its recorded cost still
 counts), and unchanged by a later edit of the price table. A call whose model has no price is
 recorded with ``cost_usd: null`` and counted as unpriced, never as free.
+
+A call is priced by the model it asked for: the API answers an alias (``claude-haiku-5-5``)
+with a dated id (``claude-haiku-5-5-20261001``), which is the same model at the same price, so
+a dated id is priced as its alias. Cache writes and reads are priced as the API bills them.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,12 +26,42 @@ from tasks.errors import BadInput, DigestError
 MILLION = 1_000_000
 
 
+# A dated snapshot id: the alias, then the snapshot's date.
+_DATED = re.compile(r"(?P<alias>.+)-\d{8}")
+
+
+def alias_of(model: str) -> str:
+    """The alias a dated model id is a snapshot of (``claude-haiku-5-5-20261001``), else itself."""
+    dated = _DATED.fullmatch(model)
+    return dated.group("alias") if dated else model
+
+
 @dataclass(frozen=True)
 class Price:
-    """US dollars per million input and output tokens."""
+    """US dollars per million input, output, cache-write and cache-read tokens.
+
+    A cache write costs 1.25x the input price and a read 0.1x, as the API bills its
+    five-minute cache, unless the table gives them.
+    """
 
     input: float
     output: float
+    cache_write: float | None = None
+    cache_read: float | None = None
+
+    def of(
+        self, input_tokens: float, output_tokens: float, cache_write: float, cache_read: float
+    ) -> float:
+        """The dollars of these tokens."""
+        write = self.input * 1.25 if self.cache_write is None else self.cache_write
+        read = self.input * 0.1 if self.cache_read is None else self.cache_read
+        per_million = (
+            input_tokens * self.input
+            + output_tokens * self.output
+            + cache_write * write
+            + cache_read * read
+        )
+        return per_million / MILLION
 
 
 # The two default models' list prices, and the offline summarizer's (free).
@@ -43,18 +78,31 @@ class PriceTable:
 
     prices: Mapping[str, Price] = field(default_factory=lambda: dict(DEFAULT_PRICES))
 
-    def cost(self, model: str, input_tokens: int, output_tokens: int) -> float | None:
+    def price(self, model: str) -> Price | None:
+        """The model's price, a dated id's its alias's, or None when it has none."""
+        return self.prices.get(model) or self.prices.get(alias_of(model))
+
+    def cost(
+        self,
+        model: str,
+        input_tokens: float,
+        output_tokens: float,
+        *,
+        cache_write: float = 0,
+        cache_read: float = 0,
+    ) -> float | None:
         """The price of one call in dollars, or None when the model has no price."""
-        price = self.prices.get(model)
+        price = self.price(model)
         if price is None:
             return None
-        return (input_tokens * price.input + output_tokens * price.output) / MILLION
+        return price.of(input_tokens, output_tokens, cache_write, cache_read)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> PriceTable:
         """The defaults, then ``DIGEST_PRICES_FILE`` (a JSON file), then ``DIGEST_PRICES`` (JSON).
 
-        Both hold ``{"<model>": {"input": <usd per million>, "output": <usd per million>}}``.
+        Both hold ``{"<model>": {"input": <usd per million>, "output": <usd per million>}}``,
+        and optionally ``cache_write`` and ``cache_read`` (USD per million).
 
         Raises:
             BadInput: naming the variable and what is wrong.
@@ -76,6 +124,13 @@ class PriceTable:
         return cls(prices)
 
 
+_CACHE = ("cache_write", "cache_read")
+
+
+def _is_price(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+
+
 def _parse(name: str, where: str, text: str) -> dict[str, Price]:
     example = '{"claude-haiku-5-5": {"input": 1.0, "output": 5.0}} (USD per million tokens)'
     try:
@@ -86,14 +141,18 @@ def _parse(name: str, where: str, text: str) -> dict[str, Price]:
         raise BadInput(f"{name}={where!r:.80}: not a JSON object; use {example}")
     parsed: dict[str, Price] = {}
     for model, entry in data.items():
-        ok = isinstance(entry, dict) and all(
-            isinstance(entry.get(k), int | float) and entry[k] >= 0 for k in ("input", "output")
+        ok = (
+            isinstance(entry, dict)
+            and all(_is_price(entry.get(k)) for k in ("input", "output"))
+            and all(entry.get(k) is None or _is_price(entry[k]) for k in _CACHE)
         )
         if not ok:
             raise BadInput(
-                f"{name}: the price of {model!r} is not {{input, output}} >= 0; use {example}"
+                f"{name}: the price of {model!r} is not {{input, output}} >= 0 (and optionally "
+                f"cache_write, cache_read >= 0); use {example}"
             )
-        parsed[str(model)] = Price(float(entry["input"]), float(entry["output"]))
+        cache = [None if entry.get(k) is None else float(entry[k]) for k in _CACHE]
+        parsed[str(model)] = Price(float(entry["input"]), float(entry["output"]), *cache)
     return parsed
 
 
@@ -172,4 +231,26 @@ class BudgetExceeded(DigestError):
             f"run {self.run} has spent {dollars(self.spent)} of its {dollars(self.budget)} budget "
             f"(DIGEST_MAX_COST_USD) and stopped before {self.step}; nothing was sent: raise the "
             f"budget, then `digest retry {run_id}`"
+        )
+
+
+class UnpricedAnswer(DigestError):
+    """A call was answered by a model the price table lacks, while a budget is set.
+
+    Counting it as free would let the run spend past ``DIGEST_MAX_COST_USD`` unseen, so the
+    run fails at once instead.
+    """
+
+    def __init__(self, run: str, requested: str, answered: str) -> None:
+        super().__init__(run, requested, answered)
+        self.run = run
+        self.requested = requested
+        self.answered = answered
+
+    def __str__(self) -> str:
+        run_id = self.run.partition(":")[2]
+        return (
+            f"run {self.run} asked for model {self.requested} and was answered by "
+            f"{self.answered}, which has no price, so DIGEST_MAX_COST_USD cannot count it; add "
+            f"its price to DIGEST_PRICES or DIGEST_PRICES_FILE, then `digest retry {run_id}`"
         )

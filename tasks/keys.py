@@ -45,6 +45,16 @@ class DigestKeys:
         """String: set once when beat enqueues a weekly run, so restarts never enqueue twice."""
         return f"{self.prefix}:digest:dispatched:{run_id}"
 
+    def model_limits(self, account: str, model: str) -> str:
+        """Hash: the rate limits of one API key (``account``, a hash of it) and model.
+
+        Its own hash tag, so the limiter's script runs on a Redis Cluster: every process on the
+        key shares it, whatever run it serves.
+        """
+        if "{" in model or "}" in model:
+            raise ValueError(f"model id {model!r} must not contain braces")
+        return f"{self.prefix}:{{model-api:{account}:{model}}}:limits"
+
     @property
     def dispatch_watermark(self) -> str:
         """String: the latest weekly run id beat has dispatched, for catching up after outages."""

@@ -3,7 +3,7 @@
 Two prefixes, two owners: ``journal_*`` is what any durable workflow has (steps, runs, leases,
 the due index), labelled by ``workflow`` and, per step, by the step's name (``summarize``, not
 ``summarize:i4``: one series per kind of step, not per item); ``digest_*`` is this app's (model
-calls, tokens, dollars, the send).
+calls, tokens, dollars, waits for rate-limit room and 429s, the send).
 
 Counted where they happen, through ``journal.events`` (the journal knows nothing of
 Prometheus), in ``prometheus_client``'s multiprocess mode: each pool child writes its own files
@@ -14,8 +14,8 @@ serves nothing: its runs are counted by the gauges read from Redis.
 
 Read from Redis at scrape time, by ONE exporter (the console's ``/metrics`` or ``digest
 metrics``), never by every worker: runs by workflow and state over the whole runs index, and
-the due index's lag. Every registry also carries ``process_*`` of the serving process and
-``digest_build_info``.
+the due index's lag, and each model's rate limits as the API last stated them. Every registry
+also carries ``process_*`` of the serving process and ``digest_build_info``.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from journal import Journal, codec
 from journal.events import listen, outcome_of
 from journal.inspect import STATES, RunRow, inspect_run, list_runs
 from tasks.cost import usage_of
+from tasks.ratelimit import LimitState
 
 LIVE = ("running", "waiting", "retrying")
 DONE_WEEK = ("sent", "nothing-new")
@@ -75,6 +76,16 @@ FENCED = Counter(
 )
 RENEWALS_FAILED = Counter(
     "journal_lease_renewals_failed_total", "Lease renewals that found it lost.", ["workflow"]
+)
+CAPACITY_WAIT = Counter(
+    "digest_model_capacity_wait_seconds_total",
+    "Seconds model calls waited for room in the rate limits shared on the API key, by model.",
+    ["model"],
+)
+RATE_LIMITED = Counter(
+    "digest_model_rate_limited_total",
+    "Model calls the API refused for its rate limits (429), by model.",
+    ["model"],
 )
 CALLS = Counter("digest_model_calls_total", "Model calls made, by model.", ["model"])
 CALL_SECONDS = Histogram(
@@ -121,6 +132,10 @@ def count(event: str, label: str, amount: float, workflow: str) -> None:
         FENCED.labels(workflow).inc(amount)
     elif event == "renewal_failed":
         RENEWALS_FAILED.labels(workflow).inc(amount)
+    elif event == "capacity_wait_seconds":
+        CAPACITY_WAIT.labels(label).inc(amount)
+    elif event == "rate_limited":
+        RATE_LIMITED.labels(label).inc(amount)
 
 
 listen(count)
@@ -221,6 +236,38 @@ class DigestCollector(Collector):
             yield used
 
 
+class LimitsCollector(Collector):
+    """Each model's shared rate limits as the API last stated them, read at scrape time.
+
+    Args:
+        states: reads them (``RateLimiter.states``), at each scrape.
+    """
+
+    def __init__(self, states: Callable[[], list[LimitState]]) -> None:
+        self.states = states
+
+    def collect(self) -> Iterator[Any]:
+        """Yield the limit, the burst and what remained, by model and kind."""
+        labels = ["model", "kind"]
+        limit = GaugeMetricFamily(
+            "digest_model_limit_per_minute", "The API's rate limit, per minute.", labels=labels
+        )
+        burst = GaugeMetricFamily(
+            "digest_model_limit_burst", "The rate limit's bucket as learned.", labels=labels
+        )
+        remaining = GaugeMetricFamily(
+            "digest_model_limit_remaining",
+            "What the API said remained of the limit at its last answer.",
+            labels=labels,
+        )
+        for state in self.states():
+            for kind, known in state.kinds.items():
+                limit.add_metric([state.model, kind], known.per_minute)
+                burst.add_metric([state.model, kind], known.burst)
+                remaining.add_metric([state.model, kind], known.remaining)
+        yield from (limit, burst, remaining)
+
+
 def _outcome(row: RunRow) -> object:
     """A finished run's outcome as its result named it (``sent``, ``nothing-new``, ...)."""
     try:
@@ -244,12 +291,22 @@ def worker_registry() -> CollectorRegistry:
 
 
 def store_registry(
-    journal: Callable[[], Journal], budget_usd: float | None = None
+    journal: Callable[[], Journal],
+    budget_usd: float | None = None,
+    limits: Callable[[], list[LimitState]] | None = None,
 ) -> CollectorRegistry:
-    """The one exporter's: the gauges read from ``journal()``'s store."""
+    """The one exporter's: the gauges read from ``journal()``'s store.
+
+    Args:
+        journal: the journal the gauges read.
+        budget_usd: ``DIGEST_MAX_COST_USD``, for the budget's gauge.
+        limits: the shared rate limits' states, for their gauges (none without it).
+    """
     collected = CollectorRegistry()
     collected.register(JournalCollector(journal))
     collected.register(DigestCollector(journal, budget_usd))
+    if limits is not None:
+        collected.register(LimitsCollector(limits))
     return _common(collected)
 
 

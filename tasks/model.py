@@ -39,7 +39,14 @@ from journal.events import emit
 from tasks.cost import OFFLINE_MODEL
 from tasks.errors import DigestError, ItemRefused, ModelAuthFailed, ModelRefused
 from tasks.items import Item
-from tasks.prompts import INTRO_SYSTEM, SUMMARY_SYSTEM, intro_prompt, summary_prompt
+from tasks.prompts import (
+    INTRO_SYSTEM,
+    SUMMARY_SYSTEM,
+    estimated_tokens,
+    intro_prompt,
+    summary_prompt,
+)
+from tasks.ratelimit import CapacityWait, RateLimiter
 
 if TYPE_CHECKING:
     import anthropic
@@ -63,6 +70,8 @@ class Completion:
     input_tokens: int
     output_tokens: int
     model: str
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The step result: plain JSON, so a journal outlives this class's code."""
@@ -77,17 +86,22 @@ class Completion:
         """
         text, model = data.get("text"), data.get("model")
         input_tokens, output_tokens = data.get("input_tokens"), data.get("output_tokens")
+        # Recorded before cache tokens were: none.
+        cache_write = data.get("cache_creation_input_tokens", 0)
+        cache_read = data.get("cache_read_input_tokens", 0)
         if not (
             isinstance(text, str)
             and isinstance(model, str)
             and _is_count(input_tokens)
             and _is_count(output_tokens)
+            and _is_count(cache_write)
+            and _is_count(cache_read)
         ):
             raise ValueError(
                 "a recorded completion needs text and model (strings) and input_tokens and "
                 f"output_tokens (counts), got {dict(data)!r:.200}"
             )
-        return cls(text=text, input_tokens=input_tokens, output_tokens=output_tokens, model=model)
+        return cls(text, input_tokens, output_tokens, model, cache_write, cache_read)
 
 
 def _is_count(value: object) -> TypeGuard[int]:
@@ -123,14 +137,21 @@ class AnthropicSummarizer:
             once, by the first call: a run that replays every step never pays for the SDK.
         summary_model: The model for each item's summary.
         intro_model: The model for the opening paragraph.
+        limiter: The rate limits shared with every process on the API key: each call waits
+            for room in them first, and teaches them what the answer says (None: no limiter).
     """
 
     remote = True
 
     def __init__(
-        self, connect: Callable[[], anthropic.Anthropic], summary_model: str, intro_model: str
+        self,
+        connect: Callable[[], anthropic.Anthropic],
+        summary_model: str,
+        intro_model: str,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self._connect = connect
+        self._limiter = limiter
         self._client: anthropic.Anthropic | None = None
         self._connecting = threading.Lock()  # a map's first calls arrive together
         self._summary_model = summary_model
@@ -143,6 +164,7 @@ class AnthropicSummarizer:
         timeout_s: float,
         summary_model: str = DEFAULT_SUMMARY_MODEL,
         intro_model: str = DEFAULT_INTRO_MODEL,
+        limiter: RateLimiter | None = None,
     ) -> AnthropicSummarizer:
         """Build from the SDK's own variables (the key, the base URL) and the model ids.
 
@@ -152,6 +174,7 @@ class AnthropicSummarizer:
                 step policy retries, rather than outliving the worker's lease.
             summary_model: The model of each summary.
             intro_model: The model of the opening paragraph.
+            limiter: The shared rate limits (see the class).
         """
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
@@ -164,7 +187,7 @@ class AnthropicSummarizer:
                 timeout=anthropic.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s)),
             )
 
-        return cls(connect, summary_model=summary_model, intro_model=intro_model)
+        return cls(connect, summary_model=summary_model, intro_model=intro_model, limiter=limiter)
 
     def summarize(self, item: Item) -> Completion:
         """One request to the summary model; API errors propagate for the step policy to judge.
@@ -204,9 +227,13 @@ class AnthropicSummarizer:
             if self._client is None:
                 self._client = self._connect()
             client = self._client
+        limiter = self._limiter
+        take = None
+        if limiter is not None:
+            take = limiter.take(model, estimated_tokens(system, prompt), MAX_TOKENS)
         started = time.monotonic()
         try:
-            message = client.messages.create(
+            raw = client.messages.with_raw_response.create(
                 model=model,
                 max_tokens=MAX_TOKENS,
                 system=system,
@@ -214,24 +241,42 @@ class AnthropicSummarizer:
                 output_config=anthropic.omit if output_config is None else output_config,
             )
         except anthropic.APIStatusError as exc:
+            if limiter and take:
+                limiter.settle(
+                    take,
+                    exc.response.headers,
+                    refused=exc.status_code == 429,
+                    retry_after=retry_after_seconds(exc),
+                )
             refusal = refusal_for(exc)
             if refusal is None:
                 raise  # transient: the step's retry policy decides
             where = f"the Anthropic API at {client.base_url}"
             raise refusal.error(refusal.describe(exc, where, model, setting)) from exc
+        except BaseException:
+            if limiter and take:
+                limiter.settle(take, {})  # no answer: what it took stays taken
+            raise
         finally:
             emit("model_call_seconds", model, time.monotonic() - started)
+        message = raw.parse()
+        if limiter and take:
+            used = (message.usage.input_tokens, message.usage.output_tokens)
+            limiter.settle(take, raw.headers, used=used)
         if message.stop_reason == "refusal":
             raise ItemRefused(
                 f"model {model} declined to answer (stop_reason refusal); the item stays unseen "
                 "for next week: reword or remove it"
             )
         text = "".join(block.text for block in message.content if block.type == "text")
+        usage = message.usage
         return Completion(
             text=text.strip(),
-            input_tokens=message.usage.input_tokens,
-            output_tokens=message.usage.output_tokens,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
             model=message.model,
+            cache_creation_input_tokens=usage.cache_creation_input_tokens or 0,
+            cache_read_input_tokens=usage.cache_read_input_tokens or 0,
         )
 
 
@@ -273,8 +318,11 @@ def is_transient(exc: BaseException) -> bool:
 
     Mirrors the SDK's own retry rule, which ``max_retries=0`` switches off: connection errors and
     timeouts, 408, 409, 429 and every 5xx (529 is ``overloaded_error``), unless the server sent
-    ``x-should-retry: false``.
+    ``x-should-retry: false``. A wait for the shared rate limits' room (``CapacityWait``) is
+    transient too.
     """
+    if isinstance(exc, CapacityWait):
+        return True
     if not _sdk_loaded():
         return False
     import anthropic
@@ -298,9 +346,12 @@ def retry_after_seconds(
     HTTP date (a date already past means 0).
 
     Args:
-        exc: Any exception; only an API status error can carry the headers.
+        exc: Any exception; only an API status error can carry the headers, and a
+            ``CapacityWait`` its wait for the shared rate limits.
         now: The clock that turns an HTTP date into a wait.
     """
+    if isinstance(exc, CapacityWait):
+        return exc.seconds
     if not _sdk_loaded():
         return None
     import anthropic

@@ -70,3 +70,17 @@ def _text(value: str) -> str:
 def _attr(value: str) -> str:
     # Inside an attribute an XML reader turns raw tabs and newlines into spaces as well.
     return _text(value).replace("\t", "&#9;").replace("\n", "&#10;")
+
+
+# English runs about four bytes of UTF-8 to a token; three over-reckons it, so an estimate is
+# rarely short (a budget's overshoot is what estimates fall short by). The rate limiter scales
+# it by what settled calls turned out to use.
+BYTES_PER_TOKEN = 3
+# The messages' framing (roles, the system block) takes a few tokens of its own.
+FRAMING_TOKENS = 8
+
+
+def estimated_tokens(system: str, prompt: str) -> int:
+    """The input tokens a request of ``system`` and ``prompt`` is reckoned at before it is sent."""
+    size = len(system.encode()) + len(prompt.encode())
+    return -(-size // BYTES_PER_TOKEN) + FRAMING_TOKENS

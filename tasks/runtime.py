@@ -26,14 +26,19 @@ from journal.contrib.checks import check_persistence, check_skew
 from journal.contrib.embedded import embedded_broker_url, embedded_url
 from journal.errors import StoreUnavailable
 from journal.scripts import Client
+from tasks.budget import Budget
 from tasks.config import Config
 from tasks.errors import ModelNotConfigured, is_transient_failure
 from tasks.items import Item
 from tasks.keys import DigestKeys
 from tasks.mail import FileOutbox, Mailer, SmtpMailer
 from tasks.model import AnthropicSummarizer, Completion, OfflineSummarizer, Summarizer
+from tasks.ratelimit import LimitState, RateLimiter, account_of
 
 log = logging.getLogger(__name__)
+
+# The SDK's own default, for naming the API a key belongs to when ANTHROPIC_BASE_URL is unset.
+DEFAULT_BASE_URL = "https://api.anthropic.com"
 
 # What the journal's errors tell a digest operator to do.
 HINTS = Hints(
@@ -114,8 +119,23 @@ class Runtime:
     keys: DigestKeys
     summarizer: Summarizer
     mailer: Mailer
+    limiter: RateLimiter | None = None
     replaying: bool = False
     """A replay's runtime (``storeless``): it has no store, so no other run's state either."""
+
+    def limit_states(self) -> list[LimitState]:
+        """What the shared rate limiter knows of the two models (none without an API key)."""
+        if self.limiter is None:
+            return []
+        return self.limiter.states((self.config.summary_model, self.config.intro_model))
+
+    @functools.cached_property
+    def budget(self) -> Budget:
+        """Every run's ``DIGEST_MAX_COST_USD``, reserved in this store before each call."""
+        config = self.config
+        # A call may first wait up to the back-off threshold for rate-limit room, then run.
+        longest = config.long_backoff + config.model_timeout
+        return Budget(self.client, config.max_cost_usd, config.prices, longest)
 
     @classmethod
     def build(cls, config: Config, *, allow_offline: bool) -> Runtime:
@@ -156,21 +176,46 @@ class Runtime:
             url=url,
         )
         keys = DigestKeys(config.key_prefix, cluster=cluster)
+        limiter = rate_limiter(client, keys, config)
         return cls(
             config=config,
             client=client,
             journal=journal,
             keys=keys,
-            summarizer=choose_summarizer(config, allow_offline=allow_offline),
+            summarizer=choose_summarizer(config, allow_offline=allow_offline, limiter=limiter),
             mailer=choose_mailer(config),
+            limiter=limiter,
         )
 
 
-def choose_summarizer(config: Config, *, allow_offline: bool) -> Summarizer:
-    """The Anthropic summarizer when a key is set; otherwise offline, where allowed."""
+def rate_limiter(client: Client, keys: DigestKeys, config: Config) -> RateLimiter | None:
+    """The rate limits shared on the store by every process on this API key; None without one.
+
+    Named by the API's URL and key (``ANTHROPIC_BASE_URL``, ``ANTHROPIC_API_KEY``), hashed.
+    """
+    key = os.environ.get("ANTHROPIC_API_KEY")
+    if not key:
+        return None
+    base_url = os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL
+    account = account_of(base_url, key)
+    return RateLimiter(
+        client, keys, account, wait_over=config.long_backoff, overrides=config.rate_limits
+    )
+
+
+def choose_summarizer(
+    config: Config, *, allow_offline: bool, limiter: RateLimiter | None = None
+) -> Summarizer:
+    """The Anthropic summarizer when a key is set; otherwise offline, where allowed.
+
+    Args:
+        config: the settings.
+        allow_offline: whether no key means the offline summarizer.
+        limiter: the rate limits shared with every process on the key (``rate_limiter``).
+    """
     if os.environ.get("ANTHROPIC_API_KEY"):
         return AnthropicSummarizer.from_env(
-            config.model_timeout, config.summary_model, config.intro_model
+            config.model_timeout, config.summary_model, config.intro_model, limiter=limiter
         )
     if allow_offline:
         return OfflineSummarizer()

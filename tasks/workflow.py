@@ -19,19 +19,28 @@ from typing import Any, Generic, TypeVar
 
 import redis
 
-from journal import Effect, Journal, RetryPolicy, Run, SignalResult, codec
+from journal import Effect, Journal, RetryPolicy, Run, SignalResult
 from journal.events import emit
 from journal.inspect import RunView
 from journal.workflow import workflow
 from tasks import faults
+from tasks.budget import Reservation
 from tasks.claims import Held, held_elsewhere, let_go
-from tasks.cost import BudgetExceeded, is_call
+from tasks.cost import UnpricedAnswer, alias_of
 from tasks.errors import EveryItemRefused, ItemRefused, ModelUnavailable
 from tasks.items import Item, load_items
 from tasks.keys import text
 from tasks.mail import Email, Receipt
-from tasks.model import Completion, is_transient, retry_after_seconds
-from tasks.prompts import INTRO_PROMPT, SUMMARY_PROMPT
+from tasks.model import MAX_TOKENS, Completion, is_transient, retry_after_seconds
+from tasks.prompts import (
+    INTRO_PROMPT,
+    INTRO_SYSTEM,
+    SUMMARY_PROMPT,
+    SUMMARY_SYSTEM,
+    estimated_tokens,
+    intro_prompt,
+    summary_prompt,
+)
 from tasks.runtime import Runtime, process_config, process_runtime
 
 T = TypeVar("T")
@@ -314,12 +323,16 @@ def summarize(runtime: Runtime, run: Run, item: Item, calls: CallCounter) -> dic
     Any other refusal (``ModelRefused``: the account, the key, the model) propagates and fails
     the run: it would refuse every item alike.
     """
-    within_budget(runtime, run, f"summarize:{item.id}")
-    calls.add()
-    try:
-        return priced(runtime, runtime.summarizer.summarize(item), SUMMARY_PROMPT)
-    except ItemRefused as refused:
-        return {"error": f"the model refused this item: {refused}"}
+    model = runtime.config.summary_model
+    tokens = estimated_tokens(SUMMARY_SYSTEM, summary_prompt(item))
+    estimate = runtime.budget.estimate(model, tokens, MAX_TOKENS)
+    with runtime.budget.hold(run.keys, f"summarize:{item.id}", estimate) as reservation:
+        calls.add()
+        try:
+            completion = runtime.summarizer.summarize(item)
+        except ItemRefused as refused:
+            return {"error": f"the model refused this item: {refused}"}
+        return priced(runtime, run, completion, model, reservation, SUMMARY_PROMPT)
 
 
 def every_item_refused(skipped: list[dict[str, str]]) -> EveryItemRefused:
@@ -337,18 +350,49 @@ def compose(
     runtime: Runtime, run: Run, kept: list[tuple[Item, str]], calls: CallCounter
 ) -> dict[str, Any]:
     """One model call for the opening paragraph."""
-    within_budget(runtime, run, "compose")
-    calls.add()
-    return priced(runtime, runtime.summarizer.compose(kept), INTRO_PROMPT)
+    model = runtime.config.intro_model
+    estimate = runtime.budget.estimate(
+        model, estimated_tokens(INTRO_SYSTEM, intro_prompt(kept)), MAX_TOKENS
+    )
+    with runtime.budget.hold(run.keys, "compose", estimate) as reservation:
+        calls.add()
+        completion = runtime.summarizer.compose(kept)
+        return priced(runtime, run, completion, model, reservation, INTRO_PROMPT)
 
 
-def priced(runtime: Runtime, completion: Completion, prompt: str) -> dict[str, Any]:
-    """The step result of a call: its text and tokens, its prompt's version, its cost today."""
+def priced(
+    runtime: Runtime,
+    run: Run,
+    completion: Completion,
+    requested: str,
+    reservation: Reservation | None,
+    prompt: str,
+) -> dict[str, Any]:
+    """The step result of a call: its text and tokens, its prompt's version, its cost today.
+
+    Priced as the model asked for when the answer names it or a dated snapshot of it (the API
+    answers an alias with a dated id), else as the model that answered. The cost settles the
+    call's reservation of the run's budget.
+
+    Raises:
+        UnpricedAnswer: a budget is set and the answering model has no price; the call's
+            reservation is kept as its cost, since what it cost is unknown.
+    """
     result = completion.to_json()
     result["prompt"] = prompt
+    model = requested if alias_of(completion.model) == alias_of(requested) else completion.model
     cost = runtime.config.prices.cost(
-        completion.model, completion.input_tokens, completion.output_tokens
+        model,
+        completion.input_tokens,
+        completion.output_tokens,
+        cache_write=completion.cache_creation_input_tokens,
+        cache_read=completion.cache_read_input_tokens,
     )
+    if reservation is not None:
+        if cost is None:
+            reservation.settle(reservation.amount)
+            raise UnpricedAnswer(run.keys.run, requested, completion.model)
+        reservation.settle(cost)
     result["cost_usd"] = cost
     emit("model_call", completion.model)
     emit("input_tokens", completion.model, completion.input_tokens)
@@ -356,26 +400,6 @@ def priced(runtime: Runtime, completion: Completion, prompt: str) -> dict[str, A
     if cost is not None:
         emit("cost_usd", completion.model, cost)
     return result
-
-
-def within_budget(runtime: Runtime, run: Run, step: str) -> None:
-    """Refuse a call that could take the run past ``DIGEST_MAX_COST_USD``.
-
-    The spend is read from the journal (every attempt's recorded calls, replayed or not), and
-    the next call is reckoned as dear as the dearest so far: the run stops while it is still
-    within budget, give or take the calls already in flight beside this one.
-
-    Raises:
-        BudgetExceeded: the spend so far plus that reckoning is over the budget.
-    """
-    budget = runtime.config.max_cost_usd
-    if budget is None:
-        return
-    results = [codec.loads(raw).get("result") for raw in runtime.client.hvals(run.keys.steps)]
-    costs = [float(r["cost_usd"]) for r in results if is_call(r) and r.get("cost_usd") is not None]
-    spent = sum(costs)
-    if spent + max(costs, default=0.0) > budget:
-        raise BudgetExceeded(run.keys.run, spent, budget, step)
 
 
 def draft_email(run_id: str, to: str, intro: str, kept: list[tuple[Item, str]]) -> Email:

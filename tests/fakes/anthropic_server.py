@@ -19,6 +19,14 @@ Faults are scripted per server:
 - ``delay`` (seconds before answering) and ``hold()`` / ``release()``: keep a call open so a
   client can time out or a worker can be killed in the middle of it; ``wait_for_calls(n)``
   tells the test the call has arrived.
+- ``limit(requests=, input_tokens=, output_tokens=, per=)``: rate limits enforced as the real
+  API enforces them, per model (see ``RateLimits``): every answer carries the
+  ``anthropic-ratelimit-*`` headers, and a call over a limit gets a 429 ``rate_limit_error``
+  with ``retry-after``; ``refused`` counts those.
+- ``dated_models``: the model id an answer names for an alias asked for, as the real API
+  answers ``claude-haiku-5-5`` with ``claude-haiku-5-5-20261001``.
+- ``cache_tokens``: the ``cache_creation_input_tokens`` and ``cache_read_input_tokens`` every
+  answer's usage reports.
 
 Error answers use the API's shape,
 ``{"type": "error", "error": {"type": ..., "message": ...}, "request_id": ...}``, with the
@@ -35,11 +43,14 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import math
 import re
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
@@ -157,6 +168,62 @@ def error_body(
     return {"type": "error", "error": error, "request_id": request_id}
 
 
+LIMIT_KINDS = ("requests", "input-tokens", "output-tokens")
+
+
+class Bucket:
+    """One limit as the real API describes it: ``limit`` units, replenished evenly over ``per``.
+
+    A token bucket of capacity ``limit`` refilled at ``limit / per`` a second, so a full bucket
+    allows a burst of ``limit`` and then ``limit`` per ``per`` seconds. ``level`` may go below
+    zero: output tokens are only known once the answer is written, and are taken then.
+    """
+
+    def __init__(self, limit: float, per: float, now: float) -> None:
+        self.limit = limit
+        self.rate = limit / per
+        self.level = limit
+        self.at = now
+
+    def refill(self, now: float) -> None:
+        self.level = min(self.limit, self.level + (now - self.at) * self.rate)
+        self.at = now
+
+    def wait_for(self, amount: float) -> float:
+        """Seconds until ``amount`` is available (0 if it is now); after ``refill``."""
+        return max(0.0, (min(amount, self.limit) - self.level) / self.rate)
+
+    def headers(self, kind: str, now: float) -> dict[str, str]:
+        full = now + max(0.0, self.limit - self.level) / self.rate
+        reset = datetime.fromtimestamp(full, UTC).isoformat(timespec="milliseconds")
+        return {
+            # Stated per minute, as the real API states it, whatever span it is enforced over.
+            f"anthropic-ratelimit-{kind}-limit": str(round(self.rate * 60)),
+            f"anthropic-ratelimit-{kind}-remaining": str(max(0, math.floor(self.level))),
+            f"anthropic-ratelimit-{kind}-reset": reset.replace("+00:00", "Z"),
+        }
+
+
+@dataclass(frozen=True)
+class RateLimits:
+    """The limits of one model: requests, input and output tokens per ``per`` seconds.
+
+    The real API states them per minute; a test states them per second (``per=1``) to run fast.
+    A limit left None is not enforced and not reported.
+    """
+
+    requests: float | None = None
+    input_tokens: float | None = None
+    output_tokens: float | None = None
+    per: float = 60.0
+
+    def buckets(self, now: float) -> dict[str, Bucket]:
+        limits = zip(
+            LIMIT_KINDS, (self.requests, self.input_tokens, self.output_tokens), strict=True
+        )
+        return {kind: Bucket(limit, self.per, now) for kind, limit in limits if limit is not None}
+
+
 class FakeAnthropic:
     """A running fake API; thread-safe counters of what it received.
 
@@ -191,6 +258,11 @@ class FakeAnthropic:
         self._refusals: list[str] = []
         self._delays: list[tuple[str, float]] = []
         self.known_models: set[str] | None = None
+        self.dated_models: dict[str, str] = {}
+        self.cache_tokens = (0, 0)
+        self._limits: RateLimits | None = None
+        self._buckets: dict[str, dict[str, Bucket]] = {}
+        self._refused = 0
         self._released = threading.Event()
         self._released.set()
         self._stopping = threading.Event()
@@ -267,6 +339,16 @@ class FakeAnthropic:
         """Calls whose prompt text contains ``substring``, such as one item's title."""
         return sum(substring in request.text for request in self.requests)
 
+    @property
+    def refused(self) -> int:
+        """Calls answered 429 because they were over a rate limit (``limit``)."""
+        with self._lock:
+            return self._refused
+
+    def answered(self) -> int:
+        """Calls answered 200."""
+        return sum(request.status == 200 for request in self.requests)
+
     def wait_for_calls(self, count: int, timeout: float = 5.0) -> None:
         """Block until ``count`` calls have arrived (answered or not)."""
         with self._arrived:
@@ -333,6 +415,19 @@ class FakeAnthropic:
         with self._lock:
             self._delays.append((contains, seconds))
 
+    def limit(
+        self,
+        requests: float | None = None,
+        input_tokens: float | None = None,
+        output_tokens: float | None = None,
+        *,
+        per: float = 60.0,
+    ) -> None:
+        """Enforce these limits on every model, each model its own buckets, starting full."""
+        with self._lock:
+            self._limits = RateLimits(requests, input_tokens, output_tokens, per)
+            self._buckets.clear()
+
     def clear_faults(self) -> None:
         with self._lock:
             self._rules.clear()
@@ -369,11 +464,14 @@ class FakeAnthropic:
 
         with self._arrived:
             fault = None if problem else self._pick_fault(text)
+            if problem is None and fault is None:
+                fault = self._take_capacity(str(model), prompt_tokens(body))
             status = problem[0] if problem else fault.status if fault else 200
             request = Received(len(self._received) + 1, body, lowered, status)
             self._received.append(request)
             self._arrived.notify_all()
             delay = max([self.delay, *(s for needle, s in self._delays if needle in text)])
+            limit_headers = self._limit_headers(str(model))
         if self._log is not None:
             self._log(f"call {request.number}: model={request.model or '-'} -> {status}")
 
@@ -382,7 +480,7 @@ class FakeAnthropic:
         self._released.wait()
 
         request_id = f"req_fake_{request.number}"
-        ids = {"request-id": request_id}
+        ids = {"request-id": request_id, **limit_headers}
         if problem:
             return _json(problem[0], ids, error_body(*problem, request_id=request_id))
         if fault:
@@ -394,7 +492,47 @@ class FakeAnthropic:
                 request_id=request_id,
             )
             return _json(fault.status, ids | dict(fault.headers), answer)
-        return _json(200, ids, self._message(request))
+        message = self._message(request)
+        with self._lock:
+            self._take_output(request.model, message["usage"]["output_tokens"])
+        return _json(200, ids, message)
+
+    def _take_capacity(self, model: str, input_tokens: int) -> Fault | None:
+        """Take one request and the prompt's tokens from the model's buckets, or refuse.
+
+        Refused when any bucket lacks what the call needs (an output bucket, anything at all):
+        a 429 whose ``retry-after`` is whole seconds, rounded up, as the real API gives it.
+        """
+        if self._limits is None:
+            return None
+        now = time.time()
+        buckets = self._buckets.setdefault(model, self._limits.buckets(now))
+        needs = {"requests": 1.0, "input-tokens": float(input_tokens), "output-tokens": 1.0}
+        wait = 0.0
+        for kind, bucket in buckets.items():
+            bucket.refill(now)
+            wait = max(wait, bucket.wait_for(needs[kind]))
+        if wait > 0:
+            self._refused += 1
+            return Fault(429, {"retry-after": str(max(1, math.ceil(wait)))})
+        for kind in ("requests", "input-tokens"):
+            if kind in buckets:
+                buckets[kind].level -= needs[kind]
+        return None
+
+    def _take_output(self, model: str, output_tokens: int) -> None:
+        bucket = self._buckets.get(model, {}).get("output-tokens")
+        if bucket is not None:
+            bucket.refill(time.time())
+            bucket.level -= output_tokens
+
+    def _limit_headers(self, model: str) -> dict[str, str]:
+        now = time.time()
+        headers: dict[str, str] = {}
+        for kind, bucket in self._buckets.get(model, {}).items():
+            bucket.refill(now)
+            headers |= bucket.headers(kind, now)
+        return headers
 
     def _pick_fault(self, text: str) -> Fault | None:
         for rule in self._rules:
@@ -413,18 +551,27 @@ class FakeAnthropic:
         with self._lock:
             refused = any(needle in request.text for needle in self._refusals)
         text = "" if refused else self._reply(request)
-        system = request.body.get("system")
-        prompt_words = len(request.text.split()) + len(str(system or "").split())
+        creation, read = self.cache_tokens
         return {
             "id": f"msg_fake_{request.number}",
             "type": "message",
             "role": "assistant",
-            "model": request.model,
+            "model": self.dated_models.get(request.model, request.model),
             "content": [] if refused else [{"type": "text", "text": text}],
             "stop_reason": "refusal" if refused else "end_turn",
             "stop_sequence": None,
-            "usage": {"input_tokens": prompt_words, "output_tokens": len(text.split())},
+            "usage": {
+                "input_tokens": prompt_tokens(request.body),
+                "output_tokens": len(text.split()),
+                "cache_creation_input_tokens": creation,
+                "cache_read_input_tokens": read,
+            },
         }
+
+
+def prompt_tokens(body: Mapping[str, Any]) -> int:
+    """The fake's token count of a prompt: its words, the system prompt's included."""
+    return len(message_text(body).split()) + len(str(body.get("system") or "").split())
 
 
 def _invalid(body: dict[str, Any] | None, headers: Mapping[str, str]) -> tuple[int, str] | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,11 @@ import pytest
 from tasks.config import Config
 from tasks.cost import Price, PriceTable, is_call, usage_of
 from tasks.errors import BadInput
+from tasks.items import Item
+from tasks.model import MAX_TOKENS
+from tasks.prompts import SUMMARY_SYSTEM, estimated_tokens, summary_prompt
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.support import CALLS, Deployment
+from tests.support import CALLS, WEEK, Deployment
 
 RUN = "2026-w42"
 
@@ -78,16 +82,16 @@ def test_a_run_over_budget_stops_before_its_next_call_and_resumes_at_no_extra_co
     deployment: Deployment, fake_anthropic: FakeAnthropic
 ) -> None:
     deployment.env.update(fake_anthropic.env(), DIGEST_CONCURRENCY="1")
-    budget = "0.0005"
+    budget = "0.0055"  # one call reserves ~$0.0052 (max_tokens at the output price), costs less
 
     stopped = deployment.cli("run", RUN, env={"DIGEST_MAX_COST_USD": budget})
 
     assert stopped.returncode == 1
     [line] = stopped.stderr.splitlines()
     found = re.fullmatch(
-        rf"failed: run digest:{RUN} has spent \$(\d\.\d{{4}}) of its \$0\.0005 budget "
-        rf"\(DIGEST_MAX_COST_USD\) and stopped before (summarize:i\d); nothing was sent: raise "
-        rf"the budget, then `digest retry {RUN}`",
+        rf"failed: run digest:{RUN} has spent \$(\d\.\d{{4}}) of its \$0\.0055 budget "
+        rf"\(DIGEST_MAX_COST_USD\) and stopped before (summarize:(i\d)); nothing was sent: "
+        rf"raise the budget, then `digest retry {RUN}`",
         line,
     )
     assert found, line
@@ -96,7 +100,13 @@ def test_a_run_over_budget_stops_before_its_next_call_and_resumes_at_no_extra_co
     assert view.status == "failed"
     assert fake_anthropic.calls == len(costs) >= 1  # no call was made past the budget
     assert found.group(1) == f"{sum(costs):.4f}"
-    assert sum(costs) + max(costs) > float(budget) >= sum(costs[:-1]) + max(costs[:-1], default=0)
+    [item] = [item for item in WEEK if item["id"] == found.group(3)]
+    prompt = summary_prompt(Item(item["id"], item["title"], item["body"]))
+    reserved = PriceTable.from_env({}).cost(
+        "claude-haiku-5-5", estimated_tokens(SUMMARY_SYSTEM, prompt), MAX_TOKENS
+    )
+    assert reserved is not None
+    assert sum(costs) <= float(budget) < sum(costs) + reserved
     assert view.step(found.group(2)) is None
     assert deployment.outbox() == []
 
@@ -110,3 +120,95 @@ def test_a_run_over_budget_stops_before_its_next_call_and_resumes_at_no_extra_co
     assert shown.rstrip().endswith(f"output tokens, ${sum(every):.4f}")
     runs = deployment.cli("runs").stdout
     assert f" {CALLS} calls ${sum(every):.4f}" in runs
+
+
+def test_cache_tokens_are_priced_as_writes_and_reads_of_the_input() -> None:
+    table = PriceTable.from_env({})
+    # The list prices' ratios: a cache write costs 1.25x the input, a read 0.1x.
+    assert table.cost("claude-haiku-5-5", 0, 0, cache_write=1_000_000) == pytest.approx(1.25)
+    assert table.cost("claude-haiku-5-5", 0, 0, cache_read=1_000_000) == pytest.approx(0.1)
+    own = PriceTable.from_env(
+        {"DIGEST_PRICES": '{"m": {"input": 1, "output": 2, "cache_write": 3, "cache_read": 4}}'}
+    )
+    assert own.cost("m", 1e6, 1e6, cache_write=1e6, cache_read=1e6) == pytest.approx(10.0)
+
+
+def test_a_dated_model_id_is_priced_as_its_alias() -> None:
+    table = PriceTable.from_env({})
+    assert table.cost("claude-haiku-5-5-20261001", 1_000_000, 0) == 1.0
+    assert table.cost("claude-haiku-5-5-latest", 1_000_000, 0) is None
+
+
+# A reply of a thousand words costs about what a call reserves (max_tokens 1024 at the output
+# price), so a budget of a few calls lets through exactly the calls that fit.
+LONG_REPLY = " ".join(["word"] * 1000)
+TIGHT_BUDGET = 0.012  # two haiku calls of ~$0.0051 each, not three
+
+
+@pytest.fixture
+def verbose_api(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAnthropic]:
+    with FakeAnthropic(reply=lambda request: LONG_REPLY) as server:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        yield server
+
+
+def spend(deployment: Deployment) -> list[float | None]:
+    """The recorded cost of every model call of the run, in step order."""
+    return [r.result.get("cost_usd") for r in deployment.view(RUN).steps if is_call(r.result)]
+
+
+@pytest.mark.slow
+def test_an_alias_answered_with_a_dated_id_is_priced_and_the_budget_holds(
+    deployment: Deployment, verbose_api: FakeAnthropic
+) -> None:
+    verbose_api.dated_models = {
+        "claude-haiku-5-5": "claude-haiku-5-5-20261001",
+        "claude-sonnet-5-5": "claude-sonnet-5-5-20261001",
+    }
+    deployment.env.update(verbose_api.env(), DIGEST_CONCURRENCY="1")
+
+    stopped = deployment.cli("run", RUN, env={"DIGEST_MAX_COST_USD": str(TIGHT_BUDGET)})
+
+    costs = spend(deployment)
+    assert None not in costs, costs  # priced as the alias asked for, never as free
+    assert stopped.returncode == 1, stopped.stdout + stopped.stderr
+    [line] = stopped.stderr.splitlines()
+    assert "budget (DIGEST_MAX_COST_USD) and stopped before summarize:i3" in line
+    assert verbose_api.calls == len(costs) == 2
+    assert sum(c or 0 for c in costs) <= TIGHT_BUDGET
+    assert deployment.outbox() == []
+
+
+@pytest.mark.slow
+def test_concurrent_calls_reserve_the_budget_and_cannot_all_pass(
+    deployment: Deployment, verbose_api: FakeAnthropic
+) -> None:
+    verbose_api.delay = 0.3  # three calls in flight together
+    deployment.env.update(verbose_api.env(), DIGEST_CONCURRENCY="3")
+
+    stopped = deployment.cli("run", RUN, env={"DIGEST_MAX_COST_USD": str(TIGHT_BUDGET)})
+
+    assert stopped.returncode == 1, stopped.stdout + stopped.stderr
+    costs = [c or 0.0 for c in spend(deployment)]
+    # The third call waited for the first two to settle, then found no room left.
+    assert verbose_api.calls == len(costs) == 2
+    assert sum(costs) <= TIGHT_BUDGET  # overshoot: none (the estimate covered each call)
+    assert "budget (DIGEST_MAX_COST_USD)" in stopped.stderr
+    assert deployment.outbox() == []
+
+
+@pytest.mark.slow
+def test_an_answer_from_a_model_with_no_price_fails_the_run_in_one_line(
+    deployment: Deployment, fake_anthropic: FakeAnthropic
+) -> None:
+    fake_anthropic.dated_models = {"claude-haiku-5-5": "claude-mystery-1"}
+    deployment.env.update(fake_anthropic.env(), DIGEST_CONCURRENCY="1")
+
+    failed = deployment.cli("run", RUN, env={"DIGEST_MAX_COST_USD": "1"})
+
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    [line] = failed.stderr.splitlines()
+    assert "claude-mystery-1" in line and "has no price" in line and "DIGEST_PRICES" in line
+    assert fake_anthropic.calls == 1
+    assert deployment.outbox() == []

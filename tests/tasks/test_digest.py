@@ -462,7 +462,10 @@ def test_a_dry_run_sends_nothing_marks_nothing_and_leaves_no_journal(
     assert out.endswith("dry-run: 3 items, 4 model calls in this attempt\n")
     assert fake_anthropic.calls == 4
     assert digest.outbox() == []
-    assert digest.client.keys(f"{digest.prefix}:*") == []  # no journal, no seen set
+    # No journal, no seen set; only the model API's rate limits, learned for every run.
+    assert digest.client.keys(f"{digest.prefix}:*") == digest.client.keys(
+        f"{digest.prefix}:{{model-api:*}}:limits"
+    )
 
     assert main(["run", "w1"]) == 0
     out = capsys.readouterr().out

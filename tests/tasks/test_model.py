@@ -108,6 +108,19 @@ def test_summarize_sends_one_request_and_returns_text_and_usage(
     }
 
 
+def test_the_answers_model_and_cache_tokens_are_recorded_as_the_api_gave_them(
+    server: FakeAnthropic, model: AnthropicSummarizer
+) -> None:
+    server.dated_models = {"claude-haiku-5-5": "claude-haiku-5-5-20261001"}
+    server.cache_tokens = (30, 200)
+
+    completion = model.summarize(DARK)
+
+    assert completion.model == "claude-haiku-5-5-20261001"
+    assert (completion.cache_creation_input_tokens, completion.cache_read_input_tokens) == (30, 200)
+    assert Completion.from_json(completion.to_json()) == completion
+
+
 def test_compose_uses_the_intro_model_at_low_effort(
     server: FakeAnthropic, model: AnthropicSummarizer
 ) -> None:
