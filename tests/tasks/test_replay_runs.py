@@ -122,7 +122,7 @@ def test_a_dry_run_fork_prints_its_email_beside_the_runs_and_writes_nothing(
 ) -> None:
     assert deployment.cli("run", RUN).returncode == 0
     client = deployment.client()
-    before, outbox = everything(client), deployment.outbox()
+    before, size, outbox = everything(client), client.dbsize(), deployment.outbox()
     rewritten = FakeAnthropic(reply=lambda request: "A new opening, from a new prompt.").start()
     try:
         fork = deployment.cli("fork", RUN, "--from", "compose", "--dry-run", env=rewritten.env())
@@ -146,6 +146,7 @@ def test_a_dry_run_fork_prints_its_email_beside_the_runs_and_writes_nothing(
     )
     assert rewritten.calls == 1 and fake_anthropic.calls == 9
     assert everything(client) == before  # no scratch journal left, no claim, no seen item
+    assert client.dbsize() == size
     assert deployment.outbox() == outbox
 
 
