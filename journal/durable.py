@@ -80,14 +80,14 @@ def at_least_once_settings(*, visibility_timeout: float, task_time_limit: float)
 
 
 class _QuietRoutine(logging.Filter):
-    """Celery's "sending", "received" and "succeeded" lines of routine tasks, demoted to DEBUG.
+    """A worker's "received" and "succeeded" lines of routine tasks, demoted to DEBUG.
 
-    The due sweep runs every few seconds; at INFO its three lines a run (beat's and the
-    worker's) would bury the lines of the runs themselves. The sweep logs at INFO itself when
-    it enqueued something.
+    The due sweep runs every few seconds; at INFO its two lines a run would bury the lines of
+    the runs themselves. The sweep logs at INFO itself when it enqueued something. Beat's own
+    "Sending due task" line stays: beat's log is where an operator checks that it runs.
     """
 
-    LOGGERS = ("celery.beat", "celery.worker.strategy", "celery.app.trace")
+    LOGGERS = ("celery.worker.strategy", "celery.app.trace")
 
     def __init__(self) -> None:
         super().__init__()
@@ -113,13 +113,9 @@ class _QuietRoutine(logging.Filter):
 
     @staticmethod
     def _task(record: logging.LogRecord) -> object:
-        """The task a Celery line is about: in its ``data`` (worker), last argument (beat)."""
+        """The task a worker's line is about, named in the record's ``data``."""
         data = getattr(record, "data", None)
-        if isinstance(data, dict):
-            return data.get("name")
-        if isinstance(record.args, tuple) and record.args:
-            return record.args[-1]
-        return None
+        return data.get("name") if isinstance(data, dict) else None
 
 
 class Durable:

@@ -61,10 +61,11 @@ def test_a_cancel_while_the_email_is_in_data_is_refused_and_the_run_finishes(
     assert "email    being sent (the run finishes it)" in shown_meanwhile
     assert running.returncode == 0, out + err
     assert out.splitlines()[-1] == (
-        f"sent: 8 items, 9 model calls in this attempt, email sent (digest-{RUN})"
+        "sent: 8 items, 9 offline summaries (no model calls) in this attempt, "
+        f"email sent (digest-{RUN})"
     )
     shown = deployment.cli("show", RUN).stdout
-    assert "status   done\n" in shown
+    assert "status   done: sent: 8 items, email sent (digest-2026-w42)\n" in shown
     assert f"email    sent (digest-{RUN})" in shown
     assert "cancel" not in deployment.view(RUN).meta
 

@@ -108,7 +108,7 @@ def site(
 
 def ran(worker: Worker) -> list[str]:
     """The steps the worker's pool ran (not replayed), in order."""
-    return re.findall(r"ForkPoolWorker-\d+\] ran (\S+)$", worker.text(), re.MULTILINE)
+    return re.findall(r"ForkPoolWorker-\d+\] ran (\S+)(?: \[run=[^]]*\])?$", worker.text(), re.M)
 
 
 def blocked_in_brpop(site: Site, host: Host) -> bool:

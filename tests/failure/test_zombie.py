@@ -33,7 +33,9 @@ FOURTH_TITLE = "SSO for the Team plan"
 
 def steps_logged(worker: Worker) -> list[tuple[str, str]]:
     """(``ran`` | ``replayed``, step) for every step the worker's pool logged."""
-    return re.findall(r"ForkPoolWorker-\d+\] (ran|replayed) (\S+)$", worker.text(), re.MULTILINE)
+    return re.findall(
+        r"ForkPoolWorker-\d+\] (ran|replayed) (\S+)(?: \[run=[^]]*\])?$", worker.text(), re.M
+    )
 
 
 @pytest.mark.parametrize("woken_to", ["answer", "overloaded"])
