@@ -31,6 +31,7 @@ refuses any other ``format``, a ``version`` it does not know, and a step that is
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -207,17 +208,7 @@ def export(journal: Journal, workflow: str, run_id: str) -> Fixture:
     keys = journal.keys(workflow, run_id)
     args = frozen_args(keys, view.meta) or {}
     steps = tuple(
-        Record(
-            key=_masked(record.key),
-            result=_masked(record.result),
-            seq=record.seq,
-            attempt=record.attempt,
-            fence=record.fence,
-            started_at=record.started_at,
-            finished_at=record.finished_at,
-            kind=record.kind,
-            group=record.group,
-        )
+        dataclasses.replace(record, key=_masked(record.key), result=_masked(record.result))
         for record in view.steps
     )
     meta = {name: value for name, value in view.meta.items() if name not in NOT_EXPORTED}
