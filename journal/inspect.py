@@ -139,6 +139,10 @@ class RunRow:
         return Cursor(self.run, self.updated_ms)
 
 
+# The most runs one page of a listing holds: the CLI's and the console's bound alike.
+MAX_PAGE = 1000
+
+
 @dataclass(frozen=True)
 class Cursor:
     """Where a page of the listing ended: its last run and that run's place in the index.

@@ -30,7 +30,7 @@ from journal.errors import (
     RunParked,
     StoreEvicts,
 )
-from journal.inspect import STATES, Cursor, RunView, inspect_run, list_runs
+from journal.inspect import MAX_PAGE, STATES, Cursor, RunView, inspect_run, list_runs
 from journal.keys import validate_run_id
 from journal.preflight import Verdict, check_runs, unended_runs
 from journal.records import Record
@@ -68,9 +68,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _page_size(text: str) -> int:
-    """``--limit``: a whole number of runs from 1 to 1000."""
-    if not text.isdigit() or not 1 <= int(text) <= 1000:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of runs from 1 to 1000")
+    """``--limit``: a whole number of runs from 1 to ``MAX_PAGE``."""
+    if not text.isdigit() or not 1 <= int(text) <= MAX_PAGE:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of runs from 1 to {MAX_PAGE}")
     return int(text)
 
 

@@ -35,7 +35,16 @@ from flask import Flask, Response, abort, flash, redirect, render_template, requ
 
 from journal import fixture
 from journal.errors import ControlRefused, InvalidRunId, JournalError
-from journal.inspect import STATES, RunRow, RunView, inspect_run, list_runs, state_of
+from journal.inspect import (
+    MAX_PAGE,
+    STATES,
+    Cursor,
+    RunRow,
+    RunView,
+    inspect_run,
+    list_runs,
+    state_of,
+)
 from journal.keys import validate_run_id
 from journal.records import Record
 from journal.redact import redact
@@ -269,14 +278,26 @@ def create_app(runtime: Runtime, names: Names, *, token: str | None = None) -> F
     def runs() -> Any:
         wanted = request.args.get("status") or None
         if wanted is not None and wanted not in STATES:
-            abort(400)
+            return _refused(f"status {wanted!r} is none of: {', '.join(STATES)}")
+        limit = request.args.get("limit", "50")
+        if not limit.isdigit() or not 1 <= int(limit) <= MAX_PAGE:
+            return _refused(f"limit {limit!r} is not a number of runs from 1 to {MAX_PAGE}")
+        try:
+            before = Cursor.parse(request.args["before"]) if "before" in request.args else None
+        except ValueError as bad:
+            return _refused(f"before: {bad}; follow the page's own link to older runs")
         held = holdings(runtime)
-        rows = [
-            row_summary(row, held.get(row.run, 0))
-            for row in list_runs(journal, state=wanted, steps=True)
-        ]
+        # One row more than the page, to say whether older runs follow.
+        found = list_runs(journal, state=wanted, steps=True, limit=int(limit) + 1, before=before)
+        shown = found[: int(limit)]
+        older = None
+        if len(found) > len(shown):
+            older = url_for("runs", status=wanted, limit=limit, before=str(shown[-1].cursor))
+        rows = [row_summary(row, held.get(row.run, 0)) for row in shown]
         live = any(row["state"] in LIVE for row in rows)
-        page = render_template("runs.html", rows=rows, wanted=wanted)
+        page = render_template(
+            "runs.html", rows=rows, wanted=wanted, limit=limit, older=older, paged=before
+        )
         return _refreshing(page, live)
 
     @app.get("/metrics")
@@ -383,6 +404,11 @@ def create_app(runtime: Runtime, names: Names, *, token: str | None = None) -> F
 def _masked(email: Any) -> dict[str, str]:
     fields = email if isinstance(email, dict) else {}
     return {name: redact(str(fields.get(name, ""))) for name in ("to", "subject", "body")}
+
+
+def _refused(reason: str) -> Response:
+    """A request the console cannot answer, said in one line."""
+    return Response(f"digest console: {reason}\n", status=400, mimetype="text/plain")
 
 
 def _valid(run_id: str) -> None:

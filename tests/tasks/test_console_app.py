@@ -190,3 +190,31 @@ def test_a_runs_page_links_its_export_the_fixture_digest_export_writes(runtime: 
     fresh = export(runtime.journal, "digest", "w1")
     assert Fixture.loads(document).steps == fresh.steps and fresh.steps
     assert client.get("/runs/nobody/export").status_code == 404
+
+
+def test_the_runs_page_pages_through_every_run_once_newest_first(runtime: Runtime) -> None:
+    for n in range(5):
+        runtime.journal.execute("digest", f"w{n}", lambda run: run.step("select", lambda: n))
+    runtime.journal.execute("digest", "waits", hostile_run)
+    client = create_app(runtime, LOCAL).test_client()
+
+    seen: list[list[str]] = []
+    url: str | None = "/?status=done&limit=2"
+    while url is not None:
+        page = client.get(url).get_data(as_text=True)
+        seen.append(re.findall(r'<a href="/runs/([^"]+)">', page))
+        older = re.search(r'<a id="older" href="([^"]+)"', page)
+        url = older.group(1).replace("&amp;", "&") if older else None
+
+    assert seen == [["w4", "w3"], ["w2", "w1"], ["w0"]]
+    assert 'id="newest" href="/?status=done&amp;limit=2"' in page
+    for query, reason in [
+        ("limit=0", "limit '0' is not a number of runs from 1 to 1000"),
+        ("limit=x", "limit 'x' is not a number of runs from 1 to 1000"),
+        ("before=w1", "before: 'w1' is not a listing cursor (RUN@MILLISECONDS); follow"),
+        ("status=gone", "status 'gone' is none of:"),
+    ]:
+        answer = client.get("/?" + query)
+        assert answer.status_code == 400
+        assert answer.get_data(as_text=True).startswith("digest console: " + reason)
+        assert answer.get_data(as_text=True).count("\n") == 1

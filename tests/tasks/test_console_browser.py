@@ -120,6 +120,14 @@ def test_an_operator_steers_runs_from_the_console(
     assert "approval at signal:approval until" in page.locator("#runs").inner_text()
     page.screenshot(path=str(shots / "console-runs.png"), full_page=True)
 
+    # A page at a time: the older runs are a click away.
+    page.goto(base + "/?limit=2")
+    assert page.locator("#runs tbody tr td:first-child a").all_inner_texts() == weeks[:2]
+    page.click("#older")
+    assert page.locator("#runs tbody tr td:first-child a").all_inner_texts() == weeks[2:]
+    assert page.locator("#older").count() == 0
+    page.goto(base + "/")
+
     # Open a waiting run, read its draft, approve it: its email goes out.
     page.click("text=2026-w40")
     assert "Your weekly digest (2026-w40)" in page.locator("#approval pre").inner_text()
