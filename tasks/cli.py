@@ -306,12 +306,11 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
         print(_printable(text, newlines=True))
     held = [Held(**entry) for entry in result.get("held", [])]
     items = f"{result['items']} new items" if held else f"{result['items']} items"
-    calls = result["model_calls"]
-    # The offline summarizer calls no model: its completions are counted as what they are.
+    offline_made = result.get("offline_summaries", 0)
     made = (
-        f"{calls} offline summaries (no model calls)"
-        if offline is not None and offline.used
-        else f"{calls} model calls"
+        f"{offline_made} offline summaries (no model calls)"
+        if offline_made
+        else f"{result['model_calls']} model calls"
     )
     line = f"{result['status']}: {items}, {made} in this attempt{receipt_line(result)}"
     print(_printable("; ".join([line, *(entry.line() for entry in held)])))

@@ -26,12 +26,12 @@ from journal.workflow import workflow
 from tasks import faults
 from tasks.budget import Reservation
 from tasks.claims import Held, held_elsewhere, let_go
-from tasks.cost import UnpricedAnswer, alias_of
+from tasks.cost import OFFLINE_MODEL, UnpricedAnswer, alias_of
 from tasks.errors import EveryItemRefused, ItemRefused, ModelUnavailable
 from tasks.items import Item, load_items
 from tasks.keys import text
 from tasks.mail import Email, Receipt
-from tasks.model import MAX_TOKENS, Completion, is_transient, retry_after_seconds
+from tasks.model import MAX_TOKENS, Completion, Summarizer, is_transient, retry_after_seconds
 from tasks.prompts import (
     INTRO_PROMPT,
     INTRO_SYSTEM,
@@ -122,16 +122,26 @@ def typed_step(run: Run, key: str, recorded: Recorded[T], fn: Callable[[], T]) -
 
 
 class CallCounter:
-    """Model calls made in this attempt (replayed steps make none)."""
+    """Completions asked for in this attempt (replayed steps ask for none).
+
+    Attributes:
+        count: model calls, the API's to pay for.
+        offline: the offline summarizer's completions: free, and no model call, so the run's
+            result never counts them as calls.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.count = 0
+        self.offline = 0
 
-    def add(self) -> None:
-        """Count one call."""
+    def add(self, summarizer: Summarizer) -> None:
+        """Count one completion asked of ``summarizer``."""
         with self._lock:
-            self.count += 1
+            if summarizer.name == OFFLINE_MODEL:
+                self.offline += 1
+            else:
+                self.count += 1
 
 
 def model_retry_policy(runtime: Runtime) -> RetryPolicy:
@@ -327,7 +337,7 @@ def summarize(runtime: Runtime, run: Run, item: Item, calls: CallCounter) -> dic
     tokens = estimated_tokens(SUMMARY_SYSTEM, summary_prompt(item))
     estimate = runtime.budget.estimate(model, tokens, MAX_TOKENS)
     with runtime.budget.hold(run.keys, f"summarize:{item.id}", estimate) as reservation:
-        calls.add()
+        calls.add(runtime.summarizer)
         try:
             completion = runtime.summarizer.summarize(item)
         except ItemRefused as refused:
@@ -355,7 +365,7 @@ def compose(
         model, estimated_tokens(INTRO_SYSTEM, intro_prompt(kept)), MAX_TOKENS
     )
     with runtime.budget.hold(run.keys, "compose", estimate) as reservation:
-        calls.add()
+        calls.add(runtime.summarizer)
         completion = runtime.summarizer.compose(kept)
         return priced(runtime, run, completion, model, reservation, INTRO_PROMPT)
 
@@ -456,6 +466,8 @@ def report(
     nothing new because another run holds it all says so.
     """
     result: dict[str, Any] = {"status": status, "items": items, "model_calls": calls.count}
+    if calls.offline:
+        result["offline_summaries"] = calls.offline
     if skipped:
         result["skipped"] = skipped
     if receipt is not None:
