@@ -143,6 +143,17 @@ class RunRow:
 MAX_PAGE = 1000
 
 
+def page_size(text: str) -> int:
+    """A page size as an operator writes it (``--limit``, ``?limit=``).
+
+    Raises:
+        ValueError: ``text`` is not a whole number of runs from 1 to ``MAX_PAGE``.
+    """
+    if not text.isdigit() or not 1 <= int(text) <= MAX_PAGE:
+        raise ValueError(f"{text!r} is not a number of runs from 1 to {MAX_PAGE}")
+    return int(text)
+
+
 @dataclass(frozen=True)
 class Cursor:
     """Where a page of the listing ended: its last run and that run's place in the index.

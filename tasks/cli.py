@@ -30,7 +30,7 @@ from journal.errors import (
     RunParked,
     StoreEvicts,
 )
-from journal.inspect import MAX_PAGE, STATES, Cursor, RunView, inspect_run, list_runs
+from journal.inspect import STATES, Cursor, RunView, inspect_run, list_runs, page_size
 from journal.keys import validate_run_id
 from journal.preflight import Verdict, check_runs, unended_runs
 from journal.records import Record
@@ -68,10 +68,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _page_size(text: str) -> int:
-    """``--limit``: a whole number of runs from 1 to ``MAX_PAGE``."""
-    if not text.isdigit() or not 1 <= int(text) <= MAX_PAGE:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of runs from 1 to {MAX_PAGE}")
-    return int(text)
+    """``--limit``, as argparse reports a bad value."""
+    try:
+        return page_size(text)
+    except ValueError as bad:
+        raise argparse.ArgumentTypeError(str(bad)) from None
 
 
 def _parser() -> argparse.ArgumentParser:

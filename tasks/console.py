@@ -36,13 +36,13 @@ from flask import Flask, Response, abort, flash, redirect, render_template, requ
 from journal import fixture
 from journal.errors import ControlRefused, InvalidRunId, JournalError
 from journal.inspect import (
-    MAX_PAGE,
     STATES,
     Cursor,
     RunRow,
     RunView,
     inspect_run,
     list_runs,
+    page_size,
     state_of,
 )
 from journal.keys import validate_run_id
@@ -279,17 +279,18 @@ def create_app(runtime: Runtime, names: Names, *, token: str | None = None) -> F
         wanted = request.args.get("status") or None
         if wanted is not None and wanted not in STATES:
             return _refused(f"status {wanted!r} is none of: {', '.join(STATES)}")
-        limit = request.args.get("limit", "50")
-        if not limit.isdigit() or not 1 <= int(limit) <= MAX_PAGE:
-            return _refused(f"limit {limit!r} is not a number of runs from 1 to {MAX_PAGE}")
+        try:
+            limit = page_size(request.args.get("limit", "50"))
+        except ValueError as bad:
+            return _refused(f"limit {bad}")
         try:
             before = Cursor.parse(request.args["before"]) if "before" in request.args else None
         except ValueError as bad:
             return _refused(f"before: {bad}; follow the page's own link to older runs")
         held = holdings(runtime)
         # One row more than the page, to say whether older runs follow.
-        found = list_runs(journal, state=wanted, steps=True, limit=int(limit) + 1, before=before)
-        shown = found[: int(limit)]
+        found = list_runs(journal, state=wanted, steps=True, limit=limit + 1, before=before)
+        shown = found[:limit]
         older = None
         if len(found) > len(shown):
             older = url_for("runs", status=wanted, limit=limit, before=str(shown[-1].cursor))
