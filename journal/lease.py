@@ -328,8 +328,12 @@ class Heartbeat:
         asked = time.monotonic() if asked is None else asked
         status = self._lease.renew(self._holder)
         if status is Renewed.LOST:
-            self.lost.set()
             emit("renewal_failed", workflow=self._lease.keys.workflow)
+            with self._confirm_lock:  # the beat and a step boundary may find it at once
+                first = not self.lost.is_set()
+                self.lost.set()
+            if first:  # one line, whichever of them found it
+                log.error("lease on %s lost; the run stops at its next step", self._lease.keys.run)
             return False
         if status is Renewed.CANCEL_PENDING:
             self.cancelled.set()
@@ -347,6 +351,5 @@ class Heartbeat:
                 renewed = self._renew()
             if not renewed:
                 _BEATS.remove(self)
-                log.error("lease on %s lost; the run stops at its next step", self._lease.keys.run)
         except Exception:  # a blip must not kill the thread; the next beat retries
             log.warning("lease renewal for %s failed; retrying", self._lease.keys.run)

@@ -672,6 +672,24 @@ def test_ensure_renews_synchronously_when_the_beat_is_held_back(
     assert taken.renewals == 0
 
 
+def test_a_lost_lease_is_logged_once_whether_the_boundary_or_the_beat_finds_it(
+    make_journal: MakeJournal, keys: RunKeys, caplog: pytest.LogCaptureFixture
+) -> None:
+    journal = make_journal(lease_ttl=0.3)
+    held = lease(journal, 300)
+    grant = held.acquire(0)
+    taken = Heartbeat(held, grant.holder, time.monotonic() - 0.16)  # past half the TTL
+    journal.client.set(keys.lease, "2:winner")
+
+    with caplog.at_level(logging.ERROR, logger="journal.lease"):
+        with pytest.raises(LeaseLost):
+            taken.ensure()  # the step boundary's own renewal finds it first
+        taken.beat()  # then the beat: already lost, it says nothing more
+        lines = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+
+    assert lines == [f"lease on {keys.run} lost; the run stops at its next step"]
+
+
 def test_a_confirmation_dates_from_before_its_request_not_from_its_late_reply(
     shared_redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
