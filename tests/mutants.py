@@ -377,8 +377,8 @@ MUTANTS = (
     python(
         "lease",
         "a failed renewal is not marked lost",
-        "        if status is Renewed.LOST:\n            self.lost.set()\n",
-        "        if status is Renewed.LOST:\n",
+        "                first = not self.lost.is_set()\n                self.lost.set()\n",
+        "                first = not self.lost.is_set()\n",
     ),
     python("lease", "the beat skips its renewal", "renewed = self._renew()", "renewed = True"),
     python(
