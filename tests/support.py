@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -39,6 +39,22 @@ TITLES = [item["title"] for item in WEEK]
 JOURNAL = ["select", *(f"summarize:{item['id']}" for item in WEEK), "compose", "send"]
 JOURNAL += ["mark-seen", "done"]
 CALLS = len(WEEK) + 1  # one summary per item, then the opening paragraph
+
+
+def item_ordered(records: Iterable[Any]) -> list[str]:
+    """The recorded steps' keys, the summaries among them put in item order.
+
+    The map records each answer the moment it arrives, so the summaries' order in the journal
+    is the model's; every other step keeps its recorded place.
+    """
+    keys = [str(record.key) for record in records]
+    summaries = iter(
+        sorted(
+            (key for key in keys if key.startswith("summarize:")),
+            key=lambda key: JOURNAL.index(key) if key in JOURNAL else len(JOURNAL),
+        )
+    )
+    return [next(summaries) if key.startswith("summarize:") else key for key in keys]
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:

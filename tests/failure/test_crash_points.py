@@ -23,7 +23,7 @@ import pytest
 from tasks.keys import text
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.forked_cli import ForkedCli
-from tests.support import JOURNAL, TITLES, WEEK, Deployment, wait_until
+from tests.support import JOURNAL, TITLES, WEEK, Deployment, item_ordered, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -118,7 +118,7 @@ def test_crash_then_resume(
     assert seen_items(deployment) == set(ITEMS)
     view = deployment.view(run_id)
     assert view.status == "done"
-    assert [record.key for record in view.steps] == JOURNAL
+    assert item_ordered(view.steps) == JOURNAL
     assert [(r.key, r.fence, r.attempt) for r in view.steps] == [
         (key, 1 if key in recorded else 2, 1) for key in JOURNAL
     ]

@@ -25,7 +25,7 @@ import pytest
 
 from tests.failure.conftest import JOURNAL, RUN, fences, wait_for_status
 from tests.fakes.smtp import Inbox, start_server
-from tests.support import Deployment, as_text, wait_until
+from tests.support import Deployment, as_text, item_ordered, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +77,7 @@ def test_a_worker_frozen_inside_the_send_delivers_nothing_more(
     if phase != "EHLO":  # A's session reached RCPT before B's
         assert handler.recipients == ["team@example.com"] * 2
     view = deployment.view(RUN)
-    assert [record.key for record in view.steps] == JOURNAL
+    assert item_ordered(view.steps) == JOURNAL
     assert fences(deployment)["send"] == 2
     send = view.step("send")
     assert send is not None and send.result == {"id": f"digest-{RUN}", "sent": True}

@@ -41,7 +41,7 @@ from tests.failure.conftest import (
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.smtp import Inbox, LoopbackController
 from tests.hosts import Host, Network
-from tests.support import Deployment, ThrowawayValkeys, Worker
+from tests.support import Deployment, ThrowawayValkeys, Worker, item_ordered
 
 pytestmark = pytest.mark.slow
 
@@ -210,7 +210,7 @@ def test_a_worker_host_cut_off_mid_run_is_replaced_and_changes_nothing_when_back
     # It wrote nothing: the journal is byte for byte what the other holder left.
     assert client.hgetall(keys.steps) == journal_before_return
     view = deployment.view(RUN)
-    assert [step.key for step in view.steps] == JOURNAL
+    assert item_ordered(view.steps) == JOURNAL
     assert view.meta["fence"] == "2"
     written_before_cut = {step.key for step in view.steps if step.fence == 1}
     assert written_before_cut <= set(JOURNAL[: 1 + ITEMS])  # select and summaries, if any

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.support import JOURNAL, RUN, Deployment, wait_until
+from tests.support import JOURNAL, RUN, Deployment, item_ordered, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +52,7 @@ def test_poison_run_is_parked_then_retried_deliberately(
     assert worker.text().count("simulated crash at before-save:send") == 6
     assert len(deployment.outbox()) == 1
     assert fake_anthropic.calls == 9
-    assert [record.key for record in deployment.view(RUN).steps] == JOURNAL[:10]
+    assert item_ordered(deployment.view(RUN).steps) == JOURNAL[:10]
     assert client.zscore(deployment.runtime().journal.keyspace.due, f"digest:{RUN}") is None
     assert client.get(keys.lease) is None
 
@@ -89,6 +89,6 @@ def test_poison_run_is_parked_then_retried_deliberately(
     assert fake_anthropic.calls == 9
     view = deployment.view(RUN)
     assert view.status == "done"
-    assert [record.key for record in view.steps] == JOURNAL
+    assert item_ordered(view.steps) == JOURNAL
     assert "parked" not in view.meta
     assert view.meta["starts"] == "8"

@@ -21,7 +21,7 @@ import redis
 
 from journal.contrib.embedded import embedded_broker_url, valkey_server_binary
 from tests.fakes.gated import GatedFake
-from tests.support import JOURNAL, RUN, Deployment, wait_until
+from tests.support import JOURNAL, RUN, Deployment, item_ordered, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -132,7 +132,7 @@ def test_redis_killed_mid_run_then_restarted(
     assert fake.calls == 10  # nine, plus the fourth summary's answer that was never recorded
     assert fake.calls_for("SSO for the Team plan") == 3  # twice summarized, once in the opening
     view = deployment.view(RUN)
-    assert [record.key for record in view.steps] == JOURNAL
+    assert item_ordered(view.steps) == JOURNAL
     # Back-off while Redis was down: 1 s, then 2 s (each plus up to 20% jitter).
     countdowns = [
         float(c) for c in re.findall(r"retrying this delivery in ([\d.]+)s", worker.text())

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tasks.cost import is_call
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.support import CALLS, JOURNAL, Deployment, wait_until
+from tests.support import CALLS, JOURNAL, Deployment, item_ordered, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,7 @@ def test_a_prefork_workers_metrics_add_up_its_children_and_match_the_journal(
     wait_until(lambda: deployment.view(RUN).status == "done", 60, "the run to finish")
     assert worker.children() != children or "exited with exitcode 137" in worker.text()
     view = deployment.view(RUN)
-    assert [r.key for r in view.steps] == JOURNAL
+    assert item_ordered(view.steps) == JOURNAL
     calls = [r.result for r in view.steps if is_call(r.result)]
     metrics = scrape(port)
 
