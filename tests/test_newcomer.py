@@ -36,7 +36,8 @@ def index_unreachable() -> str | None:
     if index.scheme == "file":
         return None
     try:
-        socket.create_connection((index.hostname or "", index.port or 443), timeout=5).close()
+        port = index.port or (80 if index.scheme == "http" else 443)
+        socket.create_connection((index.hostname or "", port), timeout=5).close()
     except OSError as error:
         return f"a fresh clone installs from {index.hostname}, which does not answer ({error})"
     return None
