@@ -17,15 +17,16 @@ Resend's documented semantics, as far as a send needs them:
   progress is 409 ``concurrent_idempotent_requests``. Refused requests leave no entry.
 - Errors are ``{"statusCode": ..., "message": ..., "name": ...}``; a 200 is ``{"id": ...}``.
 
-Faults, each for the next POST only:
+Faults, each used once:
 
-- ``fail_next(status, name, message, retry_after=None)``: answered with that error before
-  anything else is checked; nothing is delivered.
-- ``freeze(seconds)``: the email is delivered and its key recorded, then the answer is held
-  ``seconds``: a slow provider, whose client times out though the email went out.
-- ``drop_next()``: the email is delivered, then the connection is closed without an answer.
-- ``stall_next(seconds)``: the request is held *before* it delivers, its key in progress, so a
-  request under the same key meanwhile gets 409 ``concurrent_idempotent_requests``.
+- ``fail_next(status, name, message, retry_after=None)``: the next POST is answered with that
+  error before anything else is checked; nothing is delivered.
+- ``freeze(seconds)``: the next POST that delivers an email records it and its key, then holds
+  the answer ``seconds``: a slow provider, whose client times out though the email went out.
+- ``drop_next()``: the next POST that delivers closes its connection without an answer.
+- ``stall_next(seconds)``: the next POST that would deliver is held *before* it does, its key in
+  progress, so a request under the same key meanwhile gets 409
+  ``concurrent_idempotent_requests``.
 
 Held answers are let go at once by ``stop()``, so a test never waits out a fault.
 """
