@@ -16,13 +16,14 @@ connection refused, DNS or TLS failure, no        ``MailUnavailable``         re
 connection in time (nothing left this process)
 400, 401, 403, 404, 405, 422 (refused as such)    ``MailFailed``              released
 409 ``invalid_idempotent_request``                ``MailFailed``              released
-read or write timeout, connection dropped         ``MailUnavailable``         kept
-409 ``concurrent_idempotent_requests``, 429, 5xx  ``MailUnavailable``         kept
-2xx without an id, any other status               ``MailFailed``              kept
+read or write timeout, connection dropped         ``MailUnavailable``         ambiguous
+409 ``concurrent_idempotent_requests``, 429, 5xx  ``MailUnavailable``         ambiguous
+2xx without an id, any other status               ``MailFailed``              ambiguous
 ================================================  ==========================  ================
 
-A kept claim is the conservative answer: the next holder waits for its timeout, then repeats
-the send under the same key, which Resend answers with the first id if the email did go out.
+An ambiguous claim (the failure came after ``effect.confirm()``, and the send did not release
+it) is the conservative answer: the retry repeats the send under the same key, which Resend
+answers with the first id if the email did go out.
 
 The payload is a pure function of the key, the email and the sender (no date, nothing random):
 Resend compares a repeat's payload with the first, and a different one is refused with 409
@@ -42,16 +43,15 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx2
 
 from journal.redact import MASK, redact
 from tasks.errors import BadInput, MailFailed, MailUnavailable
-from tasks.mail import MESSAGE_ID_DOMAIN, Email, Receipt, _check_key, _safe_token
+from tasks.mail import Email, Receipt, SendEffect, check_key, message_id, safe_token
 
 DEFAULT_BASE_URL = "https://api.resend.com"
 RESEND_TIMEOUT_S = 30.0
@@ -68,35 +68,6 @@ _QUOTA = frozenset({"daily_quota_exceeded", "monthly_quota_exceeded"})
 _MAX_WORDS = 300
 _EXAMPLE = f"for example {DEFAULT_BASE_URL}"
 _REPEAT = "the retry repeats it under the same Idempotency-Key, which Resend sends at most once"
-
-
-class SendEffect(Protocol):
-    """The members of ``journal.Effect`` a send calls.
-
-    ``journal.Effect`` gains ``last_moment`` on main; until then it is not one of these, and
-    this protocol is what ``send`` is typed with.
-    """
-
-    @property
-    def earlier(self) -> Mapping[str, Any] | None:
-        """The receipt an earlier holder saved: the email went out, do not send it again."""
-        ...
-
-    def confirm(self) -> None:
-        """A round trip proving the lease right before the act; raises if it is lost."""
-        ...
-
-    def last_moment(self) -> None:
-        """No I/O: raises if the claim's deadline has passed since ``confirm``."""
-        ...
-
-    def accepted(self, receipt: Mapping[str, Any]) -> None:
-        """Save the receipt right after the act."""
-        ...
-
-    def release(self) -> None:
-        """The act certainly did not happen: a later holder may act without waiting."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -172,16 +143,16 @@ class ResendMailer:
             MailFailed: Resend refused the email; the message says what to fix.
             LeaseLost: The run's lease or the effect's claim was lost before the request.
         """
-        _check_key(key)
+        check_key(key)
         if effect is not None and effect.earlier is not None:
             return Receipt(id=Receipt.from_json(effect.earlier).id, sent=False)
-        token = key if _HEADER_KEY.fullmatch(key) else _safe_token(key)
+        token = key if _HEADER_KEY.fullmatch(key) else safe_token(key)
         payload = {
             "from": self._sender,
             "to": [email.to],
             "subject": email.subject,
             "text": email.body,
-            "headers": {"Message-ID": f"<{_safe_token(key)}@{MESSAGE_ID_DOMAIN}>"},
+            "headers": {"Message-ID": message_id(key)},
         }
         if effect is not None:
             effect.confirm()

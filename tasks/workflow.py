@@ -222,10 +222,14 @@ def run_digest(
 
     # 4. The side effect, fenced: claimed, the lease confirmed right before delivery, the
     #    receipt saved right after; a repeat carries an idempotency key derived from the run.
+    #    A send that may have happened is repeated under its key only where the receiver
+    #    drops repeats (or the operator chose a second copy); otherwise the run waits for
+    #    `digest mark-sent` or `digest resend`.
     receipt = run.effect(
         "send",
         lambda effect: send(runtime, run.idempotency_key(), email, effect),
         timeout=runtime.mailer.timeout,
+        repeatable=runtime.mailer.deduplicates or config.ambiguous_send == "resend",
     )
 
     # 5. Remember what this digest covered. A set union: safe to repeat.

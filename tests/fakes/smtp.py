@@ -25,12 +25,19 @@ class Inbox:
         refuse: recipients answered with 550.
         login: the one (user, password) accepted; with it, pass ``authenticator=inbox.login``
             to ``start_server``.
+        dedup_header: as a deduplicating relay (Resend's, on ``Resend-Idempotency-Key``): a
+            message whose value of this header was seen before is answered 250 and dropped.
     """
 
     def __init__(
-        self, refuse: frozenset[str] = frozenset(), login: tuple[bytes, bytes] | None = None
+        self,
+        refuse: frozenset[str] = frozenset(),
+        login: tuple[bytes, bytes] | None = None,
+        dedup_header: str | None = None,
     ) -> None:
         self.refuse = refuse
+        self.dedup_header = dedup_header
+        self.dropped: list[EmailMessage] = []
         self.messages: list[EmailMessage] = []
         self.over_tls: list[bool] = []
         self.logins: list[tuple[bytes, bytes]] = []
@@ -91,6 +98,12 @@ class Inbox:
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         parsed = email.message_from_bytes(envelope.content, policy=email.policy.default)
         assert isinstance(parsed, EmailMessage)
+        header = self.dedup_header
+        key = None if header is None else parsed[header]
+        if header is not None and key is not None and any(m[header] == key for m in self.messages):
+            self.dropped.append(parsed)
+            await self._pause("DATA")
+            return "250 Message accepted for delivery"
         self.messages.append(parsed)
         # session.ssl is set by STARTTLS; an implicit TLS transport says so itself.
         implicit = server.transport.get_extra_info("ssl_object") is not None

@@ -36,6 +36,7 @@ class RecordingEffect:
 
     def __init__(self, earlier: Mapping[str, Any] | None = None, fail: str | None = None) -> None:
         self.earlier = earlier
+        self.confirmed = False
         self.calls: list[str] = []
         self.receipts: list[Any] = []
         self._fail = fail
@@ -47,6 +48,7 @@ class RecordingEffect:
 
     def confirm(self) -> None:
         self._call("confirm")
+        self.confirmed = True
 
     def last_moment(self) -> None:
         self._call("last_moment")
