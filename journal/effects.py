@@ -194,7 +194,8 @@ class Effect:
         try:
             self._settle("done", codec.dumps(receipt))
         except redis.RedisError as error:
-            raise ReceiptUnsaved(self._keys.run, self.key, receipt, str(error)) from None
+            cause = f"{type(error).__name__}: {_one_line(error)}"
+            raise ReceiptUnsaved(self._keys.run, self.key, receipt, cause) from None
 
     def ambiguous(self, detail: str) -> None:
         """The effect may have happened and nobody knows: never taken for "did not happen".
@@ -225,10 +226,8 @@ class Effect:
             self._keys, self._holder, self.key, self._fence, state, value
         )
         self.outcome = state
-        if status is Settled.NOT_THIS_CLAIM:
-            if state == "done":
-                raise self._lost(True, "could be settled")
-            return  # a decision or a later claim has it: what it says stands
+        if status is Settled.NOT_THIS_CLAIM:  # a later holder claimed it: this one is stale
+            raise self._lost(True, "could be settled")
         if status is Settled.SETTLED_WITHOUT_LEASE:
             # A run waiting on this claim (for its deadline, or for a decision) goes on now.
             self._backend.make_due(self._keys, millis(self._clock.now()))

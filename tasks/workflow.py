@@ -501,11 +501,24 @@ def email_state(view: RunView) -> str:
     if send is not None:
         return f"sent ({Receipt.from_json(send.result).id})"
     state = view.effects.get("send")
-    if state == "claimed":
+    if state in ("claimed", "resend"):
         return "being sent (the run finishes it)"
+    if state == "confirmed":
+        return "at the end of the message: it may be out (the run finishes it, or it waits)"
+    if state == "ambiguous":
+        why = view.effect_details.get("send", "")
+        return f"may have been sent ({why}); {decide_send(view.run.partition(':')[2])}"
     if state == "done":
         return "sent (the run finishes its bookkeeping)"
     return "not sent"
+
+
+def decide_send(run_id: str) -> str:
+    """The way out of a send that may have happened, in the operator's words."""
+    return (
+        f"check the recipient's mailbox, then `digest mark-sent {run_id}` (it arrived: the run "
+        f"finishes) or `digest resend {run_id}` (it did not: sent again, same Message-ID)"
+    )
 
 
 def _refusal(decision: SignalResult, digest: str) -> str | None:

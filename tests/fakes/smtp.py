@@ -15,7 +15,7 @@ from email.message import EmailMessage
 from typing import Any
 
 from aiosmtpd.controller import Controller
-from aiosmtpd.smtp import AuthResult, LoginPassword
+from aiosmtpd.smtp import SMTP, AuthResult, LoginPassword, syntax
 
 
 class Inbox:
@@ -49,8 +49,9 @@ class Inbox:
         """Hold the next session's reply at ``phase`` until released: (reached, release).
 
         ``EHLO``: the client is connected, its session not yet started; ``RCPT``: the
-        recipient is taken, DATA not yet begun; ``DATA``: the message is taken (it counts as
-        delivered), the client not yet told. Later sessions pass freely.
+        recipient is taken, DATA not yet begun; ``DATA-COMMAND``: the client asked to send the
+        content (it has confirmed its lease), not yet told to go on; ``DATA``: the message is
+        taken (it counts as delivered), the client not yet told. Later sessions pass freely.
         """
         held = (threading.Event(), threading.Event())
         self._holds[phase] = held
@@ -61,7 +62,7 @@ class Inbox:
         for _, release in self._holds.values():
             release.set()
 
-    async def _pause(self, phase: str) -> None:
+    async def pause(self, phase: str) -> None:
         held = self._holds.get(phase)
         if held is None or held[0].is_set():
             return
@@ -73,7 +74,7 @@ class Inbox:
     async def handle_EHLO(
         self, server: Any, session: Any, envelope: Any, hostname: str, responses: list[str]
     ) -> list[str]:
-        await self._pause("EHLO")
+        await self.pause("EHLO")
         session.host_name = hostname
         return responses
 
@@ -92,7 +93,7 @@ class Inbox:
             return "550 5.1.1 no such user"
         envelope.rcpt_tos.append(address)
         self.recipients.append(address)
-        await self._pause("RCPT")
+        await self.pause("RCPT")
         return "250 OK"
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
@@ -102,14 +103,25 @@ class Inbox:
         key = None if header is None else parsed[header]
         if header is not None and key is not None and any(m[header] == key for m in self.messages):
             self.dropped.append(parsed)
-            await self._pause("DATA")
+            await self.pause("DATA")
             return "250 Message accepted for delivery"
         self.messages.append(parsed)
         # session.ssl is set by STARTTLS; an implicit TLS transport says so itself.
         implicit = server.transport.get_extra_info("ssl_object") is not None
         self.over_tls.append(session.ssl is not None or implicit)
-        await self._pause("DATA")
+        await self.pause("DATA")
         return "250 Message accepted for delivery"
+
+
+class _HoldingSMTP(SMTP):
+    """aiosmtpd's session, able to hold its answer to the DATA command itself."""
+
+    @syntax("DATA")
+    async def smtp_DATA(self, arg: str) -> None:
+        handler = self.event_handler
+        if isinstance(handler, Inbox):
+            await handler.pause("DATA-COMMAND")
+        await super().smtp_DATA(arg)
 
 
 class LoopbackController(Controller):
@@ -121,6 +133,9 @@ class LoopbackController(Controller):
     def __init__(self, *args: Any, sock: socket.socket | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._sock = sock
+
+    def factory(self) -> SMTP:
+        return _HoldingSMTP(self.handler, **self.SMTP_kwargs)
 
     def _create_server(self) -> Any:
         if self._sock is None:
