@@ -501,10 +501,8 @@ def email_state(view: RunView) -> str:
     if send is not None:
         return f"sent ({Receipt.from_json(send.result).id})"
     state = view.effects.get("send")
-    if state in ("claimed", "resend"):
+    if state in ("claimed", "confirmed", "resend"):
         return "being sent (the run finishes it)"
-    if state == "confirmed":
-        return "at the end of the message: it may be out (the run finishes it, or it waits)"
     if state == "ambiguous":
         why = view.effect_details.get("send", "")
         return f"may have been sent ({why}); {decide_send(view.run.partition(':')[2])}"
