@@ -36,6 +36,7 @@ from journal.keys import validate_run_id
 from journal.preflight import Verdict, check_runs, unended_runs
 from journal.records import Record
 from journal.redact import redact, redact_logging
+from journal.waits import Wait
 from tasks import control
 from tasks.claims import MAYBE_SENT, STUCK, Held, holdings
 from tasks.config import Config, parse_duration
@@ -652,7 +653,15 @@ def _usage(value: Any) -> str:
 
 
 def _fate(meta: dict[str, str]) -> str:
-    """What becomes of a run that failed for a transient cause: its next retry, or none."""
+    """What becomes of a run that failed, or waits on an operator.
+
+    A run that failed for a transient cause: its next retry, or none; one whose email may have
+    been sent: the decision it waits for.
+    """
+    wait = meta.get("wait")
+    deciding = wait and Wait.from_meta(meta.get("run_id", "?"), wait).kind == "decision"
+    if meta.get("status") == "waiting" and deciding:
+        return "(its email may have been sent: digest mark-sent or digest resend decides)"
     failures = meta.get("failures", "?")
     if meta.get("status") == "retrying":
         return (

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -85,6 +86,8 @@ def test_a_late_answer_to_the_end_of_data_keeps_its_items_and_is_emailed_once(
         assert "release" not in later.stdout
     shown = deployment.cli("show", RUN).stdout
     assert f"may have been sent (SMTP {where} did not answer" in shown
+    listed = deployment.cli("runs").stdout
+    assert "(its email may have been sent: digest mark-sent or digest resend decides)" in listed
     assert "waiting  for a decision on send: mark-sent or resend" in shown
 
     marked = deployment.cli("mark-sent", RUN)
@@ -223,3 +226,33 @@ def test_a_relay_that_drops_repeats_of_its_header_delivers_once(deployment: Depl
         handler.release_all()
         controller.stop()
     print("deduplicating relay: 1 delivery for 2 sends")
+
+
+def test_a_failed_run_whose_email_may_be_out_is_never_purged_from_under_its_items(
+    deployment: Deployment, inbox: tuple[Inbox, str]
+) -> None:
+    handler, url = inbox
+    deployment.env.update(
+        DIGEST_SMTP_URL=url,
+        DIGEST_SMTP_TIMEOUT="1",
+        DIGEST_AMBIGUOUS_SEND="resend",  # repeated, not waited on: the run can fail for good
+        DIGEST_GIVE_UP_AFTER="0",
+        DIGEST_OFFLINE="1",
+    )
+    _, answer = handler.hold("DATA")
+    failed = deployment.cli("run", RUN)
+    answer.set()
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    view = deployment.view(RUN)
+    assert (view.status, view.effects) == ("failed", {"send": "ambiguous"})
+
+    time.sleep(1.1)  # older than the purge's cutoff
+    purged = deployment.cli("purge", "--older-than", "1s")
+    assert purged.returncode == 0, purged.stdout + purged.stderr
+    assert f"digest:{RUN}" not in purged.stdout
+    assert deployment.view(RUN).status == "failed"  # kept, with its claims and its send
+
+    later = deployment.cli("run", "2026-w43")
+    assert later.stdout.splitlines()[-1].startswith("nothing-new: 0 new items")
+    assert [m["Message-ID"] for m in handler.messages] == [MESSAGE_ID]
+    print("a failed run whose email may be out, purged: kept; 1 email (the old code: 2)")
