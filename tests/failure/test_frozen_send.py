@@ -27,26 +27,16 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from tests.failure.conftest import JOURNAL, RUN, fences, wait_for_status
-from tests.fakes.smtp import Inbox, start_server
+from tests.fakes.smtp import Inbox
 from tests.support import Deployment, as_text, item_ordered, wait_until
 
 pytestmark = pytest.mark.slow
 
 CLAIM_TIMEOUT = 8.0  # more than B's start and A's lease: B must wait for A's claim
-
-
-@pytest.fixture
-def inbox() -> Iterator[tuple[Inbox, str]]:
-    handler = Inbox()
-    controller = start_server(handler)
-    yield handler, f"smtp://127.0.0.1:{controller.port}"
-    handler.release_all()
-    controller.stop()
 
 
 @pytest.mark.parametrize("phase", ["EHLO", "RCPT", "DATA-COMMAND", "DATA"])

@@ -21,7 +21,6 @@ from __future__ import annotations
 import re
 import subprocess
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -37,15 +36,6 @@ DECIDE = (
     f"check the recipient's mailbox, then `digest mark-sent {RUN}` (it arrived: the run "
     f"finishes) or `digest resend {RUN}` (it did not: sent again, same Message-ID)"
 )
-
-
-@pytest.fixture
-def inbox() -> Iterator[tuple[Inbox, str]]:
-    handler = Inbox()
-    controller = start_server(handler)
-    yield handler, f"smtp://127.0.0.1:{controller.port}"
-    handler.release_all()
-    controller.stop()
 
 
 def test_a_late_answer_to_the_end_of_data_keeps_its_items_and_is_emailed_once(

@@ -11,9 +11,11 @@ import email
 import email.policy
 import socket
 import threading
+from collections.abc import Iterator
 from email.message import EmailMessage
 from typing import Any
 
+import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, AuthResult, LoginPassword, syntax
 
@@ -154,3 +156,13 @@ def start_server(inbox: Inbox, **kwargs: Any) -> LoopbackController:
     controller = LoopbackController(inbox, hostname="127.0.0.1", port=0, **kwargs)
     controller.start()
     return controller
+
+
+@pytest.fixture
+def inbox() -> Iterator[tuple[Inbox, str]]:
+    """A real SMTP server on loopback and its URL; it refuses ``nobody@example.com``."""
+    handler = Inbox(refuse=frozenset({"nobody@example.com"}))
+    controller = start_server(handler)
+    yield handler, f"smtp://127.0.0.1:{controller.port}"
+    handler.release_all()
+    controller.stop()

@@ -1,6 +1,5 @@
 import json
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,14 +14,6 @@ from tests.fakes.smtp import Inbox, start_server
 from tests.support import HeldPort
 
 DIGEST = Email(to="team@example.com", subject="Your weekly digest (2026-w42)", body="Hello.\n")
-
-
-@pytest.fixture
-def inbox() -> Iterator[tuple[Inbox, str]]:
-    handler = Inbox(refuse=frozenset({"nobody@example.com"}))
-    controller = start_server(handler)
-    yield handler, f"smtp://127.0.0.1:{controller.port}"
-    controller.stop()
 
 
 def smtp_mailer(url: str) -> SmtpMailer:
