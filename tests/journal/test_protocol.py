@@ -493,6 +493,7 @@ def test_the_effect_scripts_answer_each_of_their_codes(journal: Journal, keys: R
     assert state() == b"1:0:ambiguous"
     assert claim(second.holder, 2, earlier="dead") == [4, 1, b"?"]  # no repeat unasked
     assert claim(second.holder, 2, repeatable="1") == [1, 1]  # where the receiver dedups
+    assert confirm(second.holder, 1) == -3  # fence 2's claim: no other fence confirms it
     assert settle(second.holder, 2, "ambiguous", b"no answer") == 1
     assert journal.client.hget(keys.effects, "send:detail") == b"no answer"
     assert decide("resend") == [1] and state() == b"2:0:resend"
