@@ -171,18 +171,44 @@ class EffectClaimed(IntEnum):
     """How ``effect_claim.lua`` answered."""
 
     CLAIMED = 1
+    DONE_EARLIER = 2
     CLAIMED_BY_EARLIER = 3
+    AMBIGUOUS = 4
     LEASE_EXPIRED = -1
     FENCED = -2
+
+
+class Confirmed(IntEnum):
+    """How ``effect_confirm.lua`` answered."""
+
+    CONFIRMED = 1
+    LEASE_EXPIRED = -1
+    FENCED = -2
+    NOT_THIS_CLAIM = -3
 
 
 class Settled(IntEnum):
     """How ``effect_settle.lua`` answered."""
 
     SETTLED = 1
-    LEASE_EXPIRED = -1
-    FENCED = -2
+    SETTLED_WITHOUT_LEASE = 2
     NOT_THIS_CLAIM = -3
+
+
+class Decided(IntEnum):
+    """How ``effect_decide.lua`` answered."""
+
+    NO_SUCH_EFFECT = 0
+    DECIDED = 1
+    NOT_AMBIGUOUS = 2
+
+
+class Purging(IntEnum):
+    """How ``purge.lua`` answered."""
+
+    KEPT = 0
+    DELETED = 1
+    EFFECT_UNSETTLED = 2
 
 
 def code(script: str, reply: object, codes: type[E]) -> E:
@@ -244,14 +270,44 @@ class OpenReply:
 
 
 @dataclass(frozen=True)
+class EffectTerms:
+    """What a claim asks of the store besides who claims.
+
+    Attributes:
+        claim_ms: how long the claim stands: the effect's timeout plus a margin for the
+            claimant's clock, which checks the timeout alone.
+        repeatable: the receiver drops a repeat of the effect's idempotency key, so an effect
+            that may have happened is repeated under it instead of waiting for a decision.
+        unknown: why the effect may have happened, should the claim find an earlier claimant
+            that confirmed and never settled (a line for the operator).
+    """
+
+    claim_ms: int
+    repeatable: bool
+    unknown: str
+
+
+@dataclass(frozen=True)
 class EffectClaim:
-    """``effect_claim.lua``'s reply: a claim, or how long an earlier claimant still has."""
+    """``effect_claim.lua``'s reply: a claim, an earlier receipt, a wait, or an unknown.
+
+    Attributes:
+        status: what happened.
+        resumed: claimed, and an earlier claimant may have acted.
+        receipt: the receipt an earlier claimant saved (``DONE_EARLIER``).
+        remaining_ms, process, deadline: an earlier claimant that may still act, its
+            identity and its claim's deadline as stored (``CLAIMED_BY_EARLIER``).
+        fence, detail: the claimant that may have acted and why (``AMBIGUOUS``).
+    """
 
     status: EffectClaimed
     resumed: bool = False
     receipt: bytes = b""
     remaining_ms: int = 0
     process: bytes = b""
+    deadline: str = ""
+    fence: int = 0
+    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -267,10 +323,10 @@ class Snapshot:
 
 
 class StepStore(Protocol):
-    """What a run in progress sends to its store: records, a signal's lookup, effect claims.
+    """What a run in progress sends to its store: records, a signal's lookup, effects, wake-ups.
 
     ``RedisBackend`` is the store of every real run; ``journal.rehearsal`` keeps a run in
-    memory behind the same four calls, to replay recorded steps with no server at all.
+    memory behind the same calls, to replay recorded steps with no server at all.
     """
 
     def record(
@@ -289,17 +345,25 @@ class StepStore(Protocol):
         holder: str,
         effect: str,
         fence: int,
-        timeout_ms: int,
         process: str,
-        proved_dead: bool,
+        earlier: str,
+        terms: EffectTerms,
     ) -> EffectClaim:
         """Claim ``effect`` for this fence before it is performed."""
+        ...
+
+    def effect_confirm(self, keys: RunKeys, holder: str, effect: str, fence: int) -> Confirmed:
+        """Mark this fence's claim as at its irreversible moment."""
+        ...
+
+    def make_due(self, keys: RunKeys, at_ms: int) -> None:
+        """Put the run in the due index at ``at_ms`` (now, for a wake-up)."""
         ...
 
     def effect_settle(
         self, keys: RunKeys, holder: str, effect: str, fence: int, state: str, receipt: bytes
     ) -> Settled:
-        """Settle this fence's claim: ``done`` with its receipt, or ``released``."""
+        """Settle this fence's claim: ``done``, ``released`` or ``ambiguous``."""
         ...
 
 
@@ -578,30 +642,62 @@ class RedisBackend:
         holder: str,
         effect: str,
         fence: int,
-        timeout_ms: int,
         process: str,
-        proved_dead: bool,
+        earlier: str,
+        terms: EffectTerms,
     ) -> EffectClaim:
         """Claim ``effect`` for this fence, unless an earlier claimant may still be acting."""
         reply = self.scripts.effect_claim(
             keys=[keys.lease, keys.effects],
-            args=[holder, effect, fence, timeout_ms, process, "1" if proved_dead else ""],
+            args=[
+                holder,
+                effect,
+                fence,
+                terms.claim_ms,
+                process,
+                earlier,
+                "1" if terms.repeatable else "",
+                terms.unknown,
+            ],
         )
         status = code("effect_claim", reply, EffectClaimed)
         if status is EffectClaimed.CLAIMED:
-            return EffectClaim(status, resumed=bool(reply[1]), receipt=reply[2] or b"")
+            return EffectClaim(status, resumed=bool(reply[1]))
+        if status is EffectClaimed.DONE_EARLIER:
+            return EffectClaim(status, receipt=reply[1] or b"")
         if status is EffectClaimed.CLAIMED_BY_EARLIER:
-            return EffectClaim(status, remaining_ms=int(reply[1]), process=reply[2])
+            return EffectClaim(
+                status, remaining_ms=int(reply[1]), process=reply[2], deadline=_text(reply[3])
+            )
+        if status is EffectClaimed.AMBIGUOUS:
+            return EffectClaim(status, fence=int(reply[1]), detail=_text(reply[2]))
         return EffectClaim(status)
+
+    def effect_confirm(self, keys: RunKeys, holder: str, effect: str, fence: int) -> Confirmed:
+        """Mark this fence's claim as at its irreversible moment, if it still holds the lease."""
+        reply = self.scripts.effect_confirm(
+            keys=[keys.lease, keys.effects], args=[holder, effect, fence]
+        )
+        return code("effect_confirm", reply, Confirmed)
 
     def effect_settle(
         self, keys: RunKeys, holder: str, effect: str, fence: int, state: str, receipt: bytes
     ) -> Settled:
-        """Settle this fence's claim: ``done`` with its receipt, or ``released``."""
+        """Settle this fence's claim: ``done``, ``released`` or ``ambiguous``."""
         reply = self.scripts.effect_settle(
             keys=[keys.lease, keys.effects], args=[holder, effect, fence, state, receipt]
         )
         return code("effect_settle", reply, Settled)
+
+    def effect_decide(
+        self, keys: RunKeys, effect: str, decision: str, receipt: bytes
+    ) -> tuple[Decided, str]:
+        """An operator's decision on an ambiguous effect; the state found when refused."""
+        reply = self.scripts.effect_decide(
+            keys=[keys.lease, keys.effects], args=[effect, decision, receipt]
+        )
+        status = code("effect_decide", reply, Decided)
+        return status, _text(reply[1]) if status is Decided.NOT_AMBIGUOUS else ""
 
     # -- signals and the due index ----------------------------------------------------------
 
@@ -668,6 +764,10 @@ class RedisBackend:
         meta, steps, holder, ttl, signals, effects = pipe.execute()
         return Snapshot(meta, steps, holder, int(ttl), signals, effects)
 
+    def effects(self, keys: RunKeys) -> dict[bytes, bytes]:
+        """The run's effects hash (see ``effect_claim.lua``)."""
+        return cast(dict[bytes, bytes], self.client.hgetall(keys.effects))
+
     def journal(self, keys: RunKeys) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
         """The run's meta and steps hashes, read together in one MULTI."""
         pipe = self.client.pipeline(transaction=True)
@@ -711,23 +811,27 @@ class RedisBackend:
 
     def purge(
         self, keys: RunKeys, updated_at: str, listed_at: float, statuses: Iterable[str]
-    ) -> bool:
-        """Delete an ended run's keys if it is unheld and unchanged, then unlist it.
+    ) -> Purging:
+        """Delete an ended run's keys if it is unheld, unchanged and settled, then unlist it.
 
         Two scripts, because the indexes may sit in another cluster slot than the run: the
         first deletes the run only if nothing touched it since its ``updated_at`` was read; the
         second unlists it only if it is still listed at ``listed_at`` (not started again).
         """
-        others = [key for key in keys.all() if key not in (keys.meta, keys.lease)]
-        deleted = self.scripts.purge(
-            keys=[keys.meta, keys.lease, *others], args=[updated_at, *statuses]
+        others = [key for key in keys.all() if key not in (keys.meta, keys.lease, keys.effects)]
+        deleted = code(
+            "purge",
+            self.scripts.purge(
+                keys=[keys.meta, keys.lease, keys.effects, *others], args=[updated_at, *statuses]
+            ),
+            Purging,
         )
-        if not deleted:
-            return False
+        if deleted is not Purging.DELETED:
+            return deleted
         self.scripts.purge_index(
             keys=[keys.index.runs, keys.index.due], args=[keys.run, repr(listed_at)]
         )
-        return True
+        return deleted
 
     def metas(self, runs: Iterable[RunKeys], with_steps: bool) -> list[dict[bytes, bytes]]:
         """Each run's meta (and, when asked, steps right after it), in one pipelined trip."""

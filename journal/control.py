@@ -1,4 +1,4 @@
-"""What an operator does to a run from outside it: cancel, retry, fork, purge.
+"""What an operator does to a run from outside it: cancel, retry, decide, fork, purge.
 
 Generic: any workflow's runs, from a command line or a web page alike. None of these ever
 writes a step of a run another process holds: a cancel of a held run is a request that the
@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from journal.backend import Cancelling
+from journal import codec
+from journal.backend import Cancelling, Decided, Purging
 from journal.cancel import CANCEL_FIELD
 from journal.clock import millis
-from journal.errors import ControlRefused, EffectUnderway
+from journal.errors import ControlRefused, EffectUnderway, NothingToDecide
 from journal.keys import RunKeys
 from journal.records import decode_fields
 from journal.runner import decode_meta
@@ -80,6 +81,42 @@ def retry(journal: Journal, workflow: str, run_id: str) -> dict[str, Any]:
         raise ControlRefused(keys.run, f"it is {status or 'new'}; only a failed run can be retried")
     if meta.get("parked"):
         journal.reset(workflow, run_id)
+    return journal.run_args(keys)
+
+
+def decide(
+    journal: Journal,
+    workflow: str,
+    run_id: str,
+    effect: str,
+    *,
+    happened: bool,
+    receipt: Any = None,
+) -> dict[str, Any]:
+    """Settle an effect that may have happened: it did, or it is performed again.
+
+    ``happened`` says it did (``receipt`` then stands for its receipt); otherwise it is
+    performed again under its idempotency key.
+    Only an operator can know (the receiver's own records, a mailbox), so only an operator
+    decides; the run waits for it (``Run.effect``) and goes on at once, woken like a signal.
+
+    Returns:
+        The run's frozen arguments, for the caller to hand it to a worker.
+
+    Raises:
+        ControlRefused: the run does not exist.
+        NothingToDecide: the effect is not ambiguous: nothing was written.
+    """
+    keys = journal.keys(workflow, run_id)
+    if not journal.meta(keys):
+        raise ControlRefused(keys.run, "no such run")
+    decision = "done" if happened else "resend"
+    status, state = journal.call(
+        journal.backend.effect_decide, keys, effect, decision, codec.dumps(receipt)
+    )
+    if status is not Decided.DECIDED:
+        raise NothingToDecide(keys.run, effect, state)
+    journal.call(journal.backend.make_due, keys, millis(journal.clock.now()))
     return journal.run_args(keys)
 
 
@@ -175,8 +212,25 @@ def purge(journal: Journal, older_than: float, *, dry_run: bool = False) -> list
         status = meta.get("status", "")
         if status not in PURGEABLE or "updated_at" not in meta:
             continue
-        if dry_run or journal.call(
-            journal.backend.purge, keys, meta["updated_at"], score, PURGEABLE
+        if status != RunStatus.DONE and unsettled_effects(journal, keys):
+            continue  # it may have acted: its keys say so, and its claims must stay
+        if (
+            dry_run
+            or journal.call(journal.backend.purge, keys, meta["updated_at"], score, PURGEABLE)
+            is Purging.DELETED
         ):
             purged.append(Purged(keys.run, status))
     return purged
+
+
+def unsettled_effects(journal: Journal, keys: RunKeys) -> dict[str, str]:
+    """The run's effects not known to have not happened, by step key: their states.
+
+    A run that did not finish keeps them (and the purge keeps the run): whatever it claimed
+    for them elsewhere may be in use by what they did.
+    """
+    return {
+        effect: state
+        for effect, state in journal.effect_states(keys).items()
+        if state != "released"
+    }

@@ -31,6 +31,7 @@ from journal.errors import (
     JournalError,
     LeaseBusy,
     LeaseLost,
+    ReceiptUnsaved,
     RetryScheduled,
     RunParked,
     StoreUnavailable,
@@ -285,6 +286,11 @@ class Durable:
         except LeaseLost as lost:
             log.warning("%s", lost)
             return {"run": f"{name}:{run_id}", "status": "lease-lost", "error": str(lost)}
+        except ReceiptUnsaved as unsaved:
+            # It happened: no retry of this delivery may repeat it. The run stays due, and its
+            # next delivery, once the store takes writes, waits for a decision.
+            log.error("%s", unsaved)
+            return {"run": unsaved.run, "status": "receipt-unsaved", "error": str(unsaved)}
         except GaveUp as gave_up:
             redact_exception(gave_up)  # Celery stores it and its cause, as below
             log.error("%s", gave_up)  # the run's id and its last error, for whoever is paged

@@ -4,27 +4,32 @@ A fenced record stops a stale holder from *writing* a step, but an email, a paym
 webhook is not a write to Redis: a holder frozen (SIGSTOP, a GC pause, a paused VM) inside
 the step could wake after another took over and act again. ``Run.effect`` closes that:
 
-1. **Claim.** One script checks the lease and records "effect in progress by fence F, until
-   deadline D" (D = the server's time + the effect's timeout) before the effect starts.
-2. **Confirm.** Right before the irreversible moment (for SMTP: before DATA) the function
-   calls ``effect.confirm()``: the lease is renewed synchronously (its confirmation time taken
-   before the request) and the claim's timeout checked against a clock read before the claim
-   was sent. Lost or late, it raises ``LeaseLost`` and the effect is abandoned.
-3. **Receipt.** Right after it, ``effect.accepted(receipt)`` saves the receipt through a
-   fenced script; the step's record, also fenced, follows.
+1. **Claim.** One script checks the lease and records "effect claimed by fence F, until
+   deadline D" (D = the server's time + the effect's timeout + a margin) before it starts.
+2. **Confirm.** Right before the last step that can still be undone (for SMTP: before DATA)
+   the function calls ``effect.confirm()``: the lease is renewed synchronously and the claim
+   marked *confirmed*: from here on the effect may have happened. The claim's timeout is
+   checked against a clock read before the claim was sent.
+3. **Last moment.** At the very instant before the irreversible write (SMTP's end-of-data
+   marker) ``effect.last_moment()`` checks the timeout again, with no I/O: past it, the
+   function abandons the act, and a later holder that waited out D acts instead.
+4. **Settle.** ``effect.accepted(receipt)`` saves the receipt; a failure the function knows
+   happened before the act settles *released*; any failure after the confirmation settles
+   *ambiguous*: unknown is never taken for "did not happen".
 
-A new holder that finds an earlier fence's claim with no receipt waits until that claim's
-deadline has passed (the earlier holder's lease is already gone, or the new one could not
-hold it), or less when it can prove the claimant's process gone (``journal.holder``); then it
-claims again with ``resumed=True`` and performs the effect under the same idempotency key, so
-the receiver can recognise a repeat. A receipt saved by an earlier holder is handed over as
-``effect.earlier``: the effect happened, and the function should not act again.
+Only the claim's own fence settles it, with its lease or without: a holder frozen past its
+lease that wakes and finds it never acted says so, and one whose late answer shows the act
+went through saves the receipt. Either wakes the run.
 
-The guarantee: the effect's irreversible moment is passed by at most one holder per claim,
-and only while that holder's lease is confirmed and its claim is within its timeout. The one
-window left: a holder that passed ``confirm`` and then died or froze before ``accepted``
-(the SMTP server accepted DATA, the receipt never reached Redis) is repeated once by the next
-holder under the same idempotency key (the same ``Message-ID``).
+A new holder that finds an earlier fence's claim unsettled waits until its deadline (or less
+when it proves the claimant's process gone, ``journal.holder``). A *claimed* effect never
+reached its irreversible moment: it is claimed again. A *confirmed* one may have happened:
+it is *ambiguous*. An ambiguous effect is repeated under the same idempotency key only where
+the receiver drops repeats (``repeatable``); otherwise the run waits for an operator's
+decision (``journal.control.decide``: it happened, or repeat it).
+
+The window left: a pause between ``last_moment`` and the irreversible write itself, longer
+than the claim's margin, lets a later holder act too (see docs/guarantees.md).
 """
 
 from __future__ import annotations
@@ -37,8 +42,9 @@ from typing import Any
 import redis
 
 from journal import codec
-from journal.backend import EffectClaimed, Settled, StepStore
-from journal.errors import Fenced, LeaseLost
+from journal.backend import Confirmed, EffectClaimed, EffectTerms, Settled, StepStore
+from journal.clock import Clock, millis
+from journal.errors import EffectAmbiguous, EffectLate, Fenced, LeaseLost, ReceiptUnsaved
 from journal.events import emit
 from journal.holder import ProcessIdentity
 from journal.keys import RunKeys
@@ -46,17 +52,31 @@ from journal.lease import Guard
 
 log = logging.getLogger(__name__)
 
+# A claim stands this much longer in the store than its claimant allows itself: the
+# claimant's monotonic clock and the server's may run at slightly different rates.
+CLAIM_MARGIN_S = 1.0
+CLAIM_MARGIN_RATIO = 0.02
+
+
+def claim_ms(timeout: float) -> int:
+    """How long the store keeps a claim of ``timeout`` seconds: the timeout and its margin."""
+    return millis(timeout + max(CLAIM_MARGIN_S, timeout * CLAIM_MARGIN_RATIO))
+
 
 class Effect:
     """The handle an effect's function receives.
 
     Attributes:
+        run: the full run id.
         key: the effect's step key.
-        resumed: an earlier holder claimed this effect: it may have happened, so it must be
+        resumed: an earlier holder claimed this effect and may have acted, so it must be
             repeated only under the same idempotency key.
-        earlier: the receipt an earlier holder saved with ``accepted`` (the effect happened),
-            or None.
-        timeout: seconds after its claim within which the effect may pass ``confirm``.
+        earlier: the receipt an earlier holder saved (the effect happened: do not act), or None.
+        timeout: seconds after its claim within which the effect may pass ``last_moment``.
+        repeatable: the receiver drops a repeat of the idempotency key.
+        confirmed: ``confirm`` passed: from here on the effect may have happened.
+        outcome: how this holder settled the claim (``done``, ``released``, ``ambiguous``),
+            ``done`` when an earlier holder had, or None while it is open.
     """
 
     def __init__(
@@ -67,11 +87,15 @@ class Effect:
         holder: str,
         fence: int,
         guard: Guard,
+        clock: Clock,
         key: str,
         timeout: float,
+        repeatable: bool = False,
     ) -> None:
+        self.run = keys.run
         self.key = key
         self.timeout = timeout
+        self.repeatable = repeatable
         self.resumed = False
         self.earlier: Any = None
         self._backend = backend
@@ -79,93 +103,141 @@ class Effect:
         self._holder = holder
         self._fence = fence
         self._guard = guard
+        self._clock = clock
         self._claimed_at = 0.0
-        self._settled = False
+        self.confirmed = False
+        self.outcome: str | None = None
 
     def claim(self) -> None:
-        """Record "in progress by this fence"; wait out an earlier holder's live claim.
+        """Claim the effect, or learn that it happened; wait out an earlier live claimant.
+
+        The wait is on the run's clock: real time in a real run (the claimant's deadline is
+        the server's, and only real time moves it), a test's clock in a test.
 
         Raises:
+            EffectAmbiguous: an earlier claimant may have acted, and no repeat is allowed.
             LeaseLost: the lease was lost (``Fenced`` when another holder owns it).
         """
         me = ProcessIdentity.current()
-        proved_dead = False
+        terms = EffectTerms(
+            claim_ms(self.timeout),
+            self.repeatable,
+            f"an earlier holder stopped after confirming {self.key!r}, before saving its outcome",
+        )
+        earlier = ""
         while True:
             self._claimed_at = time.monotonic()  # before the request: a deadline never grows
             claim = self._backend.effect_claim(
-                self._keys,
-                self._holder,
-                self.key,
-                self._fence,
-                int(self.timeout * 1000),
-                me.encode(),
-                proved_dead,
+                self._keys, self._holder, self.key, self._fence, me.encode(), earlier, terms
             )
             if claim.status is EffectClaimed.CLAIMED:
                 self.resumed = claim.resumed
-                self.earlier = codec.loads(claim.receipt) if claim.receipt else None
                 return
+            if claim.status is EffectClaimed.DONE_EARLIER:
+                self.earlier = codec.loads(claim.receipt)
+                self.outcome = "done"
+                return
+            if claim.status is EffectClaimed.AMBIGUOUS:
+                raise EffectAmbiguous(self._keys.run, self.key, claim.detail)
             if claim.status is not EffectClaimed.CLAIMED_BY_EARLIER:
                 raise self._lost(claim.status is EffectClaimed.FENCED, "could be claimed")
             claimant = ProcessIdentity.decode(claim.process)
             if claimant is not None and claimant.provably_gone(me):
-                proved_dead = True
+                earlier = "dead"
                 continue
-            remaining = claim.remaining_ms / 1000
             log.info(
                 "run %s: effect %r was claimed by an earlier holder that may still act; "
                 "waiting %.1fs for its timeout",
                 self._keys.run,
                 self.key,
-                remaining,
+                claim.remaining_ms / 1000,
             )
-            # Real time, not the run's clock: the deadline is the server's, and only real
-            # time moves it.
-            time.sleep(remaining)
+            self._clock.sleep(claim.remaining_ms / 1000)
             self._guard.ensure()
+            earlier = claim.deadline  # waited out on this clock: the script may take it over
 
     def confirm(self) -> None:
-        """Call right before the irreversible moment; raises instead of letting it happen late.
+        """Call right before the last step that can still be undone: from here it may happen.
 
         Raises:
-            LeaseLost: the lease is gone, or the claim's timeout has passed: do not act.
+            EffectLate: the claim's timeout has passed: do not act.
+            LeaseLost: the lease is gone: do not act.
+            Cancelled: the run was cancelled before its effect: do not act.
         """
         asked = self._guard.confirm()
         if asked - self._claimed_at >= self.timeout:
-            raise LeaseLost(
-                self._keys.run,
-                f"effect {self.key!r} passed its {self.timeout:g}s timeout before it could act",
-            )
+            raise self._late()
+        status = self._backend.effect_confirm(self._keys, self._holder, self.key, self._fence)
+        if status is not Confirmed.CONFIRMED:
+            raise self._lost(status is not Confirmed.LEASE_EXPIRED, "could be confirmed")
+        self.confirmed = True
+
+    def last_moment(self) -> None:
+        """Call at the instant before the irreversible write: the timeout, checked with no I/O.
+
+        Raises:
+            EffectLate: the claim's timeout has passed: abandon the act (the function's
+                failure then settles the effect as not done).
+        """
+        if time.monotonic() - self._claimed_at >= self.timeout:
+            raise self._late()
 
     def accepted(self, receipt: Any) -> None:
-        """Call right after the irreversible moment: the receipt, through a fenced script.
+        """Call right after the irreversible moment: the receipt, through the claim's fence.
 
         Raises:
-            LeaseLost: the lease was lost meanwhile; the receipt was not saved.
+            ReceiptUnsaved: the store refused the write: the claim stays confirmed, so the
+                effect is not repeated unasked.
+            Fenced: a later holder had already claimed the effect again.
+            LeaseLost: the receipt is saved, but the lease was lost: the run stops here.
         """
-        self._settle("done", codec.dumps(receipt))
+        try:
+            self._settle("done", codec.dumps(receipt))
+        except redis.RedisError as error:
+            cause = f"{type(error).__name__}: {_one_line(error)}"
+            raise ReceiptUnsaved(self._keys.run, self.key, receipt, cause) from None
+
+    def ambiguous(self, detail: str) -> None:
+        """The effect may have happened and nobody knows: never taken for "did not happen".
+
+        Raises:
+            LeaseLost: settled, but the lease was lost meanwhile.
+        """
+        try:
+            self._settle("ambiguous", detail.encode())
+        except redis.RedisError:  # the claim stays confirmed, which reads the same
+            log.info("run %s: effect %r left confirmed", self._keys.run, self.key)
 
     def release(self) -> None:
-        """The function ended without finishing: this holder will not act on its claim again.
+        """The effect did not happen: this holder will not act on its claim again.
 
         Raises:
-            LeaseLost: the lease was lost meanwhile, so the claim stays: the next holder waits
-                for its timeout, which is what a holder that may still act deserves.
+            LeaseLost: released, but the lease was lost meanwhile.
         """
-        if self._settled:
-            return
         try:
             self._settle("released", b"")
-        except redis.RedisError:
+        except redis.RedisError:  # the claim stays: the next holder waits out its deadline
             log.info("run %s: effect %r left claimed", self._keys.run, self.key)
 
-    def _settle(self, state: str, receipt: bytes) -> None:
+    def _settle(self, state: str, value: bytes) -> None:
+        if self.outcome is not None:
+            return
         status = self._backend.effect_settle(
-            self._keys, self._holder, self.key, self._fence, state, receipt
+            self._keys, self._holder, self.key, self._fence, state, value
         )
-        if status is not Settled.SETTLED:
-            raise self._lost(status is not Settled.LEASE_EXPIRED, "could be settled")
-        self._settled = True
+        self.outcome = state
+        if status is Settled.NOT_THIS_CLAIM:  # a later holder claimed it: this one is stale
+            raise self._lost(True, "could be settled")
+        if status is Settled.SETTLED_WITHOUT_LEASE:
+            # A run waiting on this claim (for its deadline, or for a decision) goes on now.
+            self._backend.make_due(self._keys, millis(self._clock.now()))
+            raise LeaseLost(self._keys.run, f"the lease was lost while effect {self.key!r} ran")
+
+    def _late(self) -> EffectLate:
+        return EffectLate(
+            self._keys.run,
+            f"effect {self.key!r} passed its {self.timeout:g}s timeout before it could act",
+        )
 
     def _lost(self, fenced: bool, what: str) -> LeaseLost:
         if not fenced:
@@ -175,19 +247,37 @@ class Effect:
 
 
 def run_effect(effect: Effect, fn: Callable[[Effect], Any]) -> Any:
-    """Claim, call ``fn``, and release the claim if ``fn`` did not finish.
+    """Claim, call ``fn``, and settle what ``fn`` left open by what is known.
 
-    A failure of ``fn`` in a holder that has lost its lease is reported as the lease loss it
-    is (a frozen sender's socket times out when it wakes): the run stops without recording.
-    An interpreter exit (``SystemExit`` from a shutdown) leaves the claim: the process may be
-    mid-effect, so the next holder waits for the timeout or for proof the process is gone.
+    A failure before ``confirm`` settles the effect as not done; after it, as ambiguous
+    (unless ``fn`` settled it itself, or ``last_moment`` stopped it in time). A failure
+    after a settlement that says what happened is the failure it is. A failure of a
+    holder that has lost its lease is reported as the lease loss it is (a frozen sender's
+    socket times out when it wakes). An interpreter exit (``SystemExit`` from a shutdown)
+    settles nothing: the process may be mid-effect, so the next holder waits for the
+    deadline, or for proof the process is gone.
+
+    Raises:
+        EffectAmbiguous: the effect may have happened and is not ``repeatable``.
     """
     effect.claim()
     try:
         return fn(effect)
+    except ReceiptUnsaved:
+        raise  # it happened: the claim stays confirmed, which no holder repeats unasked
     except Exception as error:
+        known = isinstance(error, EffectLate) or not effect.confirmed
         try:
-            effect.release()
+            if known:
+                effect.release()
+            else:
+                effect.ambiguous(_one_line(error))
         except LeaseLost as lost:
             raise lost from error
-        raise
+        if effect.outcome != "ambiguous" or effect.repeatable or isinstance(error, LeaseLost):
+            raise
+        raise EffectAmbiguous(effect.run, effect.key, _one_line(error)) from error
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__

@@ -5,7 +5,10 @@
     ├── InvalidArguments      options the workflow's signature does not take, or of a wrong type
     ├── LeaseBusy             another live holder has the run; carries the time it has left
     ├── LeaseLost             our lease expired or was taken over; nothing more may be written
-    │   └── Fenced            a write was refused because a newer holder owns the run
+    │   ├── Fenced            a write was refused because a newer holder owns the run
+    │   └── EffectLate        an effect's claim ran out before its irreversible moment
+    ├── EffectAmbiguous       an effect may have happened, and may not be repeated unasked
+    ├── ReceiptUnsaved        an effect happened, and the store refused to record its receipt
     ├── ReplayMismatch        the code asks for a step the journal lacks while recorded ones wait
     ├── StepNotInFixture      a replay against a fixture reached a step the fixture lacks
     ├── BadFixture            a fixture document this version cannot read
@@ -15,7 +18,8 @@
     ├── RetryScheduled        the run failed for a transient cause; the due sweep retries it
     ├── GaveUp                transient failures outlasted the retry deadline: failed for good
     ├── ControlRefused        an operator's cancel, retry or fork does not apply to that run
-    │   └── EffectUnderway    a cancel refused: an effect of the run is claimed or done
+    │   ├── EffectUnderway    a cancel refused: an effect of the run is claimed or done
+    │   └── NothingToDecide   a decision on an effect that is not ambiguous
     ├── StoreUnavailable      Redis could not be reached
     ├── StoreUnsupported      the server lacks what a setting needs (WAITAOF for fsync_records)
     ├── StoreEvicts           the server deletes keys when its memory fills (maxmemory-policy)
@@ -119,6 +123,60 @@ class LeaseLost(JournalError):
 
 class Fenced(LeaseLost):
     """A newer holder owns the run: our write was refused by the fence check."""
+
+
+class EffectLate(LeaseLost):
+    """An effect's claim ran out before its irreversible moment: it must not happen now.
+
+    A later holder may already be performing it, having waited the claim out.
+    """
+
+
+class EffectAmbiguous(JournalError):
+    """An effect may have happened, and its receiver would not recognise a repeat.
+
+    Raised inside ``Run.effect``, which suspends the run until an operator decides
+    (``journal.control.decide``); it reaches a caller only from an effect outside a run.
+
+    Attributes:
+        effect: the effect's step key.
+        detail: why it may have happened (a line).
+    """
+
+    def __init__(self, run: str, effect: str, detail: str) -> None:
+        super().__init__(run, effect, detail)
+        self.run = run
+        self.effect = effect
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"run {self.run}: effect {self.effect!r} may have happened ({self.detail})"
+
+
+class ReceiptUnsaved(JournalError):
+    """An effect happened, and the store refused the write of its receipt.
+
+    Not a failure before the effect: its claim stays confirmed, so no later holder repeats
+    it unasked; the run waits for a decision once the store takes writes again.
+
+    Attributes:
+        effect: the effect's step key.
+        receipt: what the effect answered (JSON-ready).
+        cause: the store's refusal, as it said it.
+    """
+
+    def __init__(self, run: str, effect: str, receipt: object, cause: str) -> None:
+        super().__init__(run, effect, receipt, cause)
+        self.run = run
+        self.effect = effect
+        self.receipt = receipt
+        self.cause = redact(cause)
+
+    def __str__(self) -> str:
+        return (
+            f"run {self.run}: effect {self.effect!r} happened, but the store refused its "
+            f"receipt ({self.cause}); it will not be repeated unasked"
+        )
 
 
 class ReplayMismatch(JournalError):
@@ -291,11 +349,35 @@ class EffectUnderway(ControlRefused):
     """
 
     def __init__(self, run: str, effect: str, state: str) -> None:
-        happening = "is under way" if state == "claimed" else "has happened"
-        super().__init__(run, f"its effect {effect!r} {happening}; it will finish")
+        super().__init__(run, f"its effect {effect!r} {_effect_state(state)}")
         self.args = (run, effect, state)  # picklable: rebuilt from these
         self.effect = effect
         self.state = state
+
+
+class NothingToDecide(ControlRefused):
+    """A decision on an effect that is not ambiguous: done, not done, or still under way.
+
+    Attributes:
+        effect: the effect's step key.
+        state: what the effect is (``""`` when the run never claimed it).
+    """
+
+    def __init__(self, run: str, effect: str, state: str) -> None:
+        said = _effect_state(state) if state else "was never claimed"
+        super().__init__(run, f"its effect {effect!r} {said}; there is nothing to decide")
+        self.args = (run, effect, state)
+        self.effect = effect
+        self.state = state
+
+
+def _effect_state(state: str) -> str:
+    """An effect's stored state in words (``journal/lua/effect_claim.lua`` names them)."""
+    return {
+        "done": "has happened; it will finish",
+        "released": "did not happen",
+        "ambiguous": "may have happened; it waits for a decision",
+    }.get(state, "is under way; it will finish")
 
 
 class _StoreError(JournalError):

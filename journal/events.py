@@ -16,6 +16,8 @@ Events, their label and amount:
     ``takeover``         a provably dead holder's lease was taken over at once; label: ""
     ``fenced``           a write was refused because a newer holder owns the run; label: ""
     ``renewal_failed``   a lease renewal found the lease lost; label: ""
+    ``effect_ambiguous`` an effect may have happened and its run waits for a decision; label:
+                         its step name
 """
 
 from __future__ import annotations

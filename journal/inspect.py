@@ -9,7 +9,7 @@ from typing import Any
 
 from journal import codec
 from journal.cancel import CANCEL_FIELD
-from journal.records import Record, decode_journal, ordered
+from journal.records import Record, decode_effects, decode_journal, ordered
 from journal.runner import decode_meta
 from journal.status import RunStatus
 from journal.store import Journal
@@ -55,7 +55,10 @@ class RunView:
         lease_ttl_ms: the holder's remaining time, if any.
         wait: what a waiting run waits for.
         signals: signals delivered to the run, by name.
-        effects: each claimed effect's state (``claimed``, ``done``, ``released``), by name.
+        effects: each claimed effect's state, by name: ``claimed``, ``confirmed`` (at its
+            irreversible moment), ``done``, ``released``, ``ambiguous`` (it may have
+            happened: the run waits for a decision) or ``resend`` (decided: repeat it).
+        effect_details: why an ambiguous effect may have happened, by name.
     """
 
     run: str
@@ -66,6 +69,7 @@ class RunView:
     wait: Wait | None
     signals: dict[str, Any]
     effects: dict[str, str]
+    effect_details: dict[str, str]
 
     @property
     def status(self) -> str:
@@ -89,6 +93,7 @@ def inspect_run(journal: Journal, workflow: str, run_id: str) -> RunView:
     holder, ttl = seen.holder, seen.lease_ttl_ms
     meta = decode_meta(keys.run, seen.meta)
     wait = Wait.from_meta(keys.run, meta["wait"]) if meta.get("wait") else None
+    effects, details = decode_effects(seen.effects)
     return RunView(
         run=keys.run,
         meta=meta,
@@ -100,18 +105,9 @@ def inspect_run(journal: Journal, workflow: str, run_id: str) -> RunView:
             name: codec.loads_field(keys.run, f"signals.{name}", value)
             for name, value in ((k.decode(errors="replace"), v) for k, v in seen.signals.items())
         },
-        effects=_effect_states(seen.effects),
+        effects=effects,
+        effect_details=details,
     )
-
-
-def _effect_states(raw: dict[bytes, bytes]) -> dict[str, str]:
-    """``effect -> state`` from the effects hash (``<fence>:<deadline>:<state>``)."""
-    states = {}
-    for field, value in raw.items():
-        parts = value.decode(errors="replace").split(":")
-        if len(parts) == 3 and parts[0].isdigit():  # not a claimant's process or receipt
-            states[field.decode(errors="replace")] = parts[2]
-    return states
 
 
 @dataclass(frozen=True)

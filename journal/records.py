@@ -7,7 +7,7 @@ reading live together so the two can never disagree on a field.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,3 +121,21 @@ def decode_journal(run: str, raw: dict[bytes, bytes]) -> dict[str, Record]:
 def ordered(records: Iterable[Record]) -> list[Record]:
     """Records in the order they were written."""
     return sorted(records, key=lambda r: r.seq)
+
+
+def decode_effects(raw: Mapping[bytes, bytes]) -> tuple[dict[str, str], dict[str, str]]:
+    """The effects hash as ``(states, details)``, each by effect step key.
+
+    The hash holds ``KEY -> "<fence>:<deadline_ms>:<state>"`` (see ``effect_claim.lua``)
+    beside each claimant's process, receipt and, while it is ambiguous, why (``KEY:detail``).
+    """
+    states: dict[str, str] = {}
+    details: dict[str, str] = {}
+    for field, value in raw.items():
+        name, text = field.decode(errors="replace"), value.decode(errors="replace")
+        parts = text.split(":")
+        if len(parts) == 3 and parts[0].isdigit() and ":" not in name:
+            states[name] = parts[2]
+        elif name.endswith(":detail"):
+            details[name.removesuffix(":detail")] = text
+    return states, details

@@ -22,7 +22,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol, TypeVar
 
-from journal.backend import NO_WAIT, EffectClaim, Recorded, RecordWait, Settled
+from journal.backend import (
+    NO_WAIT,
+    Confirmed,
+    EffectClaim,
+    EffectTerms,
+    Recorded,
+    RecordWait,
+    Settled,
+)
 from journal.clock import Clock
 from journal.keys import Keyspace, RunKeys
 from journal.steps import Run, StepEvent, StepPolicy
@@ -118,12 +126,19 @@ class MemoryStore:
         holder: str,
         effect: str,
         fence: int,
-        timeout_ms: int,
         process: str,
-        proved_dead: bool,
+        earlier: str,
+        terms: EffectTerms,
     ) -> EffectClaim:
         """Refuse: a replay never performs an effect (the policy says how it refuses)."""
         self._policy.refuse_effect(effect)
+
+    def effect_confirm(self, keys: RunKeys, holder: str, effect: str, fence: int) -> Confirmed:
+        """Refuse, as ``effect_claim`` does: no claim of a replay ever stands."""
+        self._policy.refuse_effect(effect)
+
+    def make_due(self, keys: RunKeys, at_ms: int) -> None:
+        """Nothing to wake: a replay has no due index and no other holder."""
 
     def effect_settle(
         self, keys: RunKeys, holder: str, effect: str, fence: int, state: str, receipt: bytes

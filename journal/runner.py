@@ -8,6 +8,7 @@ closing transitions are the only status writes of a holder, each fenced.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from journal.errors import (
     GaveUp,
     JournalError,
     LeaseLost,
+    ReceiptUnsaved,
     RetryScheduled,
     RunParked,
     StoreUnavailable,
@@ -245,6 +247,14 @@ class Runner:
             return Outcome(keys.run, "cancelled", None, None, run.ran, run.replayed)
         except (LeaseLost, StoreUnavailable):
             heartbeat.stop()
+            raise
+        except ReceiptUnsaved:
+            # Past its irreversible moment: not the run's failure, and the store that refused
+            # the receipt would refuse the status too. The lease goes (a delete, which a full
+            # store still takes), so the next start, finding the effect confirmed, asks.
+            heartbeat.stop()
+            with contextlib.suppress(redis.RedisError):
+                self.backend.release(keys, holder)
             raise
         except (redis.ConnectionError, redis.TimeoutError) as down:
             # The store went away under a step: not the run's failure, and nothing could be

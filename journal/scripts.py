@@ -31,7 +31,9 @@ SCRIPT_NAMES = (
     "close",
     "claim_due",
     "effect_claim",
+    "effect_confirm",
     "effect_settle",
+    "effect_decide",
     "cancel",
     "purge",
     "purge_index",
@@ -103,7 +105,9 @@ class Scripts:
     close: Script
     claim_due: Script
     effect_claim: Script
+    effect_confirm: Script
     effect_settle: Script
+    effect_decide: Script
     cancel: Script
     purge: Script
     purge_index: Script

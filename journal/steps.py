@@ -22,6 +22,7 @@ from journal.backend import NO_WAIT, Recorded, RecordWait, StepStore
 from journal.clock import Clock, millis
 from journal.effects import Effect, run_effect
 from journal.errors import (
+    EffectAmbiguous,
     Fenced,
     LeaseLost,
 )
@@ -177,18 +178,28 @@ class Run:
             self._replay(key, recorded)
         return recorded["result"]  # type: ignore[no-any-return]
 
-    def effect(self, key: str, fn: Callable[[Effect], T], *, timeout: float) -> T:
+    def effect(
+        self, key: str, fn: Callable[[Effect], T], *, timeout: float, repeatable: bool = False
+    ) -> T:
         """A step that acts outside Redis, performed by at most one lease holder at a time.
 
-        ``fn(effect)`` must call ``effect.confirm()`` right before its irreversible moment and
-        should call ``effect.accepted(receipt)`` right after it; it must carry an idempotency
-        key (``run.idempotency_key(key)``) into the effect, because the one remaining window
-        (see ``journal.effects``) repeats it. ``timeout`` bounds how long after its claim the
-        effect may still pass ``confirm``; a later holder waits that long for a claimant that
-        may still be alive. Replay returns the recorded result without calling ``fn``.
+        ``fn(effect)`` must check ``effect.earlier`` (the effect happened already), call
+        ``effect.confirm()`` right before the last step that can still be undone and
+        ``effect.last_moment()`` at the instant before the irreversible write, and should call
+        ``effect.accepted(receipt)`` right after it; it must carry an idempotency key
+        (``run.idempotency_key(key)``) into the effect. ``timeout`` bounds how long after its
+        claim the effect may still pass ``last_moment``; a later holder waits that long for a
+        claimant that may still be alive. Replay returns the recorded result without calling
+        ``fn``.
+
+        An effect that may have happened (a failure after ``confirm``, or a claimant that
+        died after it) is repeated under the same key only when ``repeatable`` (the receiver
+        drops repeats of the key); otherwise the run suspends until an operator decides
+        (``journal.control.decide``) whether it happened.
 
         Raises:
             LeaseLost: the lease was lost before the claim, at ``confirm`` or at the record.
+            ReceiptUnsaved: it happened, and the store refused its receipt.
         """
         recorded = self._cursor.take(key)
         if recorded is not None:
@@ -201,10 +212,16 @@ class Run:
             holder=self.holder,
             fence=self.fence,
             guard=self._guard,
+            clock=self.clock,
             key=key,
             timeout=timeout,
+            repeatable=repeatable,
         )
-        result = run_effect(handle, fn)
+        try:
+            result = run_effect(handle, fn)
+        except EffectAmbiguous as unknown:
+            emit("effect_ambiguous", step_name(key), workflow=self.keys.workflow)
+            raise Suspend(Wait(kind="decision", step=key, reason=unknown.detail)) from None
         return self._record(key, result, 1, started, "effect", None)  # type: ignore[no-any-return]
 
     def map(

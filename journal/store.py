@@ -21,6 +21,7 @@ from journal.backend import RedisBackend
 from journal.clock import Clock, SystemClock, millis
 from journal.errors import Hints, StoreUnavailable
 from journal.keys import Keyspace, RunKeys
+from journal.records import decode_effects
 from journal.runner import Outcome, Runner, Settings, decode_meta, frozen_args
 from journal.scripts import Client
 from journal.status import RunStatus
@@ -65,6 +66,10 @@ class Journal:
     def meta(self, keys: RunKeys) -> dict[str, str]:
         """The run's meta hash, decoded."""
         return decode_meta(keys.run, self.call(self.backend.meta, keys))
+
+    def effect_states(self, keys: RunKeys) -> dict[str, str]:
+        """The run's effects by step key: their states (``journal.inspect.RunView.effects``)."""
+        return decode_effects(self.call(self.backend.effects, keys))[0]
 
     def execute(
         self,

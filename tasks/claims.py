@@ -19,6 +19,8 @@ from tasks.runtime import Runtime
 
 # A run in one of these may still send what it holds, but only if someone acts.
 STUCK = ("failed", "retrying")
+# A send in one of these may be in the recipient's mailbox, while no worker finishes it.
+MAYBE_SENT = ("ambiguous", "confirmed")
 
 
 @dataclass(frozen=True)
@@ -29,14 +31,25 @@ class Held:
     items: int
     status: str
     error: str = ""
+    send: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """As the run's report holds it."""
         return asdict(self)
 
     def line(self) -> str:
-        """``8 are held by digest:2026-w46 (failed: ...); digest retry 2026-w46 sends ...``."""
+        """``8 are held by digest:2026-w46 (failed: ...); digest retry 2026-w46 sends ...``.
+
+        A holder whose email may be out is never offered to ``release``: its items may be in
+        that email.
+        """
         run_id = self.run.partition(":")[2]
+        if self.send in MAYBE_SENT:
+            return (
+                f"{self.items} are held by {self.run} (its email may have been sent); check "
+                f"the recipient's mailbox, then digest mark-sent {run_id} or digest resend "
+                f"{run_id}"
+            )
         stuck = self.status in STUCK
         why = f"{self.status}: {self.error}" if stuck and self.error else self.status
         said = f"{self.items} are held by {self.run} ({why})"
@@ -65,8 +78,10 @@ def held_elsewhere(runtime: Runtime, owner: str) -> list[Held]:
         if run == owner:
             continue
         workflow, _, run_id = run.partition(":")
-        meta = runtime.journal.meta(runtime.journal.keys(workflow, run_id))
-        held.append(Held(run, count, meta.get("status", "new"), meta.get("last_error", "")))
+        keys = runtime.journal.keys(workflow, run_id)
+        meta = runtime.journal.meta(keys)
+        send = runtime.journal.effect_states(keys).get("send", "")
+        held.append(Held(run, count, meta.get("status", "new"), meta.get("last_error", ""), send))
     return held
 
 

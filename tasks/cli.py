@@ -27,6 +27,7 @@ from journal.errors import (
     InvalidRunId,
     JournalError,
     LeaseBusy,
+    ReceiptUnsaved,
     RunParked,
     StoreEvicts,
 )
@@ -35,8 +36,9 @@ from journal.keys import validate_run_id
 from journal.preflight import Verdict, check_runs, unended_runs
 from journal.records import Record
 from journal.redact import redact, redact_logging
+from journal.waits import Wait
 from tasks import control
-from tasks.claims import STUCK, Held, holdings
+from tasks.claims import MAYBE_SENT, STUCK, Held, holdings
 from tasks.config import Config, parse_duration
 from tasks.cost import dollars, is_call, usage_of
 from tasks.errors import BadInput, DigestError
@@ -49,6 +51,7 @@ from tasks.runtime import Runtime, use_runtime
 from tasks.schedule import iso_week_run_id
 from tasks.workflow import (
     DigestOptions,
+    decide_send,
     digest,
     draft_digest,
     email_state,
@@ -125,6 +128,14 @@ def _parser() -> argparse.ArgumentParser:
     retry.add_argument("run_id", help=RUN_ID_HELP)
     release = sub.add_parser("release", help="end a failed run; its items go to the next run")
     release.add_argument("run_id", help=RUN_ID_HELP)
+    marked = sub.add_parser(
+        "mark-sent", help="an email that may have been sent did arrive: the run finishes"
+    )
+    marked.add_argument("run_id", help=RUN_ID_HELP)
+    resend = sub.add_parser(
+        "resend", help="an email that may have been sent did not arrive: send it again"
+    )
+    resend.add_argument("run_id", help=RUN_ID_HELP)
     console = sub.add_parser("console", help="the web console: runs, steps, actions")
     console.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (this machine)")
     console.add_argument("--port", type=int, default=8765, help="default: 8765")
@@ -193,6 +204,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LeaseBusy as busy:
         print(f"digest: {busy}", file=sys.stderr)
         return EXIT_BUSY
+    except ReceiptUnsaved as unsaved:
+        run_id = unsaved.run.partition(":")[2]
+        print(
+            _printable(
+                f"failed: run {unsaved.run}: its email was delivered, but the store refused to "
+                f"record it ({redact(unsaved.cause)}); it will not be sent again: once the "
+                f"store takes writes, `digest run {run_id}` asks, and `digest mark-sent {run_id}` "
+                "finishes it"
+            ),
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
     except (DigestError, JournalError) as failure:
         print(f"failed: {_printable(redact(str(failure)))}", file=sys.stderr)
         return EXIT_FAILED
@@ -289,6 +312,14 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
         return EXIT_OK
     if outcome.status == "waiting":
         assert outcome.wait is not None
+        if outcome.wait.kind == "decision":
+            print(
+                _printable(
+                    f"waiting: the email may have been sent ({redact(outcome.wait.reason)}); "
+                    f"{decide_send(run_id)}"
+                )
+            )
+            return EXIT_OK
         until = _when(outcome.wait.until) if outcome.wait.until else "no time limit"
         print(
             f"waiting: {outcome.wait.kind} {outcome.wait.signal or outcome.wait.step} "
@@ -391,6 +422,20 @@ def cmd_release(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """End a failed run for good and hand the items it holds to the next run."""
     runtime = Runtime.build(config, allow_offline=True)
     print(control.release(runtime, run_id).line)
+    return EXIT_OK
+
+
+def cmd_mark_sent(config: Config, run_id: str, args: argparse.Namespace) -> int:
+    """Settle a send that may have happened as done; the run finishes its bookkeeping."""
+    runtime = Runtime.build(config, allow_offline=True)
+    print(control.mark_sent(runtime, run_id).line)
+    return EXIT_OK
+
+
+def cmd_resend(config: Config, run_id: str, args: argparse.Namespace) -> int:
+    """Settle a send that may have happened as not done; it is sent again."""
+    runtime = Runtime.build(config, allow_offline=True)
+    print(control.resend(runtime, run_id).line)
     return EXIT_OK
 
 
@@ -544,6 +589,8 @@ COMMANDS = {
     "cancel": cmd_cancel,
     "retry": cmd_retry,
     "release": cmd_release,
+    "mark-sent": cmd_mark_sent,
+    "resend": cmd_resend,
     "fork": cmd_fork,
     "export": cmd_export,
     "check-replay": cmd_check_replay,
@@ -606,7 +653,15 @@ def _usage(value: Any) -> str:
 
 
 def _fate(meta: dict[str, str]) -> str:
-    """What becomes of a run that failed for a transient cause: its next retry, or none."""
+    """What becomes of a run that failed, or waits on an operator.
+
+    A run that failed for a transient cause: its next retry, or none; one whose email may have
+    been sent: the decision it waits for.
+    """
+    wait = meta.get("wait")
+    deciding = wait and Wait.from_meta(meta.get("run_id", "?"), wait).kind == "decision"
+    if meta.get("status") == "waiting" and deciding:
+        return "(its email may have been sent: digest mark-sent or digest resend decides)"
     failures = meta.get("failures", "?")
     if meta.get("status") == "retrying":
         return (
@@ -647,7 +702,8 @@ def _render(view: RunView, held: int = 0, limits: Sequence[LimitState] = ()) -> 
     lines = [f"run      {view.run}", f"status   {status}"]
     if held:
         ways = ": digest retry sends them, digest release hands them on"
-        lines.append(f"holds    {held} items{ways if view.status in STUCK else ''}")
+        stuck = view.status in STUCK and view.effects.get("send") not in MAYBE_SENT
+        lines.append(f"holds    {held} items{ways if stuck else ''}")
     if meta.get("cancel"):
         lines.append(
             f"cancel   {meta['cancel']} (asked {_when(int(meta['cancel_requested_at']) / 1000)})"
@@ -668,7 +724,9 @@ def _render(view: RunView, held: int = 0, limits: Sequence[LimitState] = ()) -> 
     lines.append(f"email    {email_state(view)}")
     if meta.get("last_error"):
         lines.append(f"error    {_printable(meta['last_error'])}")
-    if view.wait is not None:
+    if view.wait is not None and view.wait.kind == "decision":
+        lines.append(f"waiting  for a decision on {view.wait.step}: mark-sent or resend")
+    elif view.wait is not None:
         until = _when(view.wait.until) if view.wait.until else "no limit"
         lines.append(
             f"waiting  {view.wait.kind} {view.wait.signal or view.wait.step} until {until}"

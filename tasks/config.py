@@ -23,8 +23,17 @@ from tasks.ratelimit import Overrides
 from tasks.schedule import DEFAULT_SCHEDULE, Schedule
 
 # Variables whose values are secrets as a whole, and those that are URLs that may carry one.
-SECRET_VARIABLES = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
-URL_VARIABLES = ("REDIS_URL", "CELERY_BROKER_URL", "DIGEST_SMTP_URL", "ANTHROPIC_BASE_URL")
+SECRET_VARIABLES = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "RESEND_API_KEY")
+URL_VARIABLES = (
+    "REDIS_URL",
+    "CELERY_BROKER_URL",
+    "DIGEST_SMTP_URL",
+    "DIGEST_MAIL_URL",
+    "ANTHROPIC_BASE_URL",
+    "RESEND_BASE_URL",
+)
+# What a run does with a send that may have happened: wait for an operator, or repeat it.
+AMBIGUOUS_SEND = ("wait", "resend")
 
 
 def _register_secrets(env: Mapping[str, str]) -> None:
@@ -138,6 +147,13 @@ class Config:
             that may be alive.
         smtp_require_tls: refuse an ``smtp://`` server that offers no STARTTLS, even when
             the URL carries no credentials (credentials are never sent in clear anyway).
+        smtp_idempotency_header: a header the SMTP relay deduplicates on (Resend's relay:
+            ``Resend-Idempotency-Key``), set to the send's key; None for a plain relay.
+        mail_url: ``resend://`` sends through Resend's HTTP API instead of SMTP.
+        resend_api_key, resend_base_url: Resend's API key and address.
+        ambiguous_send: ``wait`` (a send that may have happened waits for an operator's
+            ``mark-sent`` or ``resend``) or ``resend`` (repeat it at once with the same
+            ``Message-ID``); a transport that deduplicates repeats it either way.
         sender, recipient: the email's From and To.
         timezone: the zone of the schedule.
         schedule: when beat sends a digest: a day and a time, or a cron expression.
@@ -197,6 +213,11 @@ class Config:
     smtp_url: str | None = None
     smtp_timeout: float = 30.0
     smtp_require_tls: bool = False
+    smtp_idempotency_header: str | None = None
+    mail_url: str | None = None
+    resend_api_key: str | None = None
+    resend_base_url: str = "https://api.resend.com"
+    ambiguous_send: str = "wait"
     sender: str = "digest@example.com"
     recipient: str = "team@example.com"
     timezone: str = "UTC"
@@ -251,6 +272,7 @@ class Config:
                 + " or ".join(LOG_FORMATS)
             )
         _check_url("CELERY_BROKER_URL", self.broker_url, None)
+        self._check_mail()
         try:
             ZoneInfo(self.timezone)
         except (ZoneInfoNotFoundError, ValueError):
@@ -299,6 +321,32 @@ class Config:
                 f"DIGEST_LEASE_TTL={self.lease_ttl:g} is too long for "
                 f"DIGEST_VISIBILITY_TIMEOUT={self.visibility_timeout:g}: a busy delivery waits "
                 "up to the lease's remaining time, which must stay a fraction of it"
+            )
+
+    def _check_mail(self) -> None:
+        """One transport, fully named; a policy for a send that may have happened."""
+        if self.ambiguous_send not in AMBIGUOUS_SEND:
+            raise BadInput(
+                f"DIGEST_AMBIGUOUS_SEND={self.ambiguous_send!r}: unknown; use wait (an operator "
+                "decides with digest mark-sent or digest resend) or resend (a second copy with "
+                "the same Message-ID)"
+            )
+        if self.mail_url is None:
+            return
+        if self.mail_url != "resend://":
+            raise BadInput(
+                f"DIGEST_MAIL_URL={redact(self.mail_url)!r}: unknown transport; use resend:// "
+                "(Resend's HTTP API), or DIGEST_SMTP_URL for SMTP"
+            )
+        if self.smtp_url is not None:
+            raise BadInput(
+                "DIGEST_MAIL_URL and DIGEST_SMTP_URL are both set; set one: resend:// sends "
+                "through Resend's HTTP API, DIGEST_SMTP_URL through an SMTP server"
+            )
+        if not self.resend_api_key:
+            raise BadInput(
+                "DIGEST_MAIL_URL=resend:// needs RESEND_API_KEY, an API key with sending "
+                "access from Resend's dashboard"
             )
 
     def check_store(self, *, cluster: bool) -> None:
@@ -594,6 +642,45 @@ SETTINGS: tuple[Setting, ...] = (
         1,
         600,
         "s",
+    ),
+    Setting(
+        "DIGEST_SMTP_IDEMPOTENCY_HEADER",
+        "smtp_idempotency_header",
+        "optional",
+        "a header the SMTP relay drops repeats of, set to the send's key "
+        "(`Resend-Idempotency-Key` for Resend's relay): a send that may have happened is then "
+        "repeated under it, never delivered twice",
+        shown="unset: a plain relay",
+    ),
+    Setting(
+        "DIGEST_MAIL_URL",
+        "mail_url",
+        "optional",
+        "`resend://`: send through Resend's HTTP API with an `Idempotency-Key` (Resend "
+        "delivers one email per key within 24 h); instead of `DIGEST_SMTP_URL`",
+        shown="unset: `DIGEST_SMTP_URL`, else the file outbox",
+    ),
+    Setting(
+        "RESEND_API_KEY",
+        "resend_api_key",
+        "optional",
+        "Resend's API key, with `DIGEST_MAIL_URL=resend://`; never printed",
+        shown="unset",
+    ),
+    Setting(
+        "RESEND_BASE_URL",
+        "resend_base_url",
+        "text",
+        "Resend's API address, as Resend's own SDKs take it; `http://` only on loopback",
+    ),
+    Setting(
+        "DIGEST_AMBIGUOUS_SEND",
+        "ambiguous_send",
+        "text",
+        "a send that may have happened (the SMTP server did not answer the end of the message, "
+        "a worker died after it): `wait` for `digest mark-sent` or `digest resend`; `resend` "
+        "sends it again at once, with the same `Message-ID`; a transport that deduplicates "
+        "repeats it under its key either way",
     ),
     Setting("DIGEST_FROM", "sender", "text", "the email's sender"),
     Setting("DIGEST_TO", "recipient", "text", "the email's recipient"),

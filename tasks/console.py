@@ -343,6 +343,7 @@ def create_app(runtime: Runtime, names: Names, *, token: str | None = None) -> F
             error=redact(view.meta.get("last_error", "")),
             held=holdings(runtime).get(view.run, 0),
             email=email_state(view),
+            maybe_sent=view.effects.get("send") == "ambiguous",
         )
         return _refreshing(page, view.state in LIVE)
 
@@ -392,6 +393,14 @@ def create_app(runtime: Runtime, names: Names, *, token: str | None = None) -> F
     @app.post("/runs/<run_id>/retry")
     def retry(run_id: str) -> Any:
         return act(run_id, lambda: control.retry(runtime, run_id))
+
+    @app.post("/runs/<run_id>/mark-sent")
+    def mark_sent(run_id: str) -> Any:
+        return act(run_id, lambda: control.mark_sent(runtime, run_id))
+
+    @app.post("/runs/<run_id>/resend")
+    def resend(run_id: str) -> Any:
+        return act(run_id, lambda: control.resend(runtime, run_id))
 
     @app.post("/runs/<run_id>/fork")
     def fork(run_id: str) -> Any:

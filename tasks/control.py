@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from journal import control
-from journal.errors import ControlRefused, EffectUnderway
+from journal.errors import ControlRefused, EffectUnderway, NothingToDecide
 from journal.inspect import inspect_run
 from tasks.claims import STUCK, holdings, let_go
 from tasks.errors import BadInput
+from tasks.mail import Receipt
 from tasks.runtime import Runtime
 from tasks.schedule import is_week_id
-from tasks.workflow import digest, draft_digest
+from tasks.workflow import decide_send, digest, draft_digest
 
 WORKFLOW = digest.name
 
@@ -50,12 +51,7 @@ def cancel(runtime: Runtime, run_id: str, reason: str = "") -> Answer:
     try:
         landed = control.cancel(runtime.journal, WORKFLOW, run_id, reason)
     except EffectUnderway as underway:
-        if underway.effect != "send":
-            raise
-        said = "is being sent" if underway.state == "claimed" else "was sent"
-        raise ControlRefused(
-            underway.run, f"its email {said}; it will finish; nothing was cancelled"
-        ) from None
+        raise send_refusal(underway, run_id, "cancelled") from None
     if landed.immediate:
         # Ended without sending, now: its items go to the next run.
         let_go(runtime, landed.run)
@@ -77,6 +73,10 @@ def release(runtime: Runtime, run_id: str) -> Answer:
             sends them; a cancel of it ends it and lets them go).
     """
     owner = f"{WORKFLOW}:{run_id}"
+    keys = runtime.journal.keys(WORKFLOW, run_id)
+    send = runtime.journal.effect_states(keys).get("send", "released")
+    if send != "released":  # read again, atomically, by the cancel below
+        raise send_refusal(EffectUnderway(owner, "send", send), run_id, "released")
     held = holdings(runtime).get(owner, 0)
     if not held:
         raise BadInput(
@@ -89,7 +89,10 @@ def release(runtime: Runtime, run_id: str) -> Answer:
             f"{owner} is {status}, not failed; nothing was released: it may still send its "
             f"{held} items (`digest cancel {run_id}` ends it and lets them go)"
         )
-    landed = control.cancel(runtime.journal, WORKFLOW, run_id, "released: its items go on")
+    try:
+        landed = control.cancel(runtime.journal, WORKFLOW, run_id, "released: its items go on")
+    except EffectUnderway as underway:
+        raise send_refusal(underway, run_id, "released") from None
     if not landed.immediate:  # a retry took it meanwhile: it stops at its next step
         raise BadInput(
             f"{owner} started again meanwhile; nothing was released: it stops before its next "
@@ -101,6 +104,79 @@ def release(runtime: Runtime, run_id: str) -> Answer:
         f"released {count} items of {owner}: it is cancelled and will send nothing; "
         "the next run takes them",
     )
+
+
+def send_refusal(underway: EffectUnderway, run_id: str, verb: str) -> ControlRefused:
+    """Why a run whose email may be out is neither cancelled nor released, and the way out.
+
+    Its items stay claimed: handing them on could email them twice.
+    """
+    if underway.effect != "send":
+        return underway
+    if underway.state == "ambiguous":
+        said = f"may have been sent; nothing was {verb}: {decide_send(run_id)}"
+    elif underway.state == "done":
+        said = f"was sent; it will finish; nothing was {verb}"
+    else:
+        said = f"is being sent; it will finish; nothing was {verb}"
+    return ControlRefused(underway.run, f"its email {said}")
+
+
+def mark_sent(runtime: Runtime, run_id: str) -> Answer:
+    """Settle a send that may have happened as done: the run finishes without sending again.
+
+    Raises:
+        ControlRefused: the run does not exist, or its send is not in doubt.
+    """
+    receipt = Receipt(id=send_key(run_id), sent=True).to_json()
+    args = _decide_send(runtime, run_id, happened=True, receipt=receipt)
+    task = enqueue(run_id, args)
+    return Answer(
+        run_id,
+        f"marked the email of {WORKFLOW}:{run_id} as sent; it finishes now as task {task} "
+        f"(its items are marked seen), or run `digest run {run_id}`",
+    )
+
+
+def resend(runtime: Runtime, run_id: str) -> Answer:
+    """Settle a send that may have happened as not done: it is sent again, same Message-ID.
+
+    Raises:
+        ControlRefused: the run does not exist, or its send is not in doubt.
+    """
+    args = _decide_send(runtime, run_id, happened=False)
+    task = enqueue(run_id, args)
+    return Answer(
+        run_id,
+        f"resending the email of {WORKFLOW}:{run_id} (key {send_key(run_id)}) now as task "
+        f"{task}, or run `digest run {run_id}`",
+    )
+
+
+def _decide_send(runtime: Runtime, run_id: str, *, happened: bool, receipt: Any = None) -> Any:
+    try:
+        return control.decide(
+            runtime.journal, WORKFLOW, run_id, "send", happened=happened, receipt=receipt
+        )
+    except NothingToDecide as clear:
+        words = {
+            "": "was never sent",
+            "done": "was sent",
+            "released": "was not sent",
+            "claimed": "is being sent",
+            "resend": "is being sent again",
+            "confirmed": "is still being sent (its holder may finish it)",
+        }
+        raise ControlRefused(
+            clear.run,
+            f"its email {words.get(clear.state, clear.state)}; there is nothing to decide: "
+            "mark-sent and resend settle an email `digest show` says may have been sent",
+        ) from None
+
+
+def send_key(run_id: str) -> str:
+    """The idempotency key a digest's email is sent under (``Run.idempotency_key``)."""
+    return f"{WORKFLOW}-{run_id}"
 
 
 def retry(runtime: Runtime, run_id: str) -> Answer:

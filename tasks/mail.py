@@ -1,15 +1,18 @@
 """Sending the digest, once per idempotency key.
 
 The ``send`` step is a fenced effect (``journal.effects``): claimed before it starts, its
-lease confirmed right before the irreversible moment (``effect.confirm()``: before the
-outbox's link, before SMTP's DATA), its receipt saved through a fenced script right after
-(``effect.accepted``). A receipt saved by an earlier holder comes back as ``effect.earlier``,
-and the mailer sends nothing and answers ``sent=False``.
+lease confirmed right before the last step that can be undone (``effect.confirm()``: before the
+outbox's link, before SMTP's DATA), the claim's timeout checked again at the instant before
+the irreversible write (``effect.last_moment()``: before SMTP's end-of-data marker), its
+receipt saved right after (``effect.accepted``). A receipt saved by an earlier holder comes
+back as ``effect.earlier``, and the mailer sends nothing and answers ``sent=False``.
 
-Every mailer takes an idempotency key derived from the run (never random) for the one window
-the effect leaves (a holder died after the irreversible moment, before its receipt):
-``FileOutbox`` delivers once per key, like a provider that honours one; ``SmtpMailer`` sends
-again with the same ``Message-ID`` and ``Idempotency-Key``, which lets receivers drop it.
+A failure after the confirmation that the mailer cannot prove happened before the write
+leaves the send *ambiguous*: it may have been delivered. A mailer that ``deduplicates`` (the
+outbox, one file per key; an HTTP API or relay that drops a repeat of the key) repeats it
+under the same key; plain SMTP cannot, so the run waits for an operator's ``digest
+mark-sent`` or ``digest resend`` (or repeats it with the same ``Message-ID`` when
+``DIGEST_AMBIGUOUS_SEND=resend``).
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
-from journal import Effect
 from journal.redact import redact
 from tasks.errors import BadInput, MailFailed, MailUnavailable
 
@@ -46,6 +48,8 @@ SMTP_TIMEOUT_S = 30.0
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 _UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9_-]+")
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+_HEADER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,75}")
+_LEADING_DOT = re.compile(rb"^\.", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -74,17 +78,49 @@ class Receipt:
         return cls(id=data["id"], sent=data["sent"])
 
 
+class SendEffect(Protocol):
+    """What a mailer calls on its send's fenced effect; ``journal.Effect`` is one.
+
+    Attributes:
+        earlier: the receipt an earlier holder saved (the email went out), or None.
+        confirmed: ``confirm`` passed: from here on the email may be delivered.
+    """
+
+    earlier: Any
+    confirmed: bool
+
+    def confirm(self) -> None:
+        """Prove the lease right before the last step that can still be undone."""
+        ...
+
+    def last_moment(self) -> None:
+        """At the instant before the write that delivers: the claim's timeout, no I/O."""
+        ...
+
+    def accepted(self, receipt: Any) -> None:
+        """Save the receipt right after delivery."""
+        ...
+
+    def release(self) -> None:
+        """The email was certainly not delivered."""
+        ...
+
+
 class Mailer(Protocol):
     """Anything that delivers an email under an idempotency key, as a fenced effect.
 
     Attributes:
         timeout: seconds after its claim within which a send may still pass
-            ``effect.confirm()``; a later holder waits this long for a claimant that may be alive.
+            ``effect.last_moment()``; a later holder waits this long (and a margin) for a
+            claimant that may be alive.
+        deduplicates: the receiver drops a repeat of the key, so a send that may have
+            happened is repeated under it rather than left to an operator.
     """
 
     timeout: float
+    deduplicates: bool
 
-    def send(self, key: str, email: Email, effect: Effect | None = None) -> Receipt:
+    def send(self, key: str, email: Email, effect: SendEffect | None = None) -> Receipt:
         """Deliver ``email``: confirm ``effect`` right before, report the receipt right after."""
         ...
 
@@ -100,21 +136,22 @@ class FileOutbox:
 
     # A link on a local disk: a holder that claimed the send acts within milliseconds.
     timeout = 10.0
+    deduplicates = True  # one file per key: a repeat finds it
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
 
     def path_for(self, key: str) -> Path:
         """The file that records ``key``'s email."""
-        return self.directory / f"{_safe_token(key)}.json"
+        return self.directory / f"{safe_token(key)}.json"
 
-    def send(self, key: str, email: Email, effect: Effect | None = None) -> Receipt:
+    def send(self, key: str, email: Email, effect: SendEffect | None = None) -> Receipt:
         """Write the email unless a file for ``key`` exists.
 
         Raises:
             MailFailed: The outbox cannot be written, or holds a damaged record for ``key``.
         """
-        _check_key(key)
+        check_key(key)
         if effect is not None and effect.earlier is not None:
             return Receipt(id=Receipt.from_json(effect.earlier).id, sent=False)
         final = self.path_for(key)
@@ -136,17 +173,19 @@ class FileOutbox:
                 handle.flush()
                 os.fsync(handle.fileno())
             if effect is not None:
-                effect.confirm()  # the link below delivers
+                effect.confirm()
+                effect.last_moment()  # the link below delivers
             try:
                 os.link(temp, final)
             except FileExistsError:
-                return self._earlier(key, final)
-            _fsync_directory(self.directory)
+                receipt = self._earlier(key, final)
+            else:
+                _fsync_directory(self.directory)
+                receipt = Receipt(id=key, sent=True)
         except OSError as exc:
             raise self._unwritable(exc) from None
         finally:
             os.unlink(temp)
-        receipt = Receipt(id=key, sent=True)
         if effect is not None:
             effect.accepted(receipt.to_json())
         return receipt
@@ -180,16 +219,19 @@ class SmtpMailer:
 
     The session goes as far as RCPT, then ``effect.confirm()`` re-confirms the run's lease: a
     holder that lost it (paused, taken over) quits without DATA, so nothing is delivered.
-    Once DATA is answered the receipt is saved with ``effect.accepted``; a later holder that
-    finds it sends nothing.
+    The content is written by this class, and right before the end-of-data marker (the
+    moment the server takes responsibility) ``effect.last_moment()`` checks the claim's
+    timeout with no I/O: past it, the connection is dropped without the marker, and the server
+    discards the transaction. Once the marker is answered the receipt is saved with
+    ``effect.accepted``; a later holder that finds it sends nothing.
 
-    The honest window: if the process dies (or Redis fails, or the connection drops before the
-    server's answer arrives) after the server accepted the email but before the receipt was
-    saved, the next holder sends it once more. Both copies carry the same ``Message-ID`` and
-    ``Idempotency-Key`` headers, derived from the key, so a receiver or relay that
-    deduplicates on them drops the repeat. Marking the email sent before DATA would close the
-    window the other way, by losing the email after such a crash; a digest is better twice
-    than never.
+    Once the marker is written, any failure (no answer in time, a reset, a 4xx or 5xx some
+    servers send after queueing) leaves the send ambiguous, never released: the email may be
+    in the recipient's mailbox. So does a process that dies or freezes then. A relay that
+    drops a repeat of ``idempotency_header`` (Resend's relay: ``Resend-Idempotency-Key``)
+    makes the mailer ``deduplicates``, and the send is repeated under the same key; without
+    one, the run waits for an operator. Every copy carries the same ``Message-ID`` and
+    ``Idempotency-Key`` (a label: no relay we know acts on it).
 
     Transport security: ``smtps://`` speaks TLS from the first byte; ``smtp://`` upgrades with
     STARTTLS whenever the server offers it. Either way the certificate is verified against the
@@ -206,6 +248,7 @@ class SmtpMailer:
         timeout: float = SMTP_TIMEOUT_S,
         *,
         require_tls: bool = False,
+        idempotency_header: str | None = None,
     ) -> None:
         """Check the URL at once, so a typo fails at start rather than at the first send.
 
@@ -216,70 +259,65 @@ class SmtpMailer:
             timeout: Seconds to wait for the server on each operation; also the effect's
                 timeout, within which a claimed send must reach DATA.
             require_tls: Refuse a server that offers no TLS, even without credentials.
+            idempotency_header: A header the relay deduplicates on, set to the key; the mailer
+                then ``deduplicates``.
 
         Raises:
-            BadInput: The URL is not a usable SMTP URL.
+            BadInput: The URL is not a usable SMTP URL, or the header not a header name.
         """
         self._server = _SmtpServer.parse(url)
         self._sender = sender
         self.timeout = timeout
         self._require_tls = require_tls
+        if idempotency_header is not None and not _HEADER_NAME.fullmatch(idempotency_header):
+            raise BadInput(
+                f"DIGEST_SMTP_IDEMPOTENCY_HEADER={idempotency_header!r}: not a header name; "
+                "use letters, digits and dashes, such as Resend-Idempotency-Key"
+            )
+        self._idempotency_header = idempotency_header
+        self.deduplicates = idempotency_header is not None
 
-    def send(self, key: str, email: Email, effect: Effect | None = None) -> Receipt:
+    def send(self, key: str, email: Email, effect: SendEffect | None = None) -> Receipt:
         """Send ``email`` unless an earlier holder saved a receipt for it.
 
         Raises:
             MailUnavailable: The server could not be reached, or refused for now (4xx).
             MailFailed: The server could not be verified, or refused the email for good.
-            LeaseLost: The run's lease was lost before DATA; nothing was delivered.
+            LeaseLost: The run's lease was lost before the end of DATA; nothing was delivered.
         """
-        _check_key(key)
+        check_key(key)
         if effect is not None and effect.earlier is not None:
             return Receipt(id=Receipt.from_json(effect.earlier).id, sent=False)
-        self._deliver(_message(key, email, self._sender), effect)
+        message = _message(key, email, self._sender)
+        if self._idempotency_header is not None:
+            message[self._idempotency_header] = key
+        self._deliver(message, effect)
         receipt = Receipt(id=key, sent=True)
         if effect is not None:
             effect.accepted(receipt.to_json())
         return receipt
 
-    def _deliver(self, message: EmailMessage, effect: Effect | None) -> None:
+    def _deliver(self, message: EmailMessage, effect: SendEffect | None) -> None:
         server = self._server
         envelope = _Envelope.of(message)
+        progress = _Progress()
         try:
             client = server.open(self.timeout, require_tls=self._require_tls)
             try:
                 refused = envelope.announce(client)
                 # Between RCPT and DATA: the last point at which the email can still be held
-                # back; once DATA is answered it is delivered.
+                # back by a command; from here it may be delivered.
                 if effect is not None:
                     effect.confirm()
-                envelope.transmit(client)
+                envelope.transmit(client, effect, progress)
             finally:
-                # The email is accepted once DATA is answered; a failing QUIT must not make a
-                # delivered email look failed, or the retry would send it again.
-                with contextlib.suppress(smtplib.SMTPException, OSError):
-                    client.quit()
-                client.close()
-        except ssl.SSLCertVerificationError as exc:
-            raise MailFailed(
-                f"SMTP {server.where}: certificate not trusted ({exc.verify_message}); nothing "
-                "was sent; check the host in DIGEST_SMTP_URL is the name on its certificate, "
-                "or point SSL_CERT_FILE at the CA that signed it"
-            ) from None
-        except ssl.SSLError as exc:
-            raise MailFailed(
-                f"SMTP {server.where}: TLS handshake failed ({exc.reason or exc}); check that "
-                "the port speaks TLS at once for smtps:// (usually 465), or use smtp:// for "
-                "STARTTLS (usually 587)"
-            ) from None
-        except smtplib.SMTPException as exc:
-            failure = MailUnavailable if _temporary(exc) else MailFailed
-            raise failure(_smtp_problem(server.where, exc)) from None
-        except OSError as exc:
-            raise MailUnavailable(
-                f"cannot reach SMTP server {server.where} ({exc.strerror or exc}); "
-                "check DIGEST_SMTP_URL and that the server is running"
-            ) from None
+                progress.close(client)
+        except (smtplib.SMTPException, OSError) as exc:
+            if progress.marker_written:
+                raise MailUnavailable(_unanswered(server.where, exc, self.timeout)) from None
+            if effect is not None and effect.confirmed:
+                effect.release()  # the marker never left: the server keeps nothing
+            raise _refusal(server.where, exc) from None
         if refused:
             log.warning(
                 "SMTP %s refused some recipients of %s: %s",
@@ -287,6 +325,36 @@ class SmtpMailer:
                 message["Message-ID"],
                 ", ".join(sorted(refused)),
             )
+
+
+@dataclass
+class _Progress:
+    """How far one SMTP transaction went: what a failure means depends on it.
+
+    Attributes:
+        in_data: DATA was answered 354: only the end-of-data marker (or a dropped connection,
+            which discards the transaction) ends this phase.
+        marker_written: the end-of-data marker was sent: the email may be delivered.
+        answered: the server answered the marker 250: the email is delivered.
+    """
+
+    in_data: bool = False
+    marker_written: bool = False
+    answered: bool = False
+
+    def close(self, client: smtplib.SMTP) -> None:
+        """End the session: QUIT, or a bare close wherever a reply is still owed.
+
+        In the middle of DATA a close discards the transaction; after an unanswered marker a
+        QUIT would only wait as long again for a server that has not answered.
+        """
+        if self.in_data and not self.answered:
+            client.close()
+            return
+        # A failing QUIT must not make a delivered email look failed: the retry would send it.
+        with contextlib.suppress(smtplib.SMTPException, OSError):
+            client.quit()
+        client.close()
 
 
 @dataclass(frozen=True)
@@ -336,15 +404,33 @@ class _Envelope:
             raise smtplib.SMTPRecipientsRefused(refused)
         return refused
 
-    def transmit(self, client: smtplib.SMTP) -> None:
-        """DATA: the server answers 250 once it has taken responsibility for the email.
+    def transmit(
+        self, client: smtplib.SMTP, effect: SendEffect | None, progress: _Progress
+    ) -> None:
+        """DATA, the content, then the end-of-data marker, which the server answers 250.
+
+        The 250 says the server has taken responsibility for the email.
+
+        Written here rather than by ``smtplib.SMTP.data``, so the claim's timeout is checked
+        between the content and the marker: the one write that delivers.
 
         Raises:
-            smtplib.SMTPDataError: The server refused the content.
+            smtplib.SMTPDataError: The server refused DATA, or the content.
+            EffectLate: The claim ran out before the marker; the session must be dropped.
         """
-        code, reply = client.data(self.content)
+        code, reply = client.docmd("DATA")
+        if code != 354:
+            raise smtplib.SMTPDataError(code, reply)
+        progress.in_data = True
+        client.send(_dot_stuffed(self.content))
+        if effect is not None:
+            effect.last_moment()
+        progress.marker_written = True
+        client.send(b".\r\n")
+        code, reply = client.getreply()
         if code != 250:
             raise smtplib.SMTPDataError(code, reply)
+        progress.answered = True
 
 
 @dataclass(frozen=True)
@@ -433,10 +519,54 @@ def _message(key: str, email: Email, sender: str) -> EmailMessage:
     message["To"] = email.to
     message["Subject"] = email.subject
     message["Date"] = formatdate(usegmt=True)
-    message["Message-ID"] = f"<{_safe_token(key)}@{MESSAGE_ID_DOMAIN}>"
+    message["Message-ID"] = message_id(key)
     message["Idempotency-Key"] = key
     message.set_content(email.body)
     return message
+
+
+def _refusal(where: str, exc: smtplib.SMTPException | OSError) -> MailFailed:
+    """A failure before the end-of-data marker, as the one-line error the operator reads."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return MailFailed(
+            f"SMTP {where}: certificate not trusted ({exc.verify_message}); nothing "
+            "was sent; check the host in DIGEST_SMTP_URL is the name on its certificate, "
+            "or point SSL_CERT_FILE at the CA that signed it"
+        )
+    if isinstance(exc, ssl.SSLError):
+        return MailFailed(
+            f"SMTP {where}: TLS handshake failed ({exc.reason or exc}); check that "
+            "the port speaks TLS at once for smtps:// (usually 465), or use smtp:// for "
+            "STARTTLS (usually 587)"
+        )
+    if isinstance(exc, smtplib.SMTPException):
+        failure = MailUnavailable if _temporary(exc) else MailFailed
+        return failure(_smtp_problem(where, exc))
+    return MailUnavailable(
+        f"cannot reach SMTP server {where} ({exc.strerror or exc}); "
+        "check DIGEST_SMTP_URL and that the server is running"
+    )
+
+
+def _unanswered(where: str, exc: smtplib.SMTPException | OSError, timeout: float) -> str:
+    """A failure after the end-of-data marker: the email may have been delivered."""
+    # smtplib reports a reply that timed out as a disconnection caused by the timeout.
+    if isinstance(exc, TimeoutError) or isinstance(exc.__context__, TimeoutError):
+        what = f"did not answer the end of the message within {timeout:g}s"
+    elif isinstance(exc, smtplib.SMTPResponseException):
+        what = f"answered the end of the message {exc.smtp_code} {_one_line(exc.smtp_error)}"
+    else:
+        what = f"dropped the connection at the end of the message ({_one_line(str(exc))})"
+    return (
+        f"SMTP {where} {what}; it may have been delivered: check the recipient's mailbox, "
+        "then digest mark-sent RUN or digest resend RUN"
+    )
+
+
+def _dot_stuffed(content: bytes) -> bytes:
+    """The content as DATA carries it: a leading dot doubled, ending in CRLF (RFC 5321 4.5.2)."""
+    stuffed = _LEADING_DOT.sub(b"..", content)
+    return stuffed if stuffed.endswith(b"\r\n") else stuffed + b"\r\n"
 
 
 def _temporary(exc: smtplib.SMTPException) -> bool:
@@ -484,13 +614,22 @@ def _one_line(text: bytes | str) -> str:
     return " ".join(text.split())
 
 
-def _check_key(key: str) -> None:
-    # The key travels in a mail header and names a file: it must be one printable line.
+def check_key(key: str) -> None:
+    """Refuse a key that cannot travel in a mail header or name a file.
+
+    Raises:
+        ValueError: the key is empty or not one printable line.
+    """
     if not key or _CONTROL_CHARS.search(key):
         raise ValueError(f"idempotency key must be a non-empty printable line, got {key!r}")
 
 
-def _safe_token(key: str) -> str:
+def message_id(key: str) -> str:
+    """The ``Message-ID`` of the email sent under ``key``: every copy of it carries the same."""
+    return f"<{safe_token(key)}@{MESSAGE_ID_DOMAIN}>"
+
+
+def safe_token(key: str) -> str:
     """The key as a file name and Message-ID part; distinct keys stay distinct."""
     if len(key) <= 128 and _PLAIN_KEY.fullmatch(key):
         return key

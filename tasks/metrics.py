@@ -77,6 +77,11 @@ FENCED = Counter(
 RENEWALS_FAILED = Counter(
     "journal_lease_renewals_failed_total", "Lease renewals that found it lost.", ["workflow"]
 )
+AMBIGUOUS = Counter(
+    "journal_effects_ambiguous_total",
+    "Effects that may have happened, whose runs wait for an operator's decision, by step.",
+    ["workflow", "step"],
+)
 CAPACITY_WAIT = Counter(
     "digest_model_capacity_wait_seconds_total",
     "Seconds model calls waited for room in the rate limits shared on the API key, by model.",
@@ -132,6 +137,8 @@ def count(event: str, label: str, amount: float, workflow: str) -> None:
         FENCED.labels(workflow).inc(amount)
     elif event == "renewal_failed":
         RENEWALS_FAILED.labels(workflow).inc(amount)
+    elif event == "effect_ambiguous":
+        AMBIGUOUS.labels(workflow, label).inc(amount)
     elif event == "capacity_wait_seconds":
         CAPACITY_WAIT.labels(label).inc(amount)
     elif event == "rate_limited":

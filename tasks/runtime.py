@@ -34,6 +34,7 @@ from tasks.keys import DigestKeys
 from tasks.mail import FileOutbox, Mailer, SmtpMailer
 from tasks.model import AnthropicSummarizer, Completion, OfflineSummarizer, Summarizer
 from tasks.ratelimit import LimitState, RateLimiter, account_of
+from tasks.resend import ResendMailer
 
 log = logging.getLogger(__name__)
 
@@ -223,13 +224,21 @@ def choose_summarizer(
 
 
 def choose_mailer(config: Config) -> Mailer:
-    """SMTP when ``DIGEST_SMTP_URL`` is set, else the file outbox in the state dir."""
+    """Resend, SMTP, or else the file outbox in the state dir.
+
+    Resend with ``DIGEST_MAIL_URL=resend://``, SMTP with ``DIGEST_SMTP_URL``.
+    """
+    if config.mail_url is not None and config.resend_api_key:
+        return ResendMailer(
+            config.resend_api_key, config.sender, config.resend_base_url, config.smtp_timeout
+        )
     if config.smtp_url:
         return SmtpMailer(
             config.smtp_url,
             config.sender,
             config.smtp_timeout,
             require_tls=config.smtp_require_tls,
+            idempotency_header=config.smtp_idempotency_header,
         )
     return FileOutbox(config.state_dir / "outbox")
 

@@ -222,10 +222,14 @@ def run_digest(
 
     # 4. The side effect, fenced: claimed, the lease confirmed right before delivery, the
     #    receipt saved right after; a repeat carries an idempotency key derived from the run.
+    #    A send that may have happened is repeated under its key only where the receiver
+    #    drops repeats (or the operator chose a second copy); otherwise the run waits for
+    #    `digest mark-sent` or `digest resend`.
     receipt = run.effect(
         "send",
         lambda effect: send(runtime, run.idempotency_key(), email, effect),
         timeout=runtime.mailer.timeout,
+        repeatable=runtime.mailer.deduplicates or config.ambiguous_send == "resend",
     )
 
     # 5. Remember what this digest covered. A set union: safe to repeat.
@@ -497,11 +501,22 @@ def email_state(view: RunView) -> str:
     if send is not None:
         return f"sent ({Receipt.from_json(send.result).id})"
     state = view.effects.get("send")
-    if state == "claimed":
+    if state in ("claimed", "confirmed", "resend"):
         return "being sent (the run finishes it)"
+    if state == "ambiguous":
+        why = view.effect_details.get("send", "")
+        return f"may have been sent ({why}); {decide_send(view.run.partition(':')[2])}"
     if state == "done":
         return "sent (the run finishes its bookkeeping)"
     return "not sent"
+
+
+def decide_send(run_id: str) -> str:
+    """The way out of a send that may have happened, in the operator's words."""
+    return (
+        f"check the recipient's mailbox, then `digest mark-sent {run_id}` (it arrived: the run "
+        f"finishes) or `digest resend {run_id}` (it did not: sent again, same Message-ID)"
+    )
 
 
 def _refusal(decision: SignalResult, digest: str) -> str | None:

@@ -34,6 +34,7 @@ pytest_plugins = [
     "journal.pytest_plugin",
     "tests.fakes.anthropic_server",
     "tests.fakes.gated",
+    "tests.fakes.smtp",
     "tests.hosts",
 ]
 

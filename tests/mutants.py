@@ -282,7 +282,8 @@ MUTANTS = (
         "redis.call('ZADD', KEYS[1], 'XX', ARGV[3], run)",
         "redis.call('ZREM', KEYS[1], run)",
     ),
-    # -- effect_claim and effect_settle: one holder acts, an earlier live claim is waited for
+    # -- the effect scripts: one holder acts, a live earlier claim is waited for, and what may
+    #    have happened is never taken for what did not
     lua(
         "effect_claim",
         "the holder check removed",
@@ -304,26 +305,62 @@ MUTANTS = (
     lua(
         "effect_claim",
         "an earlier receipt is not handed over",
-        "receipt = redis.call('HGET', KEYS[2], ARGV[2] .. ':receipt') or ''",
-        "receipt = ''",
+        "if state == 'done' then",
+        "if false then",
     ),
     lua(
-        "effect_settle",
+        "effect_claim",
+        "a confirmed claim is taken for one that never acted",
+        "if state == 'confirmed' or state == 'ambiguous' then",
+        "if state == 'ambiguous' then",
+    ),
+    lua(
+        "effect_claim",
+        "an ambiguous effect is repeated unasked",
+        "if ARGV[7] ~= '1' then",
+        "if false then",
+    ),
+    lua(
+        "effect_confirm",
         "the holder check removed",
         "if holder ~= ARGV[1] then\n  return -2\nend\n",
         "",
     ),
     lua(
+        "effect_confirm",
+        "another fence's claim is confirmed",
+        "if fence ~= ARGV[3] or state ~= 'claimed' then",
+        "if state ~= 'claimed' then",
+    ),
+    lua(
         "effect_settle",
         "another fence's claim is settled",
-        "if not claim or string.match(claim, '^(%d+):') ~= ARGV[3] then",
-        "if not claim then",
+        "if fence ~= ARGV[3] then\n  return -3\nend",
+        "",
     ),
     lua(
         "effect_settle",
         "the receipt is not saved",
         "redis.call('HSET', KEYS[2], ARGV[2] .. ':receipt', ARGV[5])",
         "redis.call('TIME')",
+    ),
+    lua(
+        "effect_settle",
+        "unknown overwrites what is known",
+        "if not open and not (ARGV[4] ~= 'ambiguous'",
+        "if false and not (ARGV[4] ~= 'ambiguous'",
+    ),
+    lua(
+        "effect_decide",
+        "a send still under way is decided",
+        "if state ~= 'ambiguous' and not abandoned then",
+        "if false then",
+    ),
+    lua(
+        "purge",
+        "a run that may have acted is purged",
+        "if state and state ~= 'released' then\n          return 2",
+        "if false then\n          return 2",
     ),
     # -- the lease and its heartbeat
     python(

@@ -9,26 +9,16 @@ not email them again. The same holds for a run that crashed after its send, then
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 
 import pytest
 
-from tests.fakes.smtp import Inbox, start_server
+from tests.fakes.smtp import Inbox
 from tests.support import BIN, ROOT, RUN, Deployment
 
 pytestmark = pytest.mark.slow
 
 REFUSED = "digest: run digest:{run}: its email {said}; it will finish; nothing was cancelled\n"
 NOTHING_NEW = "nothing-new: 0 items, 0 model calls in this attempt"
-
-
-@pytest.fixture
-def inbox() -> Iterator[tuple[Inbox, str]]:
-    handler = Inbox()
-    controller = start_server(handler)
-    yield handler, f"smtp://127.0.0.1:{controller.port}"
-    handler.release_all()
-    controller.stop()
 
 
 def test_a_cancel_while_the_email_is_in_data_is_refused_and_the_run_finishes(

@@ -11,11 +11,13 @@ import email
 import email.policy
 import socket
 import threading
+from collections.abc import Iterator
 from email.message import EmailMessage
 from typing import Any
 
+import pytest
 from aiosmtpd.controller import Controller
-from aiosmtpd.smtp import AuthResult, LoginPassword
+from aiosmtpd.smtp import SMTP, AuthResult, LoginPassword, syntax
 
 
 class Inbox:
@@ -25,12 +27,19 @@ class Inbox:
         refuse: recipients answered with 550.
         login: the one (user, password) accepted; with it, pass ``authenticator=inbox.login``
             to ``start_server``.
+        dedup_header: as a deduplicating relay (Resend's, on ``Resend-Idempotency-Key``): a
+            message whose value of this header was seen before is answered 250 and dropped.
     """
 
     def __init__(
-        self, refuse: frozenset[str] = frozenset(), login: tuple[bytes, bytes] | None = None
+        self,
+        refuse: frozenset[str] = frozenset(),
+        login: tuple[bytes, bytes] | None = None,
+        dedup_header: str | None = None,
     ) -> None:
         self.refuse = refuse
+        self.dedup_header = dedup_header
+        self.dropped: list[EmailMessage] = []
         self.messages: list[EmailMessage] = []
         self.over_tls: list[bool] = []
         self.logins: list[tuple[bytes, bytes]] = []
@@ -42,8 +51,9 @@ class Inbox:
         """Hold the next session's reply at ``phase`` until released: (reached, release).
 
         ``EHLO``: the client is connected, its session not yet started; ``RCPT``: the
-        recipient is taken, DATA not yet begun; ``DATA``: the message is taken (it counts as
-        delivered), the client not yet told. Later sessions pass freely.
+        recipient is taken, DATA not yet begun; ``DATA-COMMAND``: the client asked to send the
+        content (it has confirmed its lease), not yet told to go on; ``DATA``: the message is
+        taken (it counts as delivered), the client not yet told. Later sessions pass freely.
         """
         held = (threading.Event(), threading.Event())
         self._holds[phase] = held
@@ -54,7 +64,7 @@ class Inbox:
         for _, release in self._holds.values():
             release.set()
 
-    async def _pause(self, phase: str) -> None:
+    async def pause(self, phase: str) -> None:
         held = self._holds.get(phase)
         if held is None or held[0].is_set():
             return
@@ -66,7 +76,7 @@ class Inbox:
     async def handle_EHLO(
         self, server: Any, session: Any, envelope: Any, hostname: str, responses: list[str]
     ) -> list[str]:
-        await self._pause("EHLO")
+        await self.pause("EHLO")
         session.host_name = hostname
         return responses
 
@@ -85,18 +95,35 @@ class Inbox:
             return "550 5.1.1 no such user"
         envelope.rcpt_tos.append(address)
         self.recipients.append(address)
-        await self._pause("RCPT")
+        await self.pause("RCPT")
         return "250 OK"
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         parsed = email.message_from_bytes(envelope.content, policy=email.policy.default)
         assert isinstance(parsed, EmailMessage)
+        header = self.dedup_header
+        key = None if header is None else parsed[header]
+        if header is not None and key is not None and any(m[header] == key for m in self.messages):
+            self.dropped.append(parsed)
+            await self.pause("DATA")
+            return "250 Message accepted for delivery"
         self.messages.append(parsed)
         # session.ssl is set by STARTTLS; an implicit TLS transport says so itself.
         implicit = server.transport.get_extra_info("ssl_object") is not None
         self.over_tls.append(session.ssl is not None or implicit)
-        await self._pause("DATA")
+        await self.pause("DATA")
         return "250 Message accepted for delivery"
+
+
+class _HoldingSMTP(SMTP):
+    """aiosmtpd's session, able to hold its answer to the DATA command itself."""
+
+    @syntax("DATA")
+    async def smtp_DATA(self, arg: str) -> None:
+        handler = self.event_handler
+        if isinstance(handler, Inbox):
+            await handler.pause("DATA-COMMAND")
+        await super().smtp_DATA(arg)
 
 
 class LoopbackController(Controller):
@@ -108,6 +135,9 @@ class LoopbackController(Controller):
     def __init__(self, *args: Any, sock: socket.socket | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._sock = sock
+
+    def factory(self) -> SMTP:
+        return _HoldingSMTP(self.handler, **self.SMTP_kwargs)
 
     def _create_server(self) -> Any:
         if self._sock is None:
@@ -126,3 +156,13 @@ def start_server(inbox: Inbox, **kwargs: Any) -> LoopbackController:
     controller = LoopbackController(inbox, hostname="127.0.0.1", port=0, **kwargs)
     controller.start()
     return controller
+
+
+@pytest.fixture
+def inbox() -> Iterator[tuple[Inbox, str]]:
+    """A real SMTP server on loopback and its URL; it refuses ``nobody@example.com``."""
+    handler = Inbox(refuse=frozenset({"nobody@example.com"}))
+    controller = start_server(handler)
+    yield handler, f"smtp://127.0.0.1:{controller.port}"
+    handler.release_all()
+    controller.stop()

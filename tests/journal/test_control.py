@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from journal import Effect, Journal, Run
+from journal.backend import Purging
 from journal.control import cancel, fork, retry
 from journal.errors import ControlRefused, EffectUnderway
 from journal.inspect import inspect_run
@@ -201,3 +202,28 @@ def test_a_fork_keeps_the_steps_before_its_step_and_runs_the_rest_under_its_own_
         fork(journal, "wf", "r", "b", "r-fork1")
     with pytest.raises(ControlRefused, match=r"it has no step 'z' to fork from"):
         fork(journal, "wf", "r", "z")
+
+
+@pytest.mark.parametrize(("settled", "kept"), [("ambiguous", True), ("released", False)])
+def test_a_purge_keeps_a_failed_run_whose_effect_may_have_happened(
+    journal: Journal, settled: str, kept: bool
+) -> None:
+    def act(effect: Effect) -> str:
+        effect.confirm()
+        if settled == "released":
+            effect.release()
+        raise RuntimeError("the relay hung up")
+
+    def body(run: Run) -> str:
+        return run.effect("send", act, timeout=10, repeatable=True)
+
+    with pytest.raises(RuntimeError):
+        journal.execute("wf", "r", body)
+    keys = journal.keys("wf", "r")
+    assert journal.effect_states(keys) == {"send": settled}
+    meta = journal.meta(keys)
+    assert meta["status"] == "failed"
+    # The script itself refuses, whatever the caller read: a run that may have acted stays.
+    deleted = journal.backend.purge(keys, meta["updated_at"], 0.0, ["failed"])
+    assert deleted is (Purging.EFFECT_UNSETTLED if kept else Purging.DELETED)
+    assert bool(journal.meta(keys)) is kept

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import fakeredis
 import orjson
@@ -449,34 +450,66 @@ def test_the_effect_scripts_answer_each_of_their_codes(journal: Journal, keys: R
     first = lease(journal).acquire(millis(T0))
     me = ProcessIdentity.current().encode()
     script_keys = [keys.lease, keys.effects]
+    scripts = journal.backend.scripts
 
-    def claim(holder: str, fence: int, proved_dead: str = "") -> Any:
-        return journal.backend.scripts.effect_claim(
-            keys=script_keys, args=[holder, "send", fence, 60_000, me, proved_dead]
+    def claim(holder: str, fence: int, earlier: str = "", repeatable: str = "") -> Any:
+        return scripts.effect_claim(
+            keys=script_keys, args=[holder, "send", fence, 60_000, me, earlier, repeatable, "?"]
         )
+
+    def confirm(holder: str, fence: int) -> Any:
+        return scripts.effect_confirm(keys=script_keys, args=[holder, "send", fence])
 
     def settle(holder: str, fence: int, state: str = "done", receipt: bytes = b"{}") -> Any:
-        return journal.backend.scripts.effect_settle(
-            keys=script_keys, args=[holder, "send", fence, state, receipt]
-        )
+        return scripts.effect_settle(keys=script_keys, args=[holder, "send", fence, state, receipt])
+
+    def decide(decision: str, receipt: bytes = b"") -> Any:
+        return scripts.effect_decide(keys=script_keys, args=["send", decision, receipt])
+
+    def state() -> bytes:
+        return as_bytes(journal.client.hget(keys.effects, "send"))
 
     assert claim("1:not-the-token", 1) == [-2, first.holder.encode()]
-    assert settle("1:not-the-token", 1) == -2
+    assert confirm("1:not-the-token", 1) == -2
+    assert settle(first.holder, 1) == -3  # nothing claimed: nothing to settle
+    assert decide("done") == [0]
     assert journal.client.hlen(keys.effects) == 0
-    assert claim(first.holder, 1) == [1, 0, b""]
+    assert claim(first.holder, 1) == [1, 0]
+    assert confirm(first.holder, 1) == 1 and state().endswith(b":confirmed")
+    assert confirm(first.holder, 1) == -3  # confirmed once; never claimed twice by one act
+    assert decide("done") == [2, b"confirmed"]  # its claimant may still settle it
     assert lease(journal).release(first.holder)
     assert claim(first.holder, 1) == [-1]
-    assert settle(first.holder, 1) == -1
+    assert confirm(first.holder, 1) == -1
 
     second = lease(journal).acquire(millis(T0))
     busy = claim(second.holder, 2)  # fence 1 may still act: wait, or prove it dead
     assert busy[0] == 3 and 55_000 < busy[1] <= 60_000 and busy[2] == me.encode()
+    deadline = busy[3]
     assert settle(second.holder, 2) == -3  # fence 1's claim is not fence 2's to settle
-    assert as_bytes(journal.client.hget(keys.effects, "send")).endswith(b":claimed")
-    assert claim(second.holder, 2, proved_dead="1") == [1, 1, b""]
+    assert claim(second.holder, 2, earlier="1") == [3, ANY, me.encode(), deadline]
+    # Waited out (or proved dead): fence 1 confirmed, so it may have acted: ambiguous.
+    assert claim(second.holder, 2, earlier=deadline.decode()) == [4, 1, b"?"]
+    assert state() == b"1:0:ambiguous"
+    assert claim(second.holder, 2, earlier="dead") == [4, 1, b"?"]  # no repeat unasked
+    assert claim(second.holder, 2, repeatable="1") == [1, 1]  # where the receiver dedups
+    assert confirm(second.holder, 1) == -3  # fence 2's claim: no other fence confirms it
+    assert settle(second.holder, 2, "ambiguous", b"no answer") == 1
+    assert journal.client.hget(keys.effects, "send:detail") == b"no answer"
+    assert decide("resend") == [1] and state() == b"2:0:resend"
+    assert decide("done") == [2, b"resend"]
+    assert claim(second.holder, 2) == [1, 1]  # decided: repeated, as one that may have acted
     assert settle(second.holder, 2, receipt=b'{"id": 7}') == 1
     assert journal.client.hget(keys.effects, "send:receipt") == b'{"id": 7}'
-    assert claim(second.holder, 2) == [1, 1, b'{"id": 7}']  # done: handed over, not waited for
+    assert claim(second.holder, 2) == [2, b'{"id": 7}']  # done: handed over, not waited for
+    assert settle(second.holder, 2, "released", b"") == -3  # known stays known
+    assert lease(journal).release(second.holder)
+
+    third = lease(journal).acquire(millis(T0))
+    journal.client.hset(keys.effects, "send", "3:0:claimed")  # claimed, never confirmed
+    assert settle("9:someone-else", 3, "released", b"") == 2  # its own fence, lease or not
+    assert state() == b"3:0:released"
+    assert claim(third.holder, 3) == [1, 0]  # released: nothing happened, nothing resumed
 
 
 def test_an_effect_whose_lease_is_gone_is_never_called(journal: Journal, keys: RunKeys) -> None:
@@ -499,17 +532,21 @@ def test_an_effect_whose_lease_is_gone_is_never_called(journal: Journal, keys: R
     assert journal.client.hlen(keys.effects) == 0
 
 
-def test_a_receipt_after_a_takeover_is_refused(journal: Journal, keys: RunKeys) -> None:
+def test_a_receipt_after_a_takeover_is_saved_and_the_run_woken(
+    journal: Journal, keys: RunKeys
+) -> None:
     def act(effect: Effect) -> str:
         effect.confirm()
         journal.client.set(keys.lease, "2:winner")  # taken over between the act and its receipt
         effect.accepted({"id": 7})
         return "sent"
 
-    with pytest.raises(Fenced, match="effect 'send' refused"):
+    with pytest.raises(LeaseLost, match="lost while effect 'send' ran"):
         journal.execute("wf", "r1", lambda run: run.effect("send", act, timeout=5))
-    assert journal.client.hget(keys.effects, "send:receipt") is None
-    assert as_bytes(journal.client.hget(keys.effects, "send")).endswith(b":claimed")
+    # The claimant knows it acted, and says so: the next holder hands the receipt over.
+    assert journal.client.hget(keys.effects, "send:receipt") == b'{"id":7}'
+    assert as_bytes(journal.client.hget(keys.effects, "send")).endswith(b":done")
+    assert journal.client.zscore(keys.index.due, keys.run) is not None
 
 
 # -- a status nobody knows -------------------------------------------------------------------

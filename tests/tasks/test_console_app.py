@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from journal import Journal, Keyspace, Run
+from journal import Effect, Journal, Keyspace, Run
 from journal.fixture import Fixture, export
 from journal.redact import add_secret
 from tasks.config import Config
@@ -218,3 +218,35 @@ def test_the_runs_page_pages_through_every_run_once_newest_first(runtime: Runtim
         assert answer.status_code == 400
         assert answer.get_data(as_text=True).startswith("digest console: " + reason)
         assert answer.get_data(as_text=True).count("\n") == 1
+
+
+def maybe_sent_run(run: Run) -> None:
+    def act(effect: Effect) -> None:
+        effect.confirm()
+        raise ConnectionResetError("the relay hung up at the end of the message")
+
+    run.effect("send", act, timeout=30)
+
+
+def test_a_send_that_may_have_happened_offers_mark_sent_and_resend_not_release(
+    runtime: Runtime,
+) -> None:
+    assert runtime.journal.execute("digest", "w1", maybe_sent_run).status == "waiting"
+    runtime.journal.execute("digest", "w2", hostile_run)
+    client = create_app(runtime, LOCAL).test_client()
+
+    page = client.get("/runs/w1").get_data(as_text=True)
+    assert '<section id="decision">' in page
+    assert 'id="mark-sent"' in page and 'id="resend"' in page
+    assert "may have been sent (the relay hung up at the end of the message)" in page
+    assert "digest release" not in page
+
+    other = client.get("/runs/w2").get_data(as_text=True)
+    assert 'id="mark-sent"' not in other
+    token = re.search(r'name="csrf" value="([^"]+)"', other)
+    assert token is not None
+    refused = client.post("/runs/w2/resend", data={"csrf": token.group(1)}, follow_redirects=True)
+    assert (
+        "run digest:w2: its email was never sent; there is nothing to decide: mark-sent and "
+        "resend settle an email `digest show` says may have been sent"
+    ) in refused.get_data(as_text=True)

@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 import redis
 
-from journal import Effect, Journal, Keyspace, Outcome, Run, Settings, StepEvent
+from journal import Journal, Keyspace, Outcome, Run, Settings, StepEvent
 from journal.errors import CorruptJournal, LeaseBusy
 from tasks.cli import main
 from tasks.config import Config
 from tasks.errors import EveryItemRefused, ModelAuthFailed, ModelRefused
 from tasks.items import Item
 from tasks.keys import DigestKeys, text
-from tasks.mail import Email, FileOutbox, Mailer, Receipt
+from tasks.mail import Email, FileOutbox, Mailer, Receipt, SendEffect
 from tasks.model import (
     DEFAULT_INTRO_MODEL,
     DEFAULT_SUMMARY_MODEL,
@@ -314,12 +314,13 @@ def test_a_crash_after_sending_but_before_saving_does_not_send_twice(
         """Delivers through the real outbox, then dies before ``send`` is recorded, once."""
 
         timeout = FileOutbox.timeout
+        deduplicates = FileOutbox.deduplicates
 
         def __init__(self, outbox: FileOutbox) -> None:
             self.outbox = outbox
             self.died = False
 
-        def send(self, key: str, email: Email, effect: Effect | None = None) -> Receipt:
+        def send(self, key: str, email: Email, effect: SendEffect | None = None) -> Receipt:
             receipt = self.outbox.send(key, email, effect)
             if not self.died:
                 self.died = True

@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from tests.fakes.smtp import Inbox, start_server
+from tests.fakes.smtp import Inbox
 from tests.support import RUN, Deployment, wait_until
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def inbox() -> Iterator[tuple[Inbox, str]]:
-    handler = Inbox()
-    controller = start_server(handler)
-    yield handler, f"smtp://127.0.0.1:{controller.port}"
-    controller.stop()
 
 
 def lease_free(deployment: Deployment) -> bool:
