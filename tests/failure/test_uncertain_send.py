@@ -23,6 +23,7 @@ import subprocess
 import time
 
 import pytest
+import redis
 
 from tests.failure.conftest import wait_for_status
 from tests.fakes.resend_api import API_KEY, FakeResend
@@ -94,9 +95,36 @@ def test_a_late_answer_to_the_end_of_data_keeps_its_items_and_is_emailed_once(
     print("late end-of-data answer: 1 email (the old mailer: 2), each of the 8 items once")
 
 
+REFUSALS = {
+    # Full under noeviction: every write that grows memory is refused.
+    "full": (
+        ("maxmemory", 1),
+        ("maxmemory", 0),
+        "OutOfMemoryError: command not allowed when used memory > 'maxmemory'. script: on "
+        "@user_script:29.",
+    ),
+    # Demoted to a replica (a failover's old primary): every write is refused.
+    "read-only": (
+        ("replicaof", "127.0.0.1 1"),
+        ("replicaof", "no one"),
+        "ReadOnlyError: You can't write against a read only replica. script: on @user_script:29.",
+    ),
+}
+
+
+def refuse_writes(store: redis.Redis, how: tuple[str, object]) -> None:
+    verb, value = how
+    if verb == "maxmemory":
+        store.config_set("maxmemory", value)  # type: ignore[arg-type]
+    else:
+        store.replicaof(*str(value).split())
+
+
+@pytest.mark.parametrize("refusal", sorted(REFUSALS))
 def test_a_store_that_refuses_the_receipt_is_one_line_and_never_a_second_email(
-    deployment: Deployment, inbox: tuple[Inbox, str]
+    deployment: Deployment, inbox: tuple[Inbox, str], refusal: str
 ) -> None:
+    refuse, restore, said = REFUSALS[refusal]
     handler, url = inbox
     deployment.env.update(DIGEST_SMTP_URL=url, DIGEST_OFFLINE="1")
     store = deployment.client()
@@ -112,19 +140,18 @@ def test_a_store_that_refuses_the_receipt_is_one_line_and_never_a_second_email(
     )
     try:
         assert reached.wait(30)
-        store.config_set("maxmemory", 1)  # full: every write that grows memory is refused
+        refuse_writes(store, refuse)
     finally:
         answer.set()
         out, err = running.communicate(timeout=60)
-    store.config_set("maxmemory", 0)
+    refuse_writes(store, restore)
 
     assert running.returncode == 1, out + err
     assert "Traceback" not in err, err
     [*_, line] = err.splitlines()  # after the offline summarizer's note
     assert line == (
         f"failed: run digest:{RUN}: its email was delivered, but the store refused to record it "
-        "(OutOfMemoryError: command not allowed when used memory > 'maxmemory'. script: on "
-        "@user_script:29.); it will not be sent again: once the store takes writes, `digest run "
+        f"({said}); it will not be sent again: once the store takes writes, `digest run "
         f"{RUN}` asks, and `digest mark-sent {RUN}` finishes it"
     )
     assert len(handler.messages) == 1
@@ -137,7 +164,7 @@ def test_a_store_that_refuses_the_receipt_is_one_line_and_never_a_second_email(
         f"email already sent earlier, not resent (digest-{RUN})"
     )
     assert [m["Message-ID"] for m in handler.messages] == [MESSAGE_ID]
-    print("receipt refused by the store: 1 email (the old code: 2)")
+    print(f"receipt refused by a {refusal} store: 1 email (the old code: 2)")
 
 
 def test_a_worker_whose_receipt_the_store_refuses_sends_once_and_goes_on(
