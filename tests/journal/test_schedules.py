@@ -15,6 +15,7 @@ the fast suite).
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -145,7 +146,8 @@ class Schedules(RuleBasedStateMachine):
         assert worker.run is not None
         claim = as_text(self.client.hget(self.keys.effects, "send") or b"")
         fence, _, rest = claim.partition(":")
-        if rest.endswith(":claimed") and int(fence) != worker.fence and rest != "1:claimed":
+        live = rest.endswith((":claimed", ":confirmed")) and not rest.startswith("1:")
+        if live and int(fence) != worker.fence:
             return  # an earlier claimant may still act: Effect.claim waits for its timeout
 
         def deliver(effect: Effect) -> dict[str, Any]:
@@ -160,11 +162,14 @@ class Schedules(RuleBasedStateMachine):
             try:
                 effect.accepted(receipt)
             except LeaseLost:
-                self.world.windows += 1  # accepted by the server, receipt refused
+                saved = self.client.hget(self.keys.effects, "send:receipt")
+                if saved is None or json.loads(saved) != receipt:
+                    self.world.windows += 1  # accepted by the server, receipt refused
                 raise
             return receipt
 
-        worker.run.effect("send", deliver, timeout=EFFECT_TIMEOUT)
+        # Repeatable: the outbox drops a repeat of the key, as a provider with keys does.
+        worker.run.effect("send", deliver, timeout=EFFECT_TIMEOUT, repeatable=True)
         worker.phase += 1
 
     def _finish(self, worker: Worker, _: bool) -> None:
@@ -195,9 +200,9 @@ class Schedules(RuleBasedStateMachine):
         """
         self.actor = 0
         claim = as_text(self.client.hget(self.keys.effects, "send") or b"")
-        if claim.endswith(":claimed"):
-            fence = claim.split(":", 1)[0]
-            self.client.hset(self.keys.effects, "send", f"{fence}:1:claimed")
+        fence, state = claim.partition(":")[0], claim.rpartition(":")[2]
+        if state in ("claimed", "confirmed"):
+            self.client.hset(self.keys.effects, "send", f"{fence}:1:{state}")
 
     @rule(seconds=st.sampled_from([1.0, 30.0, 61.0]))
     def tick(self, seconds: float) -> None:
