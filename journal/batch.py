@@ -7,7 +7,8 @@ For batch N of the step (a batch holds at most ``BatchPolicy.max_requests``; mor
 more batches, one after the other):
 
 1. **Plan.** ``plan:P-N`` records when, and the keys of the items the batch asks for (each
-   item's key is its request's ``custom_id``).
+   item's key is its request's ``custom_id``, or a digest of it where the provider would
+   refuse it: ``custom_id``).
 2. **Create**, as a fenced effect ``batch-P-N`` whose receipt is the batch (its id): claimed,
    the lease confirmed right before the request, the batch noted in the keyspace's registry
    (``Keyspace.batches``: batch id -> run) as soon as the provider answers, the receipt saved.
@@ -52,6 +53,7 @@ batch itself.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -134,7 +136,7 @@ class BatchEntry:
     """One item's entry in an ended batch's results.
 
     Attributes:
-        key: the request's ``custom_id``: the item's key.
+        key: the request's ``custom_id``: the item's key (``custom_id(key)``).
         type: ``succeeded``, ``errored``, ``canceled`` or ``expired``.
         body: the answer (JSON): the message of a ``succeeded`` entry, the error body of an
             ``errored`` one, None otherwise.
@@ -216,6 +218,17 @@ class BatchPolicy:
             raise ValueError("max_requests must be at least 1")
 
 
+def custom_id(key: str) -> str:
+    """The ``custom_id`` of the item keyed ``key``: itself, or a digest where it would not do.
+
+    A provider takes 1-64 of ``[a-zA-Z0-9_-]``; a feed's item ids are URLs. The digest is the
+    same on every attempt, so a resumed run matches the results it reads to its items.
+    """
+    if CUSTOM_ID.fullmatch(key):
+        return key
+    return "k" + hashlib.sha256(key.encode()).hexdigest()[:40]
+
+
 def plan_key(prefix: str, n: int) -> str:
     """The step that plans batch ``n`` of step ``prefix``."""
     return f"plan:{prefix}-{n}"
@@ -267,16 +280,12 @@ class _Batch(Generic[X, T]):
         self.reserve = reserve
         self.key = key
         self.ids = [key(item) for item in items]
-        for custom_id in self.ids:
-            if not CUSTOM_ID.fullmatch(custom_id):
-                raise ValueError(
-                    f"batch {prefix!r}: item key {custom_id!r} is not a batch custom_id "
-                    f"(1-64 of [a-zA-Z0-9_-])"
-                )
-        if len(set(self.ids)) != len(self.ids):
+        self.custom = [custom_id(item_key) for item_key in self.ids]
+        if len(set(self.custom)) != len(self.custom):
             raise ValueError(f"batch {prefix!r}: item keys are not unique")
-        self.index = {custom_id: n for n, custom_id in enumerate(self.ids)}
-        self.steps = [f"{prefix}:{custom_id}" for custom_id in self.ids]
+        self.index = {item_key: n for n, item_key in enumerate(self.ids)}
+        self.by_custom = {custom: n for n, custom in enumerate(self.custom)}
+        self.steps = [f"{prefix}:{item_key}" for item_key in self.ids]
         self.results: list[Any] = [None] * len(items)
         self.done: set[int] = set()
         self.first_at: float | None = None
@@ -340,7 +349,7 @@ class _Batch(Generic[X, T]):
         run = self.run
         key = effect_key(self.prefix, n)
         requests = [
-            {"custom_id": self.ids[i], "params": dict(self.request(self.items[i]))} for i in todo
+            {"custom_id": self.custom[i], "params": dict(self.request(self.items[i]))} for i in todo
         ]
         count = len(requests)
         since = float(planned["at"]) - self.policy.skew
@@ -478,8 +487,9 @@ class _Batch(Generic[X, T]):
         """Read the ended batch's results and record each item's, in item order."""
         run = self.run
 
-        def read() -> dict[str, BatchEntry]:
-            return {entry.key: entry for entry in self.api.results(state.id)}
+        def read() -> dict[int, BatchEntry]:
+            entries = self.api.results(state.id)
+            return {self.by_custom[e.key]: e for e in entries if e.key in self.by_custom}
 
         _, entries = retry_loop(
             f"results:{self.prefix}-{n}",
@@ -490,7 +500,7 @@ class _Batch(Generic[X, T]):
             run.check_lease,
         )
         for index in sorted(chunk):
-            entry = entries.get(self.ids[index])
+            entry = entries.get(index)
             if index in self.done or entry is None or entry.type in UNANSWERED:
                 continue  # recorded already, or asked synchronously after every batch
 

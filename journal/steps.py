@@ -354,7 +354,7 @@ class Run:
 
         Raises:
             Suspend: the run waits for the next look.
-            ValueError: an item key is not a batch ``custom_id``, or two are the same.
+            ValueError: two item keys are the same.
         """
         return run_batch(
             self,

@@ -704,6 +704,11 @@ class FakeAnthropic:
         self._cached.add(key)
         return total - cached, 0 if hit else cached, cached if hit else 0
 
+    def forget_cache(self) -> None:
+        """Empty the prompt cache, as five idle minutes would."""
+        with self._lock:
+            self._cached.clear()
+
     def hold(self) -> None:
         """Keep every call open, unanswered, until ``release()``."""
         self._released.clear()
