@@ -743,8 +743,10 @@ def batch_lines(
         line = f"{shown.step} {shown.state.id} {shown.state.status}, {size} ({counts})"
         if shown.cancelled:
             line += "; cancelled at its deadline"
-        if shown.outcome == "results":
-            line += "; answers recorded"
+        if shown.outcome == "results" and shown.state.counts.get("succeeded") == len(shown.keys):
+            line += "; every answer recorded"
+        elif shown.outcome == "results":
+            line += "; its answers recorded, the rest asked synchronously"
         elif shown.outcome == "give-up":
             line += "; given up on: the rest asked synchronously"
         elif shown.next_look is not None:
