@@ -202,6 +202,9 @@ def test_an_operators_cancel_cancels_the_runs_batch(
     started = batched.cli("run", "--batch", RUN)
     assert started.stdout.splitlines()[-1].startswith("waiting: batch summarize msgbatch_")
     batch = fake_anthropic.batches[0].id
+    waiting = f"summarize {batch} in_progress, {ITEMS} requests ({ITEMS} processing); looks next"
+    assert f"  batch {waiting}" in batched.cli("runs").stdout
+    assert f"\nbatch    {waiting}" in batched.cli("show", RUN).stdout
 
     cancelled = batched.cli("cancel", RUN)
 

@@ -23,6 +23,7 @@ from journal import Journal, Keyspace, Outcome, Settings
 from journal.inspect import inspect_run
 from tasks import model
 from tasks.config import Config
+from tasks.console import Names, create_app
 from tasks.cost import usage_of
 from tasks.errors import ModelRefused
 from tasks.keys import DigestKeys
@@ -51,7 +52,7 @@ class BatchDigest:
         self.items = tmp_path / "items.json"
         self.items.write_text(json.dumps(ITEMS), encoding="utf-8")
         self.state = tmp_path / "state"
-        self.journal = Journal(client, keyspace=Keyspace(prefix), settings=Settings(lease_ttl=5))
+        self.journal = Journal(client, keyspace=Keyspace(prefix), settings=Settings(lease_ttl=30))
 
     def runtime(self, limiter: RateLimiter | None = None, **settings: Any) -> Runtime:
         config = Config(
@@ -162,6 +163,54 @@ def test_a_waiting_batch_run_says_its_batch_its_counts_and_its_next_look(
     [line] = batch_lines(view.steps, view.wait, view.effects)
     batch = fake_anthropic.batches[0].id
     assert line.startswith(f"summarize {batch} in_progress, 3 requests (3 processing); looks")
+
+
+def test_the_console_shows_a_waiting_runs_batch_on_both_pages(
+    deployed: BatchDigest, fake_anthropic: FakeAnthropic
+) -> None:
+    runtime = deployed.runtime()
+    deployed.journal.execute(
+        "digest",
+        "w1",
+        lambda run: run_digest(run, runtime, DigestOptions(batch=True)),
+        args={"batch": True},
+    )
+    client = create_app(runtime, Names.bound("127.0.0.1", 80)).test_client()
+    batch = fake_anthropic.batches[0].id
+
+    listed = client.get("/").get_data(as_text=True)
+    page = client.get("/runs/w1").get_data(as_text=True)
+
+    shown = f"summarize {batch} in_progress, 3 requests (3 processing); looks next at"
+    assert f"batch {shown}" in listed
+    assert f'<dd class="batch">{shown}' in page
+
+
+def test_a_creation_the_api_refuses_for_its_queue_waits_its_retry_after_then_creates_once(
+    deployed: BatchDigest, fake_anthropic: FakeAnthropic
+) -> None:
+    fake_anthropic.queue_limit = 3
+    client = fake_anthropic.client()
+    client.messages.batches.create(  # another run's batch fills the queue for 0.3 s
+        requests=[
+            {"custom_id": f"x{n}", "params": runtime_params(n)}  # type: ignore[typeddict-item]
+            for n in range(3)
+        ]
+    )
+
+    outcome = deployed.finish("w1", deployed.runtime())
+
+    assert outcome.result["status"] == "sent"
+    assert [len(b.requests) for b in fake_anthropic.batches] == [3, 3, 1]  # refused, not made
+    assert fake_anthropic.calls == 0
+
+
+def runtime_params(n: int) -> dict[str, Any]:
+    return {
+        "model": DEFAULT_SUMMARY_MODEL,
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": f"other {n}"}],
+    }
 
 
 def test_an_item_refused_in_the_batch_is_skipped_and_an_expired_one_asked_synchronously(
