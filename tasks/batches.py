@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from journal.batch import BatchEntry, BatchState
+from tasks.errors import BadInput
 
 if TYPE_CHECKING:
     import anthropic
@@ -72,6 +73,45 @@ class AnthropicBatches:
         import anthropic
 
         return isinstance(error, anthropic.APIStatusError)
+
+
+class NoBatches:
+    """The batch API of a process with no ``ANTHROPIC_API_KEY``: a replay never calls it.
+
+    A batch run replayed without a key (``digest check-replay`` on a laptop, a fixture) takes
+    the same path as it did, its recorded steps answering; a live request fails in one line.
+    """
+
+    def create(self, requests: Sequence[Mapping[str, Any]]) -> BatchState:
+        """Refuse (see the class)."""
+        raise _no_key()
+
+    def retrieve(self, batch_id: str) -> BatchState:
+        """Refuse (see the class)."""
+        raise _no_key()
+
+    def recent(self, since: float) -> Iterator[BatchState]:
+        """Refuse (see the class)."""
+        raise _no_key()
+
+    def cancel(self, batch_id: str) -> BatchState:
+        """Refuse (see the class)."""
+        raise _no_key()
+
+    def results(self, batch_id: str) -> Iterable[BatchEntry]:
+        """Refuse (see the class)."""
+        raise _no_key()
+
+    def answered(self, error: BaseException) -> bool:
+        """Its own refusal: nothing was created."""
+        return isinstance(error, BadInput)
+
+
+def _no_key() -> BadInput:
+    return BadInput(
+        "ANTHROPIC_API_KEY is not set, and this run asks by Message Batches (frozen at its "
+        "first start): set the key, then run it again"
+    )
 
 
 def state_of(batch: MessageBatch) -> BatchState:

@@ -297,11 +297,17 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
         load_items(source)
     # What a worker would freeze (the workflow's defaults): the recipient and the gate are
     # read now, at the first start, and a later change of the environment changes nothing.
+    if args.batch and offline is not None and unstarted:
+        raise BadInput(
+            "--batch needs ANTHROPIC_API_KEY: the offline summarizer has no batches (and costs "
+            "nothing); set the key, or run without --batch"
+        )
     options = DigestOptions(
         to=args.to or config.recipient,
         items=args.items,
         approval=True if args.approval else config.approval,
-        batch=True if args.batch else config.batch,
+        # Offline, DIGEST_BATCH has nothing to batch: such a run asks synchronously, for free.
+        batch=bool(args.batch or config.batch) and offline is None,
     )
     try:
         outcome = workflow.run_here(run_id, options, on_step=_step_printer(offline))

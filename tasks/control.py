@@ -15,6 +15,7 @@ from journal import control
 from journal.batch import cancel_batches
 from journal.errors import ControlRefused, EffectUnderway, NothingToDecide
 from journal.inspect import inspect_run
+from tasks.batches import AnthropicBatches
 from tasks.claims import STUCK, holdings, let_go
 from tasks.errors import BadInput
 from tasks.mail import Receipt
@@ -56,7 +57,7 @@ def cancel(runtime: Runtime, run_id: str, reason: str = "") -> Answer:
     # Its batches too: nobody will read what they answer. A holder that learns of the cancel
     # cancels its own as well; cancelling twice is harmless.
     stopped = ""
-    if runtime.batches is not None:
+    if isinstance(runtime.batches, AnthropicBatches):  # a run that made none needs no key
         asked = cancel_batches(runtime.journal, WORKFLOW, run_id, runtime.batches)
         stopped = f"; its batch {', '.join(asked)} was cancelled" if asked else ""
     if landed.immediate:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -23,7 +24,7 @@ from typing import Any, Generic, TypeVar
 import redis
 
 from journal import Effect, Journal, RetryPolicy, Run, SignalResult
-from journal.batch import BatchEntry, BatchPolicy
+from journal.batch import BatchApi, BatchEntry, BatchPolicy
 from journal.batch import batches as batch_views
 from journal.events import emit
 from journal.inspect import RunView
@@ -31,7 +32,7 @@ from journal.records import Record
 from journal.waits import Wait
 from journal.workflow import workflow
 from tasks import faults
-from tasks.batches import MAX_REQUESTS, AnthropicBatches
+from tasks.batches import MAX_REQUESTS
 from tasks.budget import Reservation
 from tasks.claims import Held, held_elsewhere, let_go
 from tasks.cost import OFFLINE_MODEL, UnpricedAnswer, alias_of
@@ -40,14 +41,15 @@ from tasks.items import Item, load_items
 from tasks.keys import text
 from tasks.mail import Email, Receipt
 from tasks.model import (
+    INTRO_OUTPUT,
     MAX_TOKENS,
-    AnthropicSummarizer,
     ApiError,
     Completion,
     Summarizer,
     completion_of,
     is_transient,
     refusal_for,
+    request_params,
     retry_after_seconds,
 )
 from tasks.prompts import (
@@ -83,9 +85,14 @@ class DigestOptions:
 
 
 def frozen_settings() -> dict[str, Any]:
-    """The recipient, the approval gate and the batch mode, frozen at a run's first start."""
+    """The recipient, the approval gate and the batch mode, frozen at a run's first start.
+
+    A process with no API key has nothing to batch with (offline summaries are free): its
+    runs ask synchronously whatever ``DIGEST_BATCH`` says.
+    """
     config = process_config()
-    return {"to": config.recipient, "approval": config.approval, "batch": config.batch}
+    batch = config.batch and bool(os.environ.get("ANTHROPIC_API_KEY"))
+    return {"to": config.recipient, "approval": config.approval, "batch": batch}
 
 
 def _journal() -> Journal:
@@ -212,7 +219,7 @@ def run_digest(
 
     # 2. One model call per item, each its own step: a crash loses at most the calls in flight.
     #    Or, for a batch run, one Message Batch of them, each answer recorded as its own step.
-    batches = runtime.batches if options.batch is True else None
+    batches = runtime.batches if options.batch is True else None  # as frozen at its start
     with giving_up("summarize", policy):
         if batches is not None:
             summaries = summarize_batch(runtime, run, batches, week, calls, policy)
@@ -402,7 +409,7 @@ def batch_policy(runtime: Runtime) -> BatchPolicy:
 def summarize_batch(
     runtime: Runtime,
     run: Run,
-    batches: AnthropicBatches,
+    batches: BatchApi,
     week: list[Item],
     calls: CallCounter,
     policy: RetryPolicy,
@@ -415,8 +422,6 @@ def summarize_batch(
     whole before it is created and settled from its results once they are recorded.
     """
     model = runtime.config.summary_model
-    summarizer = runtime.summarizer
-    assert isinstance(summarizer, AnthropicSummarizer)
 
     def ask(item: Item) -> dict[str, Any]:
         return summarize(runtime, run, item, calls)
@@ -439,7 +444,7 @@ def summarize_batch(
     results = run.batch(
         "summarize",
         week,
-        summarizer.summary_request,
+        lambda item: request_params(model, SUMMARY_SYSTEM, summary_prompt(item)),
         key=lambda item: item.id,
         api=batches,
         settle=settle,
@@ -456,7 +461,7 @@ def summarize_batch(
 def compose_batch(
     runtime: Runtime,
     run: Run,
-    batches: AnthropicBatches,
+    batches: BatchApi,
     kept: list[tuple[Item, str]],
     calls: CallCounter,
     policy: RetryPolicy,
@@ -466,8 +471,6 @@ def compose_batch(
     A refusal of it fails the run, as the synchronous call's does: there is no email without it.
     """
     model = runtime.config.intro_model
-    summarizer = runtime.summarizer
-    assert isinstance(summarizer, AnthropicSummarizer)
 
     def ask(pairs: list[tuple[Item, str]]) -> dict[str, Any]:
         return compose(runtime, run, pairs, calls)
@@ -489,7 +492,7 @@ def compose_batch(
     [intro] = run.batch(
         "compose",
         [kept],
-        summarizer.intro_request,
+        lambda pairs: request_params(model, INTRO_SYSTEM, intro_prompt(pairs), INTRO_OUTPUT),
         key=lambda _: "opening",
         api=batches,
         settle=settle,

@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 import redis
 
-from journal import Journal, Keyspace, Outcome, Settings
+from journal import Journal, Keyspace, Outcome, Settings, fixture
 from journal.inspect import inspect_run
+from journal.testing import replay
 from tasks import model
 from tasks.config import Config
 from tasks.console import Names, create_app
@@ -30,8 +31,8 @@ from tasks.keys import DigestKeys
 from tasks.mail import FileOutbox
 from tasks.model import DEFAULT_INTRO_MODEL, DEFAULT_SUMMARY_MODEL, AnthropicSummarizer
 from tasks.ratelimit import RateLimiter
-from tasks.runtime import Runtime
-from tasks.workflow import DigestOptions, batch_lines, run_digest
+from tasks.runtime import Runtime, storeless
+from tasks.workflow import DigestOptions, batch_lines, digest, run_digest
 from tests.fakes.anthropic_server import CREDIT_TOO_LOW, PROMPT_TOO_LONG, FakeAnthropic
 from tests.support import as_text
 
@@ -211,6 +212,23 @@ def runtime_params(n: int) -> dict[str, Any]:
         "max_tokens": 16,
         "messages": [{"role": "user", "content": f"other {n}"}],
     }
+
+
+def test_a_batch_run_replays_without_a_key_as_it_ran(
+    deployed: BatchDigest, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran = deployed.finish("w1", deployed.runtime())
+    recorded = fixture.export(deployed.journal, "digest", "w1")
+    requests = (len(fake_anthropic.batches), fake_anthropic.calls)
+    monkeypatch.delenv("ANTHROPIC_API_KEY")  # a laptop's check-replay: nothing to batch with
+
+    with storeless():
+        replayed = replay(digest, recorded)
+
+    assert replayed.ran == () and replayed.result["status"] == "sent"
+    assert replayed.result["model_calls"] == 0 and "batch_requests" not in replayed.result
+    assert ran.result["receipt"] == replayed.result["receipt"]
+    assert (len(fake_anthropic.batches), fake_anthropic.calls) == requests
 
 
 def test_an_item_refused_in_the_batch_is_skipped_and_an_expired_one_asked_synchronously(
