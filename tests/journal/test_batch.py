@@ -9,6 +9,7 @@ happened: adopted, its duplicates cancelled, and the window left.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -512,3 +513,29 @@ def test_the_batches_a_run_records_are_what_operators_read(
     assert (shown.state.status, shown.state.counts["processing"]) == ("in_progress", 3)
     assert waiting.wait is not None and shown.next_look == waiting.wait.until == T0 + 90
     assert (shown.outcome, shown.creating, shown.cancelled) == (None, False, False)
+
+
+def test_keys_a_provider_would_refuse_are_sent_as_their_digest_and_matched_back(
+    journal: Journal, clock: ManualClock, provider: Provider
+) -> None:
+    urls = ["https://example.com/a", "tag:example.com,2026:b"]
+
+    def body(run: Run) -> list[dict[str, Any]]:
+        flow = Digestish(provider)
+        return run.batch(
+            "ask",
+            urls,
+            lambda item: {"prompt": item},
+            key=lambda item: item,
+            api=provider,
+            settle=flow.settle,
+            fallback=flow.fallback,
+            policy=flow.policy,
+        )
+
+    outcome, _ = drive(journal, clock, body)
+
+    [sent] = [b.keys for b in provider.held.values()]
+    assert all(re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", custom) for custom in sent)
+    assert [r["text"] for r in outcome.result] == [f"answer {custom}" for custom in sent]
+    assert [k for k in keys_of(journal) if k.startswith("ask:")] == [f"ask:{u}" for u in urls]
