@@ -307,7 +307,8 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
         items=args.items,
         approval=True if args.approval else config.approval,
         # Offline, DIGEST_BATCH has nothing to batch: such a run asks synchronously, for free.
-        batch=bool(args.batch or config.batch) and offline is None,
+        # Frozen only when true: a run that leaves it out asks synchronously, as ever.
+        batch=True if (args.batch or config.batch) and offline is None else None,
     )
     try:
         outcome = workflow.run_here(run_id, options, on_step=_step_printer(offline))

@@ -91,8 +91,10 @@ def frozen_settings() -> dict[str, Any]:
     runs ask synchronously whatever ``DIGEST_BATCH`` says.
     """
     config = process_config()
-    batch = config.batch and bool(os.environ.get("ANTHROPIC_API_KEY"))
-    return {"to": config.recipient, "approval": config.approval, "batch": batch}
+    frozen: dict[str, Any] = {"to": config.recipient, "approval": config.approval}
+    if config.batch and os.environ.get("ANTHROPIC_API_KEY"):
+        frozen["batch"] = True  # left out, a run asks synchronously, as every run did before
+    return frozen
 
 
 def _journal() -> Journal:
