@@ -126,8 +126,11 @@ class Budget:
     def settle_batch(self, keys: RunKeys, step: str, cost: float) -> bool:
         """Replace the holds of ``step``'s batches by what their results cost, once.
 
+        With no hold to replace (a fork replaying batches its source paid for: its spend was
+        started from the journal, those costs included) nothing is counted.
+
         Returns:
-            Whether it settled now (False: settled before, or no budget).
+            Whether it settled now (False: settled before, nothing held, or no budget).
         """
         if self.limit is None:
             return False
