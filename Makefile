@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-fast mutants mutmut coverage lint runtime install bench bench-throughput bench-timers bench-latency bench-limits stop clean
+.PHONY: run test test-fast mutants mutmut coverage lint runtime install bench bench-throughput bench-timers bench-latency bench-limits bench-cost stop clean
 
 # Installing prints nothing when it works (pip and setuptools are chatty even when quiet);
 # when it fails, everything it printed, then one line saying so. `make run` needs the runtime
@@ -83,6 +83,10 @@ bench-latency: install
 # Digests against the fake API's enforced rate limits: pace against the floor, requests refused.
 bench-limits: install
 	$(BIN)/python bench/limits.py
+
+# The same week synchronously and by Message Batches: cost at published prices, wall time.
+bench-cost: install
+	$(BIN)/python bench/cost.py
 
 # A million runs pending in the due index, two sweepers racing to claim the due ones.
 bench-timers: install

@@ -1,8 +1,10 @@
 """Durable keyed steps for Celery tasks, journaled in Redis under a fenced lease.
 
 The public face: the names below, and these modules: ``journal.errors`` (every exception,
-one root), ``journal.durable`` (the Celery integration), ``journal.inspect`` and
-``journal.control`` (what operators read and do), ``journal.fixture``, ``journal.testing``
+one root), ``journal.durable`` (the Celery integration), ``journal.batch`` (a provider
+batch as a step: the adapter it calls, its policy, what operators read of it and undo),
+``journal.inspect`` and ``journal.control`` (what operators read and do), ``journal.fixture``,
+``journal.testing``
 (with ``journal.pytest_plugin``) and ``journal.preflight`` (a recorded run as a document,
 replayed in tests and checked before a deploy), ``journal.contrib`` (the embedded server
 and start-up checks, kept apart from the core). Every other module is internal and may

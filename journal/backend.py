@@ -280,11 +280,14 @@ class EffectTerms:
             that may have happened is repeated under it instead of waiting for a decision.
         unknown: why the effect may have happened, should the claim find an earlier claimant
             that confirmed and never settled (a line for the operator).
+        revocable: an operator's cancel may end the run whatever the claim's state: its
+            application undoes what the effect started (a provider batch is cancelled).
     """
 
     claim_ms: int
     repeatable: bool
     unknown: str
+    revocable: bool = False
 
 
 @dataclass(frozen=True)
@@ -364,6 +367,14 @@ class StepStore(Protocol):
         self, keys: RunKeys, holder: str, effect: str, fence: int, state: str, receipt: bytes
     ) -> Settled:
         """Settle this fence's claim: ``done``, ``released`` or ``ambiguous``."""
+        ...
+
+    def batch_owners(self, batch_ids: Sequence[str]) -> dict[str, str]:
+        """The run each of these provider batches belongs to, where one is known."""
+        ...
+
+    def own_batch(self, batch_id: str, run: str, *, first: bool) -> str:
+        """Note ``batch_id`` as ``run``'s (only if nobody's yet, when ``first``); its owner."""
         ...
 
 
@@ -658,6 +669,7 @@ class RedisBackend:
                 earlier,
                 "1" if terms.repeatable else "",
                 terms.unknown,
+                "1" if terms.revocable else "",
             ],
         )
         status = code("effect_claim", reply, EffectClaimed)
@@ -688,6 +700,31 @@ class RedisBackend:
             keys=[keys.lease, keys.effects], args=[holder, effect, fence, state, receipt]
         )
         return code("effect_settle", reply, Settled)
+
+    def batch_owners(self, batch_ids: Sequence[str]) -> dict[str, str]:
+        """The run each of these provider batches belongs to, where one is known (HMGET)."""
+        if not batch_ids:
+            return {}
+        owners = self.client.hmget(self.keyspace.batches, list(batch_ids))
+        return {
+            batch_id: _text(owner)
+            for batch_id, owner in zip(batch_ids, owners, strict=True)
+            if owner is not None
+        }
+
+    def own_batch(self, batch_id: str, run: str, *, first: bool) -> str:
+        """Note ``batch_id`` as ``run``'s; its owner after (another run's, if ``first`` lost).
+
+        ``first``: only if no run owns it yet (``HSETNX``), as a run adopting a batch it may
+        have created does; a run that has just created it sets it outright.
+        """
+        pipe = self.client.pipeline(transaction=True)
+        if first:
+            pipe.hsetnx(self.keyspace.batches, batch_id, run)
+        else:
+            pipe.hset(self.keyspace.batches, batch_id, run)
+        pipe.hget(self.keyspace.batches, batch_id)
+        return _text(pipe.execute()[-1])
 
     def effect_decide(
         self, keys: RunKeys, effect: str, decision: str, receipt: bytes

@@ -227,10 +227,17 @@ def unsettled_effects(journal: Journal, keys: RunKeys) -> dict[str, str]:
     """The run's effects not known to have not happened, by step key: their states.
 
     A run that did not finish keeps them (and the purge keeps the run): whatever it claimed
-    for them elsewhere may be in use by what they did.
+    for them elsewhere may be in use by what they did. A revocable effect (a provider batch)
+    is not among them: its application undoes it when the run is cancelled.
     """
+    raw = journal.call(journal.backend.effects, keys)
+    revocable = {
+        field.decode(errors="replace").removesuffix(":revocable")
+        for field in raw
+        if field.endswith(b":revocable")
+    }
     return {
         effect: state
         for effect, state in journal.effect_states(keys).items()
-        if state != "released"
+        if state != "released" and effect not in revocable
     }

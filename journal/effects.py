@@ -74,6 +74,8 @@ class Effect:
         earlier: the receipt an earlier holder saved (the effect happened: do not act), or None.
         timeout: seconds after its claim within which the effect may pass ``last_moment``.
         repeatable: the receiver drops a repeat of the idempotency key.
+        revocable: an operator's cancel of the run does not wait for this effect: the
+            application undoes what it started.
         confirmed: ``confirm`` passed: from here on the effect may have happened.
         outcome: how this holder settled the claim (``done``, ``released``, ``ambiguous``),
             ``done`` when an earlier holder had, or None while it is open.
@@ -91,11 +93,13 @@ class Effect:
         key: str,
         timeout: float,
         repeatable: bool = False,
+        revocable: bool = False,
     ) -> None:
         self.run = keys.run
         self.key = key
         self.timeout = timeout
         self.repeatable = repeatable
+        self.revocable = revocable
         self.resumed = False
         self.earlier: Any = None
         self._backend = backend
@@ -123,6 +127,7 @@ class Effect:
             claim_ms(self.timeout),
             self.repeatable,
             f"an earlier holder stopped after confirming {self.key!r}, before saving its outcome",
+            self.revocable,
         )
         earlier = ""
         while True:

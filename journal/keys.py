@@ -221,6 +221,15 @@ class Keyspace:
         return self._single().runs
 
     @property
+    def batches(self) -> str:
+        """Hash: provider batch id -> the full id of the run it belongs to (``journal.batch``).
+
+        One key for the keyspace, in any slot: a run resolving a batch creation it may have
+        made reads it to tell its own batches from other runs'. Never read in a script.
+        """
+        return f"{self.prefix}:batches"
+
+    @property
     def due(self) -> str:
         """Sorted set: full run id by the time (ms) someone must look at it again.
 

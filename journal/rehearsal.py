@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol, TypeVar
 
@@ -145,6 +145,14 @@ class MemoryStore:
     ) -> Settled:
         """Refuse, as ``effect_claim`` does: no claim of a replay ever stands."""
         self._policy.refuse_effect(effect)
+
+    def batch_owners(self, batch_ids: Sequence[str]) -> dict[str, str]:
+        """Refuse: only a batch's creation, an effect, reads the registry."""
+        self._policy.refuse_effect("batch registry")
+
+    def own_batch(self, batch_id: str, run: str, *, first: bool) -> str:
+        """Refuse, as ``batch_owners`` does."""
+        self._policy.refuse_effect("batch registry")
 
 
 class _Held:

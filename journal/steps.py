@@ -12,13 +12,14 @@ import contextvars
 import functools
 import threading
 import uuid as uuid_module
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from journal import codec, records
 from journal.backend import NO_WAIT, Recorded, RecordWait, StepStore
+from journal.batch import BatchApi, BatchEntry, BatchPolicy, run_batch
 from journal.clock import Clock, millis
 from journal.effects import Effect, run_effect
 from journal.errors import (
@@ -179,7 +180,13 @@ class Run:
         return recorded["result"]  # type: ignore[no-any-return]
 
     def effect(
-        self, key: str, fn: Callable[[Effect], T], *, timeout: float, repeatable: bool = False
+        self,
+        key: str,
+        fn: Callable[[Effect], T],
+        *,
+        timeout: float,
+        repeatable: bool = False,
+        revocable: bool = False,
     ) -> T:
         """A step that acts outside Redis, performed by at most one lease holder at a time.
 
@@ -196,6 +203,10 @@ class Run:
         died after it) is repeated under the same key only when ``repeatable`` (the receiver
         drops repeats of the key); otherwise the run suspends until an operator decides
         (``journal.control.decide``) whether it happened.
+
+        A claimed effect refuses an operator's cancel of the run (what follows it must run),
+        unless it is ``revocable``: its application undoes what it started when the run is
+        cancelled (a provider batch, cancelled; ``journal.batch``).
 
         Raises:
             LeaseLost: the lease was lost before the claim, at ``confirm`` or at the record.
@@ -216,6 +227,7 @@ class Run:
             key=key,
             timeout=timeout,
             repeatable=repeatable,
+            revocable=revocable,
         )
         try:
             result = run_effect(handle, fn)
@@ -312,6 +324,52 @@ class Run:
         if first_error is not None:
             raise first_error
         return results
+
+    def batch(
+        self,
+        prefix: str,
+        items: Sequence[X],
+        request: Callable[[X], Mapping[str, Any]],
+        *,
+        key: Callable[[X], str],
+        api: BatchApi,
+        settle: Callable[[X, BatchEntry], T],
+        fallback: Callable[[X], T],
+        policy: BatchPolicy | None = None,
+        retry: RetryPolicy | None = None,
+        concurrency: int = 3,
+        reserve: Callable[[str, Sequence[X]], None] | None = None,
+    ) -> list[T]:
+        """One step per item, asked of a provider as one batch and awaited durably.
+
+        ``request(item)`` is the item's request (its parameters; ``key(item)`` becomes its
+        ``custom_id``), ``settle(item, entry)`` the step result of an item the batch answered
+        (``succeeded`` or ``errored``: it may raise to fail the run), ``fallback(item)`` the
+        step result of one it did not (``expired``, ``canceled``, past the deadline), asked
+        synchronously with ``retry`` and ``concurrency`` as ``map`` asks. ``reserve(effect,
+        items)`` is called before a batch is created (a budget's hold, under a name derived
+        from ``effect``, the creation's key, so a repeated creation holds the same). Between
+        looks the run suspends (``Suspend``): the caller's worker is free. See
+        ``journal.batch`` for the steps it records and what a crash at each leaves.
+
+        Raises:
+            Suspend: the run waits for the next look.
+            ValueError: two item keys are the same.
+        """
+        return run_batch(
+            self,
+            prefix,
+            items,
+            request,
+            key=key,
+            api=api,
+            settle=settle,
+            fallback=fallback,
+            policy=policy or BatchPolicy(),
+            retry=retry,
+            concurrency=concurrency,
+            reserve=reserve,
+        )
 
     def now(self, key: str) -> float:
         """The wall time, recorded once: a replay sees the time of the first attempt."""

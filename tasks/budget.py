@@ -15,6 +15,11 @@ cost far less than they reserved), then asks again; one that does not fit even i
 nothing stops the run with ``BudgetExceeded``. A reservation nobody settles (its process died
 mid-call) lapses after the call's time limit and a margin.
 
+A Message Batch is reserved as a whole before it is created (``reserve_batch``: its
+requests' estimates at batch prices, under the creation's name, held until the batch could
+have expired), and settled once from its results' journaled costs (``settle_batch``, which a
+replay repeats harmlessly). Its items asked synchronously after all reserve call by call.
+
 The spend lives in the run's usage hash, started from the journal's recorded costs the first
 time a run reserves (a run begun before the hash existed, or a fork, counts what its journal
 already paid for), then counted call by call: a call made again after a crash is paid again.
@@ -40,6 +45,8 @@ NANO = 1_000_000_000
 POLL_S = 0.05
 # A reservation outlives its call's time limit by this much before it lapses.
 LAPSE_MARGIN_S = 30.0
+# A batch's reservation holds until the batch could have expired (24 h), and a margin.
+BATCH_LAPSE_S = 25 * 3600.0
 
 
 def _nanodollars(amount: float) -> int:
@@ -90,15 +97,45 @@ class Budget:
         self.prices = prices
         self.lapse_ms = int((call_timeout + LAPSE_MARGIN_S) * 1000)
         self._sleep = sleep
-        source = resources.files("tasks").joinpath("lua", "budget_reserve.lua")
-        self._reserve = Script(client, source.read_text(encoding="utf-8"))
+        lua = resources.files("tasks").joinpath("lua")
+        self._reserve = Script(client, lua.joinpath("budget_reserve.lua").read_text("utf-8"))
+        self._settle = Script(client, lua.joinpath("budget_settle.lua").read_text("utf-8"))
 
-    def estimate(self, model: str, input_tokens: int, max_tokens: int) -> float:
+    def estimate(
+        self, model: str, input_tokens: int, max_tokens: int, *, batch: bool = False
+    ) -> float:
         """What a call may cost at most, give or take the input estimate; 0 if unpriced.
 
         An unpriced model cannot be budgeted; the configuration refuses a budget over one.
         """
-        return self.prices.cost(model, input_tokens, max_tokens) or 0.0
+        return self.prices.cost(model, input_tokens, max_tokens, batch=batch) or 0.0
+
+    def reserve_batch(self, keys: RunKeys, name: str, estimate: float) -> None:
+        """Hold ``estimate`` for the batch created as ``name`` until ``settle_batch``.
+
+        Held again under the same name (a creation repeated after a crash), it is replaced.
+
+        Raises:
+            BudgetExceeded: the batch does not fit even if every call in flight is free.
+        """
+        if self.limit is None:
+            return
+        held = Reservation(self, keys.usage, name, estimate)
+        self._wait_for_room(keys, name, held, lapse_ms=int(BATCH_LAPSE_S * 1000))
+
+    def settle_batch(self, keys: RunKeys, step: str, cost: float) -> bool:
+        """Replace the holds of ``step``'s batches by what their results cost, once.
+
+        With no hold to replace (a fork replaying batches its source paid for: its spend was
+        started from the journal, those costs included) nothing is counted.
+
+        Returns:
+            Whether it settled now (False: settled before, nothing held, or no budget).
+        """
+        if self.limit is None:
+            return False
+        reply = self._settle(keys=[keys.usage], args=[step, f"batch-{step}-", _nanodollars(cost)])
+        return bool(int(reply))
 
     @contextmanager
     def hold(self, keys: RunKeys, step: str, estimate: float) -> Iterator[Reservation | None]:
@@ -124,7 +161,9 @@ class Budget:
             if not reservation.settled:
                 reservation.settle(0.0)
 
-    def _wait_for_room(self, keys: RunKeys, step: str, reservation: Reservation) -> None:
+    def _wait_for_room(
+        self, keys: RunKeys, step: str, reservation: Reservation, lapse_ms: int | None = None
+    ) -> None:
         assert self.limit is not None
         seed = ""
         while True:
@@ -134,7 +173,7 @@ class Budget:
                     reservation.id,
                     _nanodollars(reservation.amount),
                     int(self.limit * NANO),
-                    self.lapse_ms,
+                    self.lapse_ms if lapse_ms is None else lapse_ms,
                     seed,
                 ],
             )

@@ -51,6 +51,7 @@ from tasks.runtime import Runtime, use_runtime
 from tasks.schedule import iso_week_run_id
 from tasks.workflow import (
     DigestOptions,
+    batch_lines,
     decide_send,
     digest,
     draft_digest,
@@ -97,6 +98,12 @@ def _parser() -> argparse.ArgumentParser:
         "--retry",
         action="store_true",
         help="make a failed, parked or retrying run ready to start again, then run it",
+    )
+    run.add_argument(
+        "--batch",
+        action="store_true",
+        help="a new run asks by Message Batches, at half the price (DIGEST_BATCH); the "
+        "command exits while a batch processes, saying when to run it again",
     )
 
     enqueue = sub.add_parser("enqueue", help="hand a run to the Celery workers")
@@ -290,10 +297,18 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
         load_items(source)
     # What a worker would freeze (the workflow's defaults): the recipient and the gate are
     # read now, at the first start, and a later change of the environment changes nothing.
+    if args.batch and offline is not None and unstarted:
+        raise BadInput(
+            "--batch needs ANTHROPIC_API_KEY: the offline summarizer has no batches (and costs "
+            "nothing); set the key, or run without --batch"
+        )
     options = DigestOptions(
         to=args.to or config.recipient,
         items=args.items,
         approval=True if args.approval else config.approval,
+        # Offline, DIGEST_BATCH has nothing to batch: such a run asks synchronously, for free.
+        # Frozen only when true: a run that leaves it out asks synchronously, as ever.
+        batch=True if (args.batch or config.batch) and offline is None else None,
     )
     try:
         outcome = workflow.run_here(run_id, options, on_step=_step_printer(offline))
@@ -321,6 +336,16 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
             )
             return EXIT_OK
         until = _when(outcome.wait.until) if outcome.wait.until else "no time limit"
+        if outcome.wait.step.startswith("sleep:look:"):
+            seen = inspect_run(journal, workflow.name, run_id)
+            shown = batch_lines(seen.steps, seen.wait, seen.effects)
+            print(
+                _printable(
+                    f"waiting: batch {shown[-1] if shown else '?'}; run `digest run {run_id}` "
+                    "again then, or let a worker and beat resume it"
+                )
+            )
+            return EXIT_OK
         print(
             f"waiting: {outcome.wait.kind} {outcome.wait.signal or outcome.wait.step} "
             f"(until {until}); `digest approve {run_id}` or `digest reject {run_id} --reason ...`"
@@ -344,6 +369,8 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
         if offline_made
         else f"{result['model_calls']} model calls"
     )
+    if result.get("batch_requests"):
+        made += f" and {result['batch_requests']} batch requests"
     line = f"{result['status']}: {items}, {made} in this attempt{receipt_line(result)}"
     print(_printable("; ".join([line, *(entry.line() for entry in held)])))
     return EXIT_OK
@@ -395,6 +422,9 @@ def cmd_runs(config: Config, run_id: str, args: argparse.Namespace) -> int:
             f"{usage.calls} calls {dollars(usage.cost_usd)}"
         )
         flags = [_fate(row.meta) or _outcome(row.meta), _holds(held.get(row.run, 0))]
+        if row.state not in ("done", "cancelled", "failed"):
+            wait = Wait.from_meta(row.run, row.meta["wait"]) if row.meta.get("wait") else None
+            flags += [f"batch {line}" for line in batch_lines(row.steps, wait)]
         print(_printable("  ".join([line, *(flag for flag in flags if flag)])))
     if len(rows) > args.limit:
         status = f" --status {args.status}" if args.status else ""
@@ -731,6 +761,13 @@ def _render(view: RunView, held: int = 0, limits: Sequence[LimitState] = ()) -> 
         lines.append(
             f"waiting  {view.wait.kind} {view.wait.signal or view.wait.step} until {until}"
         )
+    shown = batch_lines(view.steps, view.wait, view.effects)
+    lines.extend(f"{'batch' if n == 0 else '':8} {line}" for n, line in enumerate(shown))
+    usage = usage_of(record.result for record in view.steps)
+    lines.append(
+        f"cache    hit ratio {usage.cache_hit_ratio:.2f} ({usage.cache_read_tokens} prompt "
+        f"tokens read from the cache, {usage.cache_write_tokens} written to it)"
+    )
     # Not the run's own: every process on the API key shares them (tasks.ratelimit).
     lines.extend(f"{'limits' if n == 0 else '':8} {state.line()}" for n, state in enumerate(limits))
     lines.append("")
@@ -741,13 +778,15 @@ def _render(view: RunView, held: int = 0, limits: Sequence[LimitState] = ()) -> 
             f"{_usage(record.result):>13} {_cost(record.result):>9}  {_result_text(record)}"
         )
     lines += _prompt_lines(view)
-    usage = usage_of(record.result for record in view.steps)
     unpriced = f" ({usage.unpriced} calls unpriced)" if usage.unpriced else ""
     offline = f" ({usage.offline} offline summaries)" if usage.offline else ""
+    batched = f" ({usage.batched} by batch, at half the price)" if usage.batched else ""
     lines.append(
-        f"\n{len(view.steps)} steps, {usage.calls} model calls{offline}, {usage.input_tokens} "
-        f"input + {usage.output_tokens} output tokens, {dollars(usage.cost_usd)}{unpriced}"
+        f"\n{len(view.steps)} steps, {usage.calls} model calls{batched}{offline}, "
+        f"{usage.input_tokens} input + {usage.output_tokens} output tokens, "
+        f"{dollars(usage.cost_usd)}{unpriced}"
     )
+
     draft = view.step("draft")
     if view.wait is not None and view.wait.signal == "approval" and draft is not None:
         email = draft.result

@@ -187,6 +187,13 @@ class Config:
         max_cost_usd: a run's model budget in dollars; None for no limit.
         prices: the per-model price table a call's cost is computed with.
         rate_limits: model API rate limits set over what the API's headers say.
+        batch: new runs send their model requests as Message Batches (half the price, within
+            hours) instead of one call at a time; frozen with each run at its first start.
+        batch_deadline: seconds from a batch step's start after which what its batch has not
+            answered is cancelled and asked synchronously.
+        batch_first_look: seconds from a batch's creation to the run's first look at it; the
+            wait doubles after each look, up to ``batch_max_look``.
+        batch_max_look: the longest wait between two looks, in seconds.
         consumer_timeout: RabbitMQ's delivery acknowledgement timeout (its ``consumer_timeout``,
             30 minutes unless the broker's configuration or a queue policy says otherwise),
             in seconds. A delivery still running then has its channel closed and its message
@@ -242,6 +249,10 @@ class Config:
     metrics_port: int | None = None
     log_format: str = "text"
     run_retention: float | None = None
+    batch: bool = False
+    batch_deadline: float = 4 * 3600.0
+    batch_first_look: float = 30.0
+    batch_max_look: float = 300.0
     prices: PriceTable = field(default_factory=PriceTable)
     rate_limits: Overrides = field(default_factory=Overrides)
 
@@ -309,6 +320,17 @@ class Config:
             raise BadInput(
                 f"DIGEST_MAX_COST_USD is set but {', '.join(unpriced)} has no price, so its "
                 "calls could not count against it; add it to DIGEST_PRICES or DIGEST_PRICES_FILE"
+            )
+        if self.batch_first_look > self.batch_max_look:
+            raise BadInput(
+                f"DIGEST_BATCH_FIRST_LOOK={self.batch_first_look:g} must not exceed "
+                f"DIGEST_BATCH_MAX_LOOK={self.batch_max_look:g}: the wait between looks "
+                "doubles from the first up to the longest"
+            )
+        if not 0 < self.batch_deadline < 24 * 3600:
+            raise BadInput(
+                f"DIGEST_BATCH_DEADLINE={self.batch_deadline:g}s must be more than 0 and less "
+                "than 24h, when the API expires a batch by itself; use 4h, say"
             )
         if self.run_retry_delay > self.run_retry_max_delay:
             raise BadInput(
@@ -436,6 +458,7 @@ Kind = Literal[
     "optional_number",
     "optional_count",
     "optional_duration",
+    "duration",
 ]
 
 
@@ -490,6 +513,8 @@ class Setting:
         raw = env.get(self.env) or None
         if self.kind == "optional_duration":
             return None if raw is None else parse_duration(self.env, raw)
+        if self.kind == "duration":
+            return self.default if raw is None else parse_duration(self.env, raw)
         if self.kind == "optional":
             return raw
         if raw is None:
@@ -882,6 +907,41 @@ SETTINGS: tuple[Setting, ...] = (
         0,
         1e6,
         shown="unset: no limit",
+    ),
+    Setting(
+        "DIGEST_BATCH",
+        "batch",
+        "flag",
+        "1: new runs ask the model by Message Batches (`digest run --batch` for one run): the "
+        "summaries as one batch, then the opening as a second, at half the price; each run "
+        "waits without a worker, looking at its batch now and then",
+    ),
+    Setting(
+        "DIGEST_BATCH_DEADLINE",
+        "batch_deadline",
+        "duration",
+        "from a batch step's start: what its batch has not answered by then is cancelled and "
+        "asked synchronously, so a slow batch never makes the email late (schedule batch "
+        "weeks this much earlier than the email must arrive)",
+        shown="`4h`",
+    ),
+    Setting(
+        "DIGEST_BATCH_FIRST_LOOK",
+        "batch_first_look",
+        "number",
+        "from a batch's creation to the run's first look at it; doubles after each look",
+        0.1,
+        3600,
+        "s",
+    ),
+    Setting(
+        "DIGEST_BATCH_MAX_LOOK",
+        "batch_max_look",
+        "number",
+        "the longest wait between two looks at a batch (a `retry-after` may ask longer)",
+        0.1,
+        86400,
+        "s",
     ),
     Setting(
         "DIGEST_PRICES_FILE",

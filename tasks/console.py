@@ -48,12 +48,13 @@ from journal.inspect import (
 from journal.keys import validate_run_id
 from journal.records import Record
 from journal.redact import redact
+from journal.waits import Wait
 from tasks import control
 from tasks.claims import holdings
 from tasks.cost import dollars, is_call, usage_of
 from tasks.errors import BadInput, DigestError
 from tasks.runtime import Runtime, prepare_metrics
-from tasks.workflow import email_state
+from tasks.workflow import batch_lines, email_state
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 WILDCARDS = ("0.0.0.0", "::", "")
@@ -158,10 +159,15 @@ def row_summary(row: RunRow, held: int = 0) -> dict[str, Any]:
     wait = json.loads(row.meta["wait"]) if row.meta.get("wait") else None
     created = int(row.meta.get("created_at", "0") or 0)
     ended = int(row.meta.get("finished_at", "0") or 0) or int(row.meta.get("updated_at", "0") or 0)
+    said = detail(row.meta, wait)
+    if wait and str(wait.get("step", "")).startswith("sleep:look:"):
+        # A batch run's wait, in words: its batch, its counts, when it looks next.
+        lines = batch_lines(row.steps, Wait.from_json(wait))
+        said = f"batch {lines[-1]}" if lines else said
     return {
         "run_id": row.run_id,
         "state": row.state,
-        "detail": detail(row.meta, wait),
+        "detail": said,
         "started": when(created),
         "duration": span(created, ended),
         "steps": len(row.steps),
@@ -344,6 +350,7 @@ def create_app(runtime: Runtime, names: Names, *, token: str | None = None) -> F
             held=holdings(runtime).get(view.run, 0),
             email=email_state(view),
             maybe_sent=view.effects.get("send") == "ambiguous",
+            batches=batch_lines(view.steps, view.wait, view.effects),
         )
         return _refreshing(page, view.state in LIVE)
 

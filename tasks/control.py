@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from journal import control
+from journal.batch import cancel_batches
 from journal.errors import ControlRefused, EffectUnderway, NothingToDecide
 from journal.inspect import inspect_run
+from tasks.batches import AnthropicBatches
 from tasks.claims import STUCK, holdings, let_go
 from tasks.errors import BadInput
 from tasks.mail import Receipt
@@ -40,7 +42,7 @@ def enqueue(run_id: str, kwargs: dict[str, Any] | None = None) -> str:
 
 
 def cancel(runtime: Runtime, run_id: str, reason: str = "") -> Answer:
-    """Cancel a digest: at once if nobody runs it, else before its next step.
+    """Cancel a digest: at once if nobody runs it, else before its next step; its batches too.
 
     Refused once its send is claimed: the email may be out, and the run must mark its items
     seen, or the next week would email them again.
@@ -52,14 +54,20 @@ def cancel(runtime: Runtime, run_id: str, reason: str = "") -> Answer:
         landed = control.cancel(runtime.journal, WORKFLOW, run_id, reason)
     except EffectUnderway as underway:
         raise send_refusal(underway, run_id, "cancelled") from None
+    # Its batches too: nobody will read what they answer. A holder that learns of the cancel
+    # cancels its own as well; cancelling twice is harmless.
+    stopped = ""
+    if isinstance(runtime.batches, AnthropicBatches):  # a run that made none needs no key
+        asked = cancel_batches(runtime.journal, WORKFLOW, run_id, runtime.batches)
+        stopped = f"; its batch {', '.join(asked)} was cancelled" if asked else ""
     if landed.immediate:
         # Ended without sending, now: its items go to the next run.
         let_go(runtime, landed.run)
-        return Answer(run_id, f"cancelled {landed.run}; nothing more will run or be sent")
+        return Answer(run_id, f"cancelled {landed.run}{stopped}; nothing more will run or be sent")
     return Answer(
         run_id,
-        f"cancelling {landed.run}: its worker stops before its next step and sends nothing "
-        "more; `digest show` says cancelled once it has",
+        f"cancelling {landed.run}{stopped}: its worker stops before its next step and sends "
+        "nothing more; `digest show` says cancelled once it has",
     )
 
 

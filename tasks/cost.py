@@ -9,6 +9,8 @@ recorded with ``cost_usd: null`` and counted as unpriced, never as free.
 A call is priced by the model it asked for: the API answers an alias (``claude-haiku-5-5``)
 with a dated id (``claude-haiku-5-5-20261001``), which is the same model at the same price, so
 a dated id is priced as its alias. Cache writes and reads are priced as the API bills them.
+A request of a Message Batch costs half (``BATCH_DISCOUNT``), cache writes and reads
+included: the API applies the batch discount and the cache multipliers together.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from typing import Any
 from tasks.errors import BadInput, DigestError
 
 MILLION = 1_000_000
+# What a Message Batch request costs, as a share of the same request made synchronously.
+BATCH_DISCOUNT = 0.5
 
 
 # A dated snapshot id: the alias, then the snapshot's date.
@@ -50,9 +54,15 @@ class Price:
     cache_read: float | None = None
 
     def of(
-        self, input_tokens: float, output_tokens: float, cache_write: float, cache_read: float
+        self,
+        input_tokens: float,
+        output_tokens: float,
+        cache_write: float,
+        cache_read: float,
+        *,
+        batch: bool = False,
     ) -> float:
-        """The dollars of these tokens."""
+        """The dollars of these tokens; half of it in a batch."""
         write = self.input * 1.25 if self.cache_write is None else self.cache_write
         read = self.input * 0.1 if self.cache_read is None else self.cache_read
         per_million = (
@@ -61,7 +71,7 @@ class Price:
             + cache_write * write
             + cache_read * read
         )
-        return per_million / MILLION
+        return per_million / MILLION * (BATCH_DISCOUNT if batch else 1.0)
 
 
 # The two default models' list prices, and the offline summarizer's (free).
@@ -90,12 +100,13 @@ class PriceTable:
         *,
         cache_write: float = 0,
         cache_read: float = 0,
+        batch: bool = False,
     ) -> float | None:
-        """The price of one call in dollars, or None when the model has no price."""
+        """One call's price in dollars (a batch request's, if ``batch``); None: no price."""
         price = self.price(model)
         if price is None:
             return None
-        return price.of(input_tokens, output_tokens, cache_write, cache_read)
+        return price.of(input_tokens, output_tokens, cache_write, cache_read, batch=batch)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> PriceTable:
@@ -170,11 +181,20 @@ class Usage:
     cost_usd: float = 0.0
     unpriced: int = 0
     offline: int = 0
+    cache_write_tokens: int = 0
+    cache_read_tokens: int = 0
+    batched: int = 0
 
     @property
     def tokens(self) -> int:
         """Input and output tokens together."""
         return self.input_tokens + self.output_tokens
+
+    @property
+    def cache_hit_ratio(self) -> float:
+        """The share of prompt tokens read from the cache (0 when nothing was cached)."""
+        prompt = self.input_tokens + self.cache_write_tokens + self.cache_read_tokens
+        return self.cache_read_tokens / prompt if prompt else 0.0
 
 
 # The model name the offline summarizer's completions carry (``tasks.model``).
@@ -193,7 +213,7 @@ def is_call(result: Any) -> bool:
 
 def usage_of(results: Iterable[Any]) -> Usage:
     """The usage recorded in these step results (anything not a model call is skipped)."""
-    calls = input_tokens = output_tokens = unpriced = offline = 0
+    calls = input_tokens = output_tokens = unpriced = offline = written = read = batched = 0
     cost = 0.0
     for result in results:
         if is_completion(result) and not is_call(result):
@@ -201,13 +221,18 @@ def usage_of(results: Iterable[Any]) -> Usage:
         if not is_call(result):
             continue
         calls += 1
+        batched += bool(result.get("batch"))
         input_tokens += int(result["input_tokens"])
         output_tokens += int(result["output_tokens"])
+        written += int(result.get("cache_creation_input_tokens") or 0)
+        read += int(result.get("cache_read_input_tokens") or 0)
         if isinstance(result.get("cost_usd"), int | float):
             cost += float(result["cost_usd"])
         else:
             unpriced += 1
-    return Usage(calls, input_tokens, output_tokens, cost, unpriced, offline)
+    return Usage(
+        calls, input_tokens, output_tokens, cost, unpriced, offline, written, read, batched
+    )
 
 
 def dollars(amount: float) -> str:

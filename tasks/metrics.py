@@ -99,7 +99,16 @@ CALL_SECONDS = Histogram(
     ["model"],
     buckets=CALL_BUCKETS,
 )
-TOKENS = Counter("digest_model_tokens_total", "Model tokens, by model and kind.", ["model", "kind"])
+TOKENS = Counter(
+    "digest_model_tokens_total",
+    "Model tokens, by model and kind (input, output, cache_write, cache_read).",
+    ["model", "kind"],
+)
+BATCH_REQUESTS = Counter(
+    "digest_batch_requests_total",
+    "Requests a Message Batch answered and a run recorded, by model (at half the price).",
+    ["model"],
+)
 COST = Counter("digest_model_cost_usd_total", "Dollars spent on model calls, by model.", ["model"])
 SEND_SECONDS = Histogram(
     "digest_send_duration_seconds",
@@ -123,7 +132,9 @@ def count(event: str, label: str, amount: float, workflow: str) -> None:
         CALLS.labels(label).inc(amount)
     elif event == "model_call_seconds":
         CALL_SECONDS.labels(label).observe(amount)
-    elif event in ("input_tokens", "output_tokens"):
+    elif event == "batch_request":
+        BATCH_REQUESTS.labels(label).inc(amount)
+    elif event in ("input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens"):
         TOKENS.labels(label, event.removesuffix("_tokens")).inc(amount)
     elif event == "cost_usd":
         COST.labels(label).inc(amount)
@@ -205,7 +216,9 @@ class DigestCollector(Collector):
     """The digest's own gauges read from Redis, for the alert rules in ``deploy/prometheus``.
 
     ``digest_last_week_done_timestamp_seconds``: when the newest run that ended sent or
-    nothing-new ended (a week not done by Monday noon is alerted on); with a budget set,
+    nothing-new ended (a week not done by Monday noon is alerted on), and
+    ``digest_last_week_cache_hit_ratio``, the share of that run's prompt tokens read from the
+    prompt cache (the per-run ratio ``digest show`` prints); with a budget set,
     ``digest_budget_used_ratio``: the largest share of ``DIGEST_MAX_COST_USD`` any run not yet
     ended has spent (alerted on near its cap).
     """
@@ -222,14 +235,23 @@ class DigestCollector(Collector):
             "When the newest digest that ended sent or nothing-new ended (0: none yet).",
         )
         ended_at = 0.0
+        cached = 0.0
         live: list[RunRow] = []
         for row in list_runs(journal, limit=sys.maxsize):
             if row.state in LIVE:
                 live.append(row)
             elif not ended_at and row.state == "done" and _outcome(row) in DONE_WEEK:
                 ended_at = int(row.meta.get("finished_at", row.updated_ms)) / 1000
+                steps = inspect_run(journal, *row.run.split(":", 1)).steps  # that run's alone
+                cached = usage_of(r.result for r in steps).cache_hit_ratio
         last_done.add_metric([], ended_at)
         yield last_done
+        ratio = GaugeMetricFamily(
+            "digest_last_week_cache_hit_ratio",
+            "The share of prompt tokens the newest digest that ended read from the prompt cache.",
+        )
+        ratio.add_metric([], cached)
+        yield ratio
         if self.budget_usd:
             used = GaugeMetricFamily(
                 "digest_budget_used_ratio",

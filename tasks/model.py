@@ -17,6 +17,13 @@ and any other error nobody called transient) becomes ``ModelRefused`` and fails 
 once; only a refusal of this item's prompt (too long, filtered, declined by the model)
 becomes ``ItemRefused``, which skips the item.
 
+The same table reads the error of an ``errored`` entry of a Message Batch (``ApiError``), so
+an item refused in a batch is skipped, and an account refused there fails the run, alike.
+
+The shared system prompt is marked for prompt caching (``cache_control``) where it reaches the
+model's minimum cacheable length (``CACHE_MIN_TOKENS``), in both modes: below it the API would
+ignore the mark, so none is sent. The shipped prompts are far shorter: their runs cache nothing.
+
 The SDK is imported by the first model call, not with this module: importing it takes seconds,
 and ``digest --help``, ``show``, ``runs`` and the offline summarizer never call the model. A
 worker imports it once before forking its pool (``tasks.celery_app``), so children share it.
@@ -57,6 +64,11 @@ DEFAULT_INTRO_MODEL = "claude-sonnet-5-5"
 MAX_TOKENS = 1024
 # Connecting is quick or not happening; a slow connect should not eat the whole budget.
 CONNECT_TIMEOUT_S = 5.0
+
+# The shortest prompt prefix each model family caches, in tokens (the API's documentation); a
+# model not listed is taken at the largest, so a mark is never sent in vain.
+CACHE_MIN_TOKENS = {"claude-haiku": 4096, "claude-opus": 4096, "claude-sonnet": 1024}
+CACHE_MIN_DEFAULT = 4096
 
 # A sentence ends at . ! or ? then space and a capital or digit; "Press ? anywhere" does not.
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
@@ -102,6 +114,64 @@ class Completion:
                 f"output_tokens (counts), got {dict(data)!r:.200}"
             )
         return cls(text, input_tokens, output_tokens, model, cache_write, cache_read)
+
+
+def cache_min_tokens(model: str) -> int:
+    """The shortest prefix ``model`` caches (``CACHE_MIN_TOKENS``, by family)."""
+    for family, tokens in CACHE_MIN_TOKENS.items():
+        if model.startswith(family):
+            return tokens
+    return CACHE_MIN_DEFAULT
+
+
+def system_blocks(model: str, system: str) -> str | list[dict[str, Any]]:
+    """The ``system`` parameter: marked ``cache_control`` where it is long enough to cache.
+
+    Every summary of a week shares it, so from the second call on it is read from the cache
+    (a tenth of the input price) instead of being paid for again.
+    """
+    if estimated_tokens(system, "") < cache_min_tokens(model):
+        return system
+    return [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}]
+
+
+def request_params(
+    model: str, system: str, prompt: str, output_config: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """One request's parameters, the same synchronously and in a batch (a batch's ``params``)."""
+    params: dict[str, Any] = {
+        "model": model,
+        "max_tokens": MAX_TOKENS,
+        "system": system_blocks(model, system),
+        "messages": [{"role": "user", "content": prompt}],
+    }
+    if output_config is not None:
+        params["output_config"] = dict(output_config)
+    return params
+
+
+def completion_of(message: Mapping[str, Any], model: str) -> Completion:
+    """A batch entry's message (JSON, as the results file holds it) as a completion.
+
+    Raises:
+        ItemRefused: the model declined to answer (``stop_reason`` refusal).
+    """
+    if message.get("stop_reason") == "refusal":
+        raise ItemRefused(
+            f"model {model} declined to answer (stop_reason refusal); the item stays unseen "
+            "for next week: reword or remove it"
+        )
+    blocks = message.get("content") or []
+    text = "".join(str(block.get("text", "")) for block in blocks if block.get("type") == "text")
+    usage = message.get("usage") or {}
+    return Completion(
+        text=text.strip(),
+        input_tokens=int(usage.get("input_tokens") or 0),
+        output_tokens=int(usage.get("output_tokens") or 0),
+        model=str(message.get("model") or model),
+        cache_creation_input_tokens=int(usage.get("cache_creation_input_tokens") or 0),
+        cache_read_input_tokens=int(usage.get("cache_read_input_tokens") or 0),
+    )
 
 
 def _is_count(value: object) -> TypeGuard[int]:
@@ -189,6 +259,33 @@ class AnthropicSummarizer:
 
         return cls(connect, summary_model=summary_model, intro_model=intro_model, limiter=limiter)
 
+    @property
+    def summary_model(self) -> str:
+        """The model of each summary."""
+        return self._summary_model
+
+    @property
+    def intro_model(self) -> str:
+        """The model of the opening paragraph."""
+        return self._intro_model
+
+    def client(self) -> anthropic.Anthropic:
+        """The SDK client, built by the first call (shared with the batch endpoints)."""
+        with self._connecting:
+            if self._client is None:
+                self._client = self._connect()
+            return self._client
+
+    def summary_request(self, item: Item) -> dict[str, Any]:
+        """The parameters of one item's summary request, as a batch asks for it."""
+        return request_params(self._summary_model, SUMMARY_SYSTEM, summary_prompt(item))
+
+    def intro_request(self, pairs: list[tuple[Item, str]]) -> dict[str, Any]:
+        """The parameters of the opening paragraph's request, as a batch asks for it."""
+        return request_params(
+            self._intro_model, INTRO_SYSTEM, intro_prompt(pairs), output_config=INTRO_OUTPUT
+        )
+
     def summarize(self, item: Item) -> Completion:
         """One request to the summary model; API errors propagate for the step policy to judge.
 
@@ -204,13 +301,12 @@ class AnthropicSummarizer:
 
     def compose(self, pairs: list[tuple[Item, str]]) -> Completion:
         """One request to the intro model; errors as for ``summarize``."""
-        # Two sentences need no deliberation; low effort keeps the call short and cheap.
         return self._complete(
             self._intro_model,
             "DIGEST_INTRO_MODEL",
             INTRO_SYSTEM,
             intro_prompt(pairs),
-            output_config={"effort": "low"},
+            output_config=INTRO_OUTPUT,
         )
 
     def _complete(
@@ -223,10 +319,7 @@ class AnthropicSummarizer:
     ) -> Completion:
         import anthropic
 
-        with self._connecting:
-            if self._client is None:
-                self._client = self._connect()
-            client = self._client
+        client = self.client()
         limiter = self._limiter
         take = None
         if limiter is not None:
@@ -236,7 +329,7 @@ class AnthropicSummarizer:
             raw = client.messages.with_raw_response.create(
                 model=model,
                 max_tokens=MAX_TOKENS,
-                system=system,
+                system=system_blocks(model, system),  # type: ignore[arg-type]
                 messages=[{"role": "user", "content": prompt}],
                 output_config=anthropic.omit if output_config is None else output_config,
             )
@@ -248,11 +341,12 @@ class AnthropicSummarizer:
                     refused=exc.status_code == 429,
                     retry_after=retry_after_seconds(exc),
                 )
-            refusal = refusal_for(exc)
+            error = ApiError.of(exc)
+            refusal = refusal_for(error)
             if refusal is None:
                 raise  # transient: the step's retry policy decides
             where = f"the Anthropic API at {client.base_url}"
-            raise refusal.error(refusal.describe(exc, where, model, setting)) from exc
+            raise refusal.error(refusal.describe(error, where, model, setting)) from exc
         except BaseException:
             if limiter and take:
                 limiter.settle(take, {})  # no answer: what it took stays taken
@@ -414,25 +508,77 @@ class Refusal:
     pattern: str | None = None
     error_code: str | None = None
 
-    def matches(self, exc: anthropic.APIStatusError) -> bool:
+    def matches(self, error: ApiError) -> bool:
         """Whether the API's answer is the one this row describes."""
         return (
-            (self.error_type is None or exc.type == self.error_type)
-            and (self.error_code is None or exc.error_code == self.error_code)
+            (self.error_type is None or error.type == self.error_type)
+            and (self.error_code is None or error.code == self.error_code)
             and (
                 self.pattern is None
-                or re.search(self.pattern, exc.api_message or "", re.IGNORECASE) is not None
+                or re.search(self.pattern, error.message, re.IGNORECASE) is not None
             )
         )
 
-    def describe(self, exc: anthropic.APIStatusError, where: str, model: str, setting: str) -> str:
+    def describe(self, error: ApiError, where: str, model: str, setting: str) -> str:
         """One line: the cause, the API's own answer, and what to do."""
-        said = " ".join(str(exc.api_message or exc.message).split())[:300]
+        said = " ".join(error.message.split())[:300]
+        how = "in a batch" if error.status is None else f"HTTP {error.status}"
         return (
-            f"{self.cause.format(model=model)} ({where} answered HTTP {exc.status_code} "
-            f"{exc.type or 'error'}: {said}); {self.fix.format(setting=setting)}"
+            f"{self.cause.format(model=model)} ({where} answered {how} "
+            f"{error.type or 'error'}: {said}); {self.fix.format(setting=setting)}"
         )
 
+
+# Error types of an errored batch entry that another attempt may not meet: it is asked again,
+# synchronously (the API's own transient types, as their statuses are in ``is_transient``).
+TRANSIENT_TYPES = ("api_error", "overloaded_error", "rate_limit_error", "timeout_error")
+
+
+@dataclass(frozen=True)
+class ApiError:
+    """An error the API answered, from an exception or from an ``errored`` batch entry.
+
+    Attributes:
+        status: the HTTP status; None for a batch entry's (it has none).
+        type: the body's ``error.type``.
+        code: the body's ``error.details.error_code``, if any.
+        message: the body's ``error.message``.
+        transient: another attempt may succeed (``is_transient`` for an exception; the
+            type, ``TRANSIENT_TYPES``, for a batch entry).
+    """
+
+    status: int | None
+    type: str | None
+    code: str | None
+    message: str
+    transient: bool
+
+    @classmethod
+    def of(cls, exc: anthropic.APIStatusError) -> ApiError:
+        """The SDK's exception, read."""
+        message = str(exc.api_message or exc.message)
+        return cls(exc.status_code, exc.type, exc.error_code, message, is_transient(exc))
+
+    @classmethod
+    def of_body(cls, body: Mapping[str, Any]) -> ApiError:
+        """An errored batch entry's body: ``{"type": "error", "error": {...}}``."""
+        error = body.get("error") if isinstance(body.get("error"), Mapping) else {}
+        assert isinstance(error, Mapping)
+        details = error.get("details")
+        code = details.get("error_code") if isinstance(details, Mapping) else None
+        kind = error.get("type")
+        return cls(
+            None,
+            str(kind) if kind is not None else None,
+            code if isinstance(code, str) else None,
+            str(error.get("message") or ""),
+            kind in TRANSIENT_TYPES,
+        )
+
+
+# The opening's output settings: two sentences need no deliberation; low effort keeps the call
+# short and cheap.
+INTRO_OUTPUT: OutputConfigParam = {"effort": "low"}
 
 _RERUN = "then run the digest again"
 
@@ -528,13 +674,13 @@ REQUEST_REFUSED = Refusal(
 )
 
 
-def refusal_for(exc: anthropic.APIStatusError) -> Refusal | None:
+def refusal_for(error: ApiError) -> Refusal | None:
     """What an API error means: a row of ``REFUSALS``, or None when it is worth retrying.
 
     The table comes first: some account-level answers (a spend limit) arrive as a 429, which
     the status alone would call transient.
     """
     for row in REFUSALS:
-        if row.matches(exc):
+        if row.matches(error):
             return row
-    return None if is_transient(exc) else REQUEST_REFUSED
+    return None if error.transient else REQUEST_REFUSED

@@ -26,6 +26,7 @@ from journal.contrib.checks import check_persistence, check_skew
 from journal.contrib.embedded import embedded_broker_url, embedded_url
 from journal.errors import StoreUnavailable
 from journal.scripts import Client
+from tasks.batches import AnthropicBatches, NoBatches
 from tasks.budget import Budget
 from tasks.config import Config
 from tasks.errors import ModelNotConfigured, is_transient_failure
@@ -129,6 +130,13 @@ class Runtime:
         if self.limiter is None:
             return []
         return self.limiter.states((self.config.summary_model, self.config.intro_model))
+
+    @functools.cached_property
+    def batches(self) -> AnthropicBatches | NoBatches:
+        """The Message Batches API of the summarizer's key; a refusal without a key."""
+        if not isinstance(self.summarizer, AnthropicSummarizer):
+            return NoBatches()
+        return AnthropicBatches(self.summarizer.client)
 
     @functools.cached_property
     def budget(self) -> Budget:

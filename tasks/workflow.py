@@ -1,29 +1,38 @@
 """The weekly digest as durable steps: select, summarize, compose, send, mark-seen, done.
 
 Read it top to bottom as the job; everything durable happens in ``run.step`` and
-``run.map``. Every value the control flow depends on comes from a step, so a resumed run takes
-the same path as the first attempt, and the only side effects (the email, the seen set) carry
-a key derived from the run or are a set union, so repeating them is harmless.
+``run.map`` (or, for a run frozen with ``batch``, ``run.batch``: the summaries as one Message
+Batch, then the opening as a second, each awaited without a worker). Every value the control
+flow depends on comes from a step, so a resumed run takes the same path as the first attempt,
+and the only side effects (the email, the seen set) carry a key derived from the run or are a
+set union, so repeating them is harmless.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
 import redis
 
 from journal import Effect, Journal, RetryPolicy, Run, SignalResult
+from journal.batch import BatchApi, BatchEntry, BatchPolicy
+from journal.batch import batches as batch_views
 from journal.events import emit
 from journal.inspect import RunView
+from journal.records import Record
+from journal.waits import Wait
 from journal.workflow import workflow
 from tasks import faults
+from tasks.batches import MAX_REQUESTS
 from tasks.budget import Reservation
 from tasks.claims import Held, held_elsewhere, let_go
 from tasks.cost import OFFLINE_MODEL, UnpricedAnswer, alias_of
@@ -31,7 +40,18 @@ from tasks.errors import EveryItemRefused, ItemRefused, ModelUnavailable
 from tasks.items import Item, load_items
 from tasks.keys import text
 from tasks.mail import Email, Receipt
-from tasks.model import MAX_TOKENS, Completion, Summarizer, is_transient, retry_after_seconds
+from tasks.model import (
+    INTRO_OUTPUT,
+    MAX_TOKENS,
+    ApiError,
+    Completion,
+    Summarizer,
+    completion_of,
+    is_transient,
+    refusal_for,
+    request_params,
+    retry_after_seconds,
+)
 from tasks.prompts import (
     INTRO_PROMPT,
     INTRO_SYSTEM,
@@ -54,17 +74,27 @@ class DigestOptions:
         to: the recipient (``DIGEST_TO``).
         items: the items file (``DIGEST_ITEMS``).
         approval: wait for a human's approval before sending (``DIGEST_APPROVAL``).
+        batch: ask the model by Message Batches (``DIGEST_BATCH``); a run frozen before this
+            option existed (None) asks synchronously, as it started.
     """
 
     to: str | None = None
     items: str | None = None
     approval: bool | None = None
+    batch: bool | None = None
 
 
 def frozen_settings() -> dict[str, Any]:
-    """The recipient and the approval gate, read at a run's first start and frozen with it."""
+    """The recipient, the approval gate and the batch mode, frozen at a run's first start.
+
+    A process with no API key has nothing to batch with (offline summaries are free): its
+    runs ask synchronously whatever ``DIGEST_BATCH`` says.
+    """
     config = process_config()
-    return {"to": config.recipient, "approval": config.approval}
+    frozen: dict[str, Any] = {"to": config.recipient, "approval": config.approval}
+    if config.batch and os.environ.get("ANTHROPIC_API_KEY"):
+        frozen["batch"] = True  # left out, a run asks synchronously, as every run did before
+    return frozen
 
 
 def _journal() -> Journal:
@@ -128,12 +158,14 @@ class CallCounter:
         count: model calls, the API's to pay for.
         offline: the offline summarizer's completions: free, and no model call, so the run's
             result never counts them as calls.
+        batched: batch requests answered and recorded in this attempt (half the price).
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.count = 0
         self.offline = 0
+        self.batched = 0
 
     def add(self, summarizer: Summarizer) -> None:
         """Count one completion asked of ``summarizer``."""
@@ -142,6 +174,11 @@ class CallCounter:
                 self.offline += 1
             else:
                 self.count += 1
+
+    def add_batched(self) -> None:
+        """Count one request a batch answered (recorded in this attempt)."""
+        with self._lock:
+            self.batched += 1
 
 
 def model_retry_policy(runtime: Runtime) -> RetryPolicy:
@@ -183,15 +220,20 @@ def run_digest(
         return report("nothing-new", 0, calls, held=held_elsewhere(runtime, owner))
 
     # 2. One model call per item, each its own step: a crash loses at most the calls in flight.
+    #    Or, for a batch run, one Message Batch of them, each answer recorded as its own step.
+    batches = runtime.batches if options.batch is True else None  # as frozen at its start
     with giving_up("summarize", policy):
-        summaries = run.map(
-            "summarize",
-            week,
-            lambda item: summarize(runtime, run, item, calls),
-            key=lambda item: item.id,
-            concurrency=config.concurrency if runtime.summarizer.remote else 1,
-            retry=policy,
-        )
+        if batches is not None:
+            summaries = summarize_batch(runtime, run, batches, week, calls, policy)
+        else:
+            summaries = run.map(
+                "summarize",
+                week,
+                lambda item: summarize(runtime, run, item, calls),
+                key=lambda item: item.id,
+                concurrency=config.concurrency if runtime.summarizer.remote else 1,
+                retry=policy,
+            )
     kept = [(item, s["text"]) for item, s in zip(week, summaries, strict=True) if "text" in s]
     skipped = [
         {"id": item.id, "error": s["error"]}
@@ -202,9 +244,12 @@ def run_digest(
         # Not "nothing new": there was news and none of it could be summarized.
         raise every_item_refused(skipped)
 
-    # 3. The opening paragraph, from the summaries.
+    # 3. The opening paragraph, from the summaries (a batch run asks it as a second batch).
     with giving_up("compose", policy):
-        intro = run.step("compose", lambda: compose(runtime, run, kept, calls), retry=policy)
+        if batches is not None:
+            intro = compose_batch(runtime, run, batches, kept, calls, policy)
+        else:
+            intro = run.step("compose", lambda: compose(runtime, run, kept, calls), retry=policy)
     email = draft_email(run.run_id, to or config.recipient, intro["text"], kept)
     if dry_run:
         return report("dry-run", len(kept), calls, skipped=skipped, email=email)
@@ -349,6 +394,170 @@ def summarize(runtime: Runtime, run: Run, item: Item, calls: CallCounter) -> dic
         return priced(runtime, run, completion, model, reservation, SUMMARY_PROMPT)
 
 
+def batch_policy(runtime: Runtime) -> BatchPolicy:
+    """How a batch run waits for its batches, and when it asks synchronously instead."""
+    config = runtime.config
+    return BatchPolicy(
+        first_look=config.batch_first_look,
+        max_look=config.batch_max_look,
+        deadline=config.batch_deadline,
+        cancel_look=min(5.0, config.batch_first_look),
+        max_requests=MAX_REQUESTS,
+        # Within it the create is sent; the SDK's own timeout bounds the request itself.
+        create_timeout=config.model_timeout,
+    )
+
+
+def summarize_batch(
+    runtime: Runtime,
+    run: Run,
+    batches: BatchApi,
+    week: list[Item],
+    calls: CallCounter,
+    policy: RetryPolicy,
+) -> list[dict[str, Any]]:
+    """Every item's summary as one Message Batch (``run.batch``), priced at batch prices.
+
+    What the batch does not answer (expired, cancelled, past ``DIGEST_BATCH_DEADLINE``, or an
+    error the API calls transient) is asked synchronously by ``summarize``, through the shared
+    rate limiter and the budget like any call. The batch itself is held in the budget as a
+    whole before it is created and settled from its results once they are recorded.
+    """
+    model = runtime.config.summary_model
+
+    def ask(item: Item) -> dict[str, Any]:
+        return summarize(runtime, run, item, calls)
+
+    def settle(item: Item, entry: BatchEntry) -> dict[str, Any]:
+        return answered(runtime, run, entry, model, SUMMARY_PROMPT, calls, lambda: ask(item))
+
+    def reserve(effect: str, items: Sequence[Item]) -> None:
+        estimate = sum(
+            runtime.budget.estimate(
+                model,
+                estimated_tokens(SUMMARY_SYSTEM, summary_prompt(item)),
+                MAX_TOKENS,
+                batch=True,
+            )
+            for item in items
+        )
+        runtime.budget.reserve_batch(run.keys, effect, estimate)
+
+    results = run.batch(
+        "summarize",
+        week,
+        lambda item: request_params(model, SUMMARY_SYSTEM, summary_prompt(item)),
+        key=lambda item: item.id,
+        api=batches,
+        settle=settle,
+        fallback=ask,
+        policy=batch_policy(runtime),
+        retry=policy,
+        concurrency=runtime.config.concurrency,
+        reserve=reserve,
+    )
+    runtime.budget.settle_batch(run.keys, "summarize", batch_cost(results))
+    return results
+
+
+def compose_batch(
+    runtime: Runtime,
+    run: Run,
+    batches: BatchApi,
+    kept: list[tuple[Item, str]],
+    calls: CallCounter,
+    policy: RetryPolicy,
+) -> dict[str, Any]:
+    """The opening paragraph as a second Message Batch, of one request (``compose:opening``).
+
+    A refusal of it fails the run, as the synchronous call's does: there is no email without it.
+    """
+    model = runtime.config.intro_model
+
+    def ask(pairs: list[tuple[Item, str]]) -> dict[str, Any]:
+        return compose(runtime, run, pairs, calls)
+
+    def settle(pairs: list[tuple[Item, str]], entry: BatchEntry) -> dict[str, Any]:
+        return answered(
+            runtime, run, entry, model, INTRO_PROMPT, calls, lambda: ask(pairs), skip=False
+        )
+
+    def reserve(effect: str, items: Sequence[list[tuple[Item, str]]]) -> None:
+        estimate = sum(
+            runtime.budget.estimate(
+                model, estimated_tokens(INTRO_SYSTEM, intro_prompt(pairs)), MAX_TOKENS, batch=True
+            )
+            for pairs in items
+        )
+        runtime.budget.reserve_batch(run.keys, effect, estimate)
+
+    [intro] = run.batch(
+        "compose",
+        [kept],
+        lambda pairs: request_params(model, INTRO_SYSTEM, intro_prompt(pairs), INTRO_OUTPUT),
+        key=lambda _: "opening",
+        api=batches,
+        settle=settle,
+        fallback=ask,
+        policy=batch_policy(runtime),
+        retry=policy,
+        reserve=reserve,
+    )
+    runtime.budget.settle_batch(run.keys, "compose", batch_cost([intro]))
+    return intro
+
+
+def answered(
+    runtime: Runtime,
+    run: Run,
+    entry: BatchEntry,
+    model: str,
+    prompt: str,
+    calls: CallCounter,
+    again: Callable[[], dict[str, Any]],
+    *,
+    skip: bool = True,
+) -> dict[str, Any]:
+    """The step result of a request a batch answered: priced, skipped, asked again, or failed.
+
+    ``succeeded``: the completion at batch prices. ``errored``: through the same refusal table
+    as a synchronous call: this item's prompt refused is skipped (``skip``, else it fails the
+    run), an account or request refused fails the run, and a transient error is asked again
+    synchronously (``again``).
+
+    Raises:
+        ModelRefused: the API refused the account or the request.
+        ItemRefused: this prompt was refused and ``skip`` is False.
+    """
+    setting = "DIGEST_SUMMARY_MODEL" if prompt == SUMMARY_PROMPT else "DIGEST_INTRO_MODEL"
+    if entry.type == "succeeded":
+        try:
+            completion = completion_of(entry.body or {}, model)
+        except ItemRefused as refused:
+            if not skip:
+                raise
+            return {"error": f"the model refused this item: {refused}"}
+        calls.add_batched()
+        result = priced(runtime, run, completion, model, None, prompt, batch=True)
+        result["batch"] = True
+        return result
+    error = ApiError.of_body(entry.body or {})
+    refusal = refusal_for(error)
+    if refusal is None:
+        return again()  # the API's own trouble, not this request's: asked synchronously
+    line = refusal.describe(error, "the Anthropic Message Batches API", model, setting)
+    if refusal.error is ItemRefused and skip:
+        return {"error": f"the model refused this item: {line}"}
+    raise refusal.error(line)
+
+
+def batch_cost(results: Iterable[Any]) -> float:
+    """What the batch-answered results cost (the synchronous ones settled call by call)."""
+    return sum(
+        float(r.get("cost_usd") or 0.0) for r in results if isinstance(r, dict) and r.get("batch")
+    )
+
+
 def every_item_refused(skipped: list[dict[str, str]]) -> EveryItemRefused:
     """The run's failure when no item could be summarized: one line, the first reason."""
     ids = ", ".join(entry["id"] for entry in skipped)
@@ -381,12 +590,14 @@ def priced(
     requested: str,
     reservation: Reservation | None,
     prompt: str,
+    *,
+    batch: bool = False,
 ) -> dict[str, Any]:
     """The step result of a call: its text and tokens, its prompt's version, its cost today.
 
     Priced as the model asked for when the answer names it or a dated snapshot of it (the API
-    answers an alias with a dated id), else as the model that answered. The cost settles the
-    call's reservation of the run's budget.
+    answers an alias with a dated id), else as the model that answered; at batch prices for a
+    request a batch answered. The cost settles the call's reservation of the run's budget.
 
     Raises:
         UnpricedAnswer: a budget is set and the answering model has no price; the call's
@@ -401,6 +612,7 @@ def priced(
         completion.output_tokens,
         cache_write=completion.cache_creation_input_tokens,
         cache_read=completion.cache_read_input_tokens,
+        batch=batch,
     )
     if reservation is not None:
         if cost is None:
@@ -408,9 +620,11 @@ def priced(
             raise UnpricedAnswer(run.keys.run, requested, completion.model)
         reservation.settle(cost)
     result["cost_usd"] = cost
-    emit("model_call", completion.model)
+    emit("batch_request" if batch else "model_call", completion.model)
     emit("input_tokens", completion.model, completion.input_tokens)
     emit("output_tokens", completion.model, completion.output_tokens)
+    emit("cache_write_tokens", completion.model, completion.cache_creation_input_tokens)
+    emit("cache_read_tokens", completion.model, completion.cache_read_input_tokens)
     if cost is not None:
         emit("cost_usd", completion.model, cost)
     return result
@@ -472,6 +686,8 @@ def report(
     result: dict[str, Any] = {"status": status, "items": items, "model_calls": calls.count}
     if calls.offline:
         result["offline_summaries"] = calls.offline
+    if calls.batched:
+        result["batch_requests"] = calls.batched
     if skipped:
         result["skipped"] = skipped
     if receipt is not None:
@@ -509,6 +725,44 @@ def email_state(view: RunView) -> str:
     if state == "done":
         return "sent (the run finishes its bookkeeping)"
     return "not sent"
+
+
+def batch_lines(
+    steps: Sequence[Record], wait: Wait | None, effects: Mapping[str, str] | None = None
+) -> list[str]:
+    """Each batch of a run in a line: its id, status and counts, and when the run looks next.
+
+    ``summarize msgbatch_01 in_progress, 8 requests (8 processing); looks next at ...``, as
+    ``digest show``, ``digest runs`` and the console say it. Without ``effects`` (a listing
+    reads none) a batch with no receipt yet reads as being created.
+    """
+    lines = []
+    for shown in batch_views(steps, effects or {}, wait):
+        size = f"{len(shown.keys)} requests"
+        if shown.state is None:
+            creating = effects is None or shown.creating
+            state = "being created" if creating else "not created"
+            lines.append(f"{shown.step} {state}, {size}")
+            continue
+        counts = ", ".join(f"{n} {kind}" for kind, n in shown.state.counts.items() if n)
+        line = f"{shown.step} {shown.state.id} {shown.state.status}, {size} ({counts})"
+        if shown.cancelled:
+            line += "; cancelled at its deadline"
+        if shown.outcome == "results" and shown.state.counts.get("succeeded") == len(shown.keys):
+            line += "; every answer recorded"
+        elif shown.outcome == "results":
+            line += "; its answers recorded, the rest asked synchronously"
+        elif shown.outcome == "give-up":
+            line += "; given up on: the rest asked synchronously"
+        elif shown.next_look is not None:
+            line += f"; looks next at {utc(shown.next_look)}"
+        lines.append(line)
+    return lines
+
+
+def utc(seconds: float) -> str:
+    """A time as ``digest`` prints every time: ``2026-10-12 08:03:00 UTC``."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def decide_send(run_id: str) -> str:

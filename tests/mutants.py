@@ -252,6 +252,12 @@ MUTANTS = (
     ),
     lua(
         "cancel",
+        "a revocable effect refuses a cancel like any other",
+        "if redis.call('HEXISTS', KEYS[3], effects[i] .. ':revocable') == 0 then",
+        "if true then",
+    ),
+    lua(
+        "cancel",
         "a held run is cancelled under its holder",
         "if redis.call('EXISTS', KEYS[1]) == 1 then",
         "if false then",
@@ -359,8 +365,8 @@ MUTANTS = (
     lua(
         "purge",
         "a run that may have acted is purged",
-        "if state and state ~= 'released' then\n          return 2",
-        "if false then\n          return 2",
+        "if state and state ~= 'released' then\n          if redis.call",
+        "if false then\n          if redis.call",
     ),
     # -- the lease and its heartbeat
     python(

@@ -7,7 +7,9 @@
 -- returns 0 when the run does not exist,
 --         {1, status} when it has ended already (done or cancelled): nothing written,
 --         {4, effect, state} when an effect of the run is claimed or done (it may have
---           happened: the run must finish what follows it): nothing written,
+--           happened: the run must finish what follows it), unless it was claimed revocable
+--           ("<effect>:revocable": its application undoes it when the run is cancelled, as a
+--           provider batch is cancelled): nothing written,
 --         2 when a holder is running it: the request is stored, the holder stops at its next
 --           step boundary (a dead holder's successor stops before its first step),
 --         3 when nobody holds it (waiting, failed, parked, never started): cancelled now.
@@ -22,7 +24,9 @@ local effects = redis.call('HGETALL', KEYS[3])
 for i = 1, #effects, 2 do
   local state = string.match(effects[i + 1], '^%d+:%d+:(%a+)$')
   if state and state ~= 'released' then
-    return {4, effects[i], state}
+    if redis.call('HEXISTS', KEYS[3], effects[i] .. ':revocable') == 0 then
+      return {4, effects[i], state}
+    end
   end
 end
 redis.call('HSET', KEYS[2], 'cancel', ARGV[2], 'cancel_requested_at', ARGV[1])

@@ -14,6 +14,9 @@
 -- ARGV[7] - "1" when the receiver drops a repeat of the effect's idempotency key, so an effect
 --           that may have happened is repeated under it; else it waits for a decision
 -- ARGV[8] - why the effect may have happened, should this claim find that out (a line)
+-- ARGV[9] - "1" when the effect is revocable: an operator's cancel may end the run whatever
+--           the claim's state, since the application undoes what the effect started (kept as
+--           KEY:revocable, which cancel.lua reads)
 -- States: claimed (before its irreversible moment), confirmed (the claimant is at or past
 -- it), done (a receipt), released (it did not happen), ambiguous (it may have happened and
 -- nobody knows), resend (an operator chose to repeat it under its key).
@@ -61,5 +64,8 @@ if claim then
 end
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[3] .. ':' .. (now + tonumber(ARGV[4])) .. ':claimed',
   ARGV[2] .. ':process', ARGV[5])
+if ARGV[9] == '1' then
+  redis.call('HSET', KEYS[2], ARGV[2] .. ':revocable', '1')
+end
 redis.call('HDEL', KEYS[2], ARGV[2] .. ':detail')
 return {1, resumed}

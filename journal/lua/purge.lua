@@ -8,7 +8,9 @@
 -- ARGV[2..] - the statuses of an ended run that may go
 -- returns 1 when deleted; 0 when the run is held, was updated since, or has not ended;
 --         2 when it stays because an effect of it is not known to have not happened (its
---         claims on other things, which that effect may have used, must stay too).
+--         claims on other things, which that effect may have used, must stay too); an
+--         effect claimed revocable (its application undid it when the run was cancelled)
+--         does not keep it.
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return 0
 end
@@ -23,7 +25,9 @@ for i = 2, #ARGV do
       for j = 1, #effects, 2 do
         local state = string.match(effects[j + 1], '^%d+:%d+:(%a+)$')
         if state and state ~= 'released' then
-          return 2
+          if redis.call('HEXISTS', KEYS[3], effects[j] .. ':revocable') == 0 then
+            return 2
+          end
         end
       end
     end

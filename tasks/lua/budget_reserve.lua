@@ -2,7 +2,8 @@
 -- the spend, so calls in flight together cannot all count on the same money.
 -- KEYS[1] - the run's usage hash: "spent" (settled nanodollars) and one "r:<id>" per call in
 --           flight -> "<nanodollars>:<expiry ms>" (a reservation nobody settled lapses then)
--- ARGV[1] - the reservation's id
+-- ARGV[1] - the reservation's id (one already held under it is replaced, not added to: a
+--           batch's creation repeated after a crash holds the same money once)
 -- ARGV[2] - its amount, nanodollars
 -- ARGV[3] - the budget, nanodollars
 -- ARGV[4] - how long the reservation holds unless settled, ms
@@ -24,7 +25,7 @@ local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local reserved = 0
 local fields = redis.call('HGETALL', KEYS[1])
 for i = 1, #fields, 2 do
-  if string.sub(fields[i], 1, 2) == 'r:' then
+  if string.sub(fields[i], 1, 2) == 'r:' and fields[i] ~= 'r:' .. ARGV[1] then
     local amount, expiry = string.match(fields[i + 1], '^(%d+):(%d+)$')
     if tonumber(expiry) <= now then
       redis.call('HDEL', KEYS[1], fields[i])

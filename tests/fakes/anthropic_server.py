@@ -26,7 +26,24 @@ Faults are scripted per server:
 - ``dated_models``: the model id an answer names for an alias asked for, as the real API
   answers ``claude-haiku-5-5`` with ``claude-haiku-5-5-20261001``.
 - ``cache_tokens``: the ``cache_creation_input_tokens`` and ``cache_read_input_tokens`` every
-  answer's usage reports.
+  answer's usage reports. Left at (0, 0), a system prompt marked with ``cache_control`` is
+  cached as the real API caches it: written by the first request whose marked prefix reaches
+  ``cache_min_tokens``, read by every later one with the same model and prefix.
+
+The Message Batches API (``client.messages.batches``) behaves as the real one does: create,
+retrieve, list (newest first, ``before_id`` / ``after_id``), cancel, and the results as JSONL
+once the batch has ended, with every result type. A batch takes ``batch_processing_time``
+seconds; its requests finish evenly over that time, so a cancel ends those not finished yet as
+``canceled`` (those finished stay ``succeeded``, and are paid for); the counts stay at
+``processing`` until the whole batch has ended, as the API's do. Each request meets the same
+faults as a synchronous call (``fail_when``, ``fail_always``, ``fail_next``, ``refuse_when``),
+as an ``errored`` result with the same body; ``expire_when(contains)`` ends matching requests
+``expired``. ``fail_batch_next(status)`` refuses the next creations, ``hold_batch_creates()``
+creates the batch and holds its answer until ``release_batch_creates()`` (a worker can be killed
+after the creation reached the API and before it heard back), ``queue_limit`` refuses a
+creation that would put more requests in processing than it allows (429, ``retry-after``).
+``batches`` lists what was created; ``paid`` counts the requests billed (``succeeded``) across
+batches.
 
 Error answers use the API's shape,
 ``{"type": "error", "error": {"type": ..., "message": ...}, "request_id": ...}``, with the
@@ -62,6 +79,11 @@ if TYPE_CHECKING:
 
 API_KEY = "test-key"
 MESSAGES_PATH = "/v1/messages"
+BATCHES_PATH = "/v1/messages/batches"
+# The API's limit of requests in one batch, and the form of a custom_id.
+MAX_BATCH_REQUESTS = 100_000
+_CUSTOM_ID = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_BATCH_PATH = re.compile(r"/v1/messages/batches/(?P<id>[^/?]+)(?P<rest>/cancel|/results)?")
 
 # The `error.type` and a message like the real API's, for each status.
 ERRORS = {
@@ -265,6 +287,17 @@ class FakeAnthropic:
         self._refused = 0
         self._released = threading.Event()
         self._released.set()
+        self.cache_min_tokens = 1024
+        self._cached: set[tuple[str, str]] = set()
+        self.batch_processing_time = 1.0
+        self.batch_cancel_delay = 0.0
+        self.queue_limit: int | None = None
+        self._batches: list[FakeBatch] = []
+        self._batch_items = 0
+        self._batch_faults: list[tuple[Fault, int]] = []
+        self._expiring: list[str] = []
+        self._creates_released = threading.Event()
+        self._creates_released.set()
         self._stopping = threading.Event()
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -433,6 +466,248 @@ class FakeAnthropic:
             self._rules.clear()
             self._queue.clear()
             self._refusals.clear()
+            self._expiring.clear()
+            self._batch_faults.clear()
+
+    # --- the Message Batches API
+
+    @property
+    def batches(self) -> list[FakeBatch]:
+        """Every batch created, oldest first, brought up to date."""
+        with self._lock:
+            now = time.time()
+            for batch in self._batches:
+                self._advance(batch, now)
+            return list(self._batches)
+
+    @property
+    def paid(self) -> int:
+        """Batch requests billed: those that ended ``succeeded``, over every batch."""
+        return sum(batch.counts()["succeeded"] for batch in self.batches)
+
+    def wait_for_batches(self, count: int, timeout: float = 10.0) -> None:
+        """Block until ``count`` batches have been created (answered or not)."""
+        with self._arrived:
+            if not self._arrived.wait_for(lambda: len(self._batches) >= count, timeout):
+                raise TimeoutError(
+                    f"expected {count} batches at the fake Anthropic API within {timeout} s, "
+                    f"got {len(self._batches)}"
+                )
+
+    def expire_when(self, contains: str) -> None:
+        """Batch requests whose prompt contains ``contains`` end ``expired``."""
+        with self._lock:
+            self._expiring.append(contains)
+
+    def fail_batch_next(
+        self,
+        status: int = 529,
+        *,
+        times: int = 1,
+        headers: Mapping[str, str] | None = None,
+        message: str = "",
+        error_type: str | None = None,
+    ) -> None:
+        """Answer the next ``times`` batch creations with ``status``; nothing is created."""
+        fault = Fault(status, dict(headers or {}), message, None, error_type)
+        with self._lock:
+            self._batch_faults.append((fault, times))
+
+    def hold_batch_creates(self) -> None:
+        """Create each batch, then keep its answer until ``release_batch_creates()``."""
+        self._creates_released.clear()
+
+    def release_batch_creates(self) -> None:
+        self._creates_released.set()
+
+    def end_batches_now(self) -> None:
+        """Let every batch in progress finish at once, as if its processing time had passed."""
+        with self._lock:
+            now = time.time()
+            for batch in self._batches:
+                if batch.status == "in_progress":
+                    batch.processing = max(0.0, now - batch.created_at)
+                self._advance(batch, now)
+
+    def _batch_route(
+        self, method: str, path: str, headers: Mapping[str, str], raw: bytes
+    ) -> tuple[int, dict[str, str], bytes]:
+        """One request to the Message Batches API, answered as the real API answers it."""
+        bare, _, query = path.partition("?")
+        lowered = {name.lower(): value for name, value in headers.items()}
+        problem = _invalid_headers(lowered)
+        if problem is not None:
+            return _json(problem[0], {}, error_body(*problem))
+        if bare == BATCHES_PATH and method == "POST":
+            return self._create_batch(raw)
+        if bare == BATCHES_PATH and method == "GET":
+            return self._list_batches(query)
+        found = _BATCH_PATH.fullmatch(bare)
+        if found is None:
+            return _json(404, {}, error_body(404, f"no route for {method} {bare}"))
+        with self._lock:
+            batch = next((b for b in self._batches if b.id == found["id"]), None)
+            if batch is not None:
+                self._advance(batch, time.time())
+        if batch is None:
+            return _json(404, {}, error_body(404, f"message_batch {found['id']} not found"))
+        rest = found["rest"] or ""
+        if rest == "/cancel" and method == "POST":
+            with self._lock:
+                if batch.ended_at is None and batch.cancel_at is None:
+                    batch.cancel_at = time.time()
+                    self._advance(batch, batch.cancel_at)
+            return _json(200, {}, batch.to_json(self.url))
+        if rest == "/results" and method == "GET":
+            if batch.ended_at is None:
+                return _json(
+                    400,
+                    {},
+                    error_body(
+                        400, f"message_batch {batch.id} is still processing: no results yet"
+                    ),
+                )
+            lines = "".join(json.dumps(entry) + "\n" for entry in batch.results)
+            return 200, {"content-type": "application/binary"}, lines.encode()
+        if rest == "" and method == "GET":
+            return _json(200, {}, batch.to_json(self.url))
+        return _json(404, {}, error_body(404, f"no route for {method} {bare}"))
+
+    def _create_batch(self, raw: bytes) -> tuple[int, dict[str, str], bytes]:
+        try:
+            decoded = json.loads(raw)
+        except ValueError:
+            decoded = None
+        requests = decoded.get("requests") if isinstance(decoded, dict) else None
+        problem = _invalid_batch(requests)
+        if problem is not None:
+            return _json(400, {}, error_body(400, problem))
+        assert isinstance(requests, list)
+        with self._arrived:
+            fault = None
+            if self._batch_faults:
+                fault, left = self._batch_faults[0]
+                if left <= 1:
+                    self._batch_faults.pop(0)
+                else:
+                    self._batch_faults[0] = (fault, left - 1)
+            if fault is None and self.queue_limit is not None:
+                now = time.time()
+                queued = 0
+                for each in self._batches:
+                    self._advance(each, now)
+                    queued += each.counts()["processing"]
+                if queued + len(requests) > self.queue_limit:
+                    fault = Fault(
+                        429,
+                        {"retry-after": "1"},
+                        "Number of batch requests in the "
+                        f"processing queue would exceed {self.queue_limit}",
+                    )
+            if fault is None:
+                batch = FakeBatch(
+                    f"msgbatch_fake{len(self._batches) + 1:04d}",
+                    list(requests),
+                    time.time(),
+                    self.batch_processing_time,
+                )
+                self._batches.append(batch)
+                self._arrived.notify_all()
+        if fault is not None:
+            body = error_body(fault.status, fault.message, error_type=fault.error_type)
+            return _json(fault.status, dict(fault.headers), body)
+        if self._log is not None:
+            self._log(f"batch {batch.id}: {len(requests)} requests")
+        self._creates_released.wait()
+        return _json(200, {}, batch.to_json(self.url))
+
+    def _list_batches(self, query: str) -> tuple[int, dict[str, str], bytes]:
+        params = dict(part.partition("=")[::2] for part in query.split("&") if part)
+        try:
+            limit = int(params.get("limit") or 20)
+        except ValueError:
+            limit = 0
+        if not 1 <= limit <= 1000:
+            return _json(400, {}, error_body(400, "limit: must be from 1 to 1000"))
+        newest = list(reversed(self.batches))
+        ids = [batch.id for batch in newest]
+        if params.get("after_id") in ids:
+            newest = newest[ids.index(params["after_id"]) + 1 :]
+        elif params.get("before_id") in ids:
+            newest = newest[: ids.index(params["before_id"])]
+            newest = newest[-limit:]
+        page = newest[:limit]
+        return _json(
+            200,
+            {},
+            {
+                "data": [batch.to_json(self.url) for batch in page],
+                "has_more": len(newest) > len(page),
+                "first_id": page[0].id if page else None,
+                "last_id": page[-1].id if page else None,
+            },
+        )
+
+    def _advance(self, batch: FakeBatch, now: float) -> None:
+        """End ``batch`` if its time has come (lock held): its results, by what each met."""
+        if batch.ended_at is not None:
+            return
+        if batch.cancel_at is not None and now >= batch.cancel_at + self.batch_cancel_delay:
+            cut, ended = batch.cancel_at, batch.cancel_at + self.batch_cancel_delay
+        elif now >= batch.created_at + batch.processing:
+            cut, ended = math.inf, batch.created_at + batch.processing
+        else:
+            return
+        results = []
+        for index, request in enumerate(batch.requests):
+            if batch.finishes(index) > cut:
+                result: dict[str, Any] = {"type": "canceled"}
+            else:
+                result = self._batch_result(request.get("params") or {})
+            results.append({"custom_id": request["custom_id"], "result": result})
+        # The API does not keep the requests' order: neither does the fake.
+        batch.results = results[::-1]
+        batch.ended_at = ended
+
+    def _batch_result(self, params: dict[str, Any]) -> dict[str, Any]:
+        """What one batch request ends as (lock held): expired, errored, or its message."""
+        self._batch_items += 1
+        request = Received(-self._batch_items, params, {}, 200)
+        text = request.text
+        if any(needle in text for needle in self._expiring):
+            return {"type": "expired"}
+        fault = self._pick_fault(text)
+        if fault is not None:
+            body = error_body(
+                fault.status,
+                fault.message,
+                error_type=fault.error_type,
+                error_code=fault.error_code,
+                request_id=f"req_fake_batch_{self._batch_items}",
+            )
+            return {"type": "errored", "error": body}
+        message = self._message_locked(request)
+        message["id"] = f"msg_fake_batch_{self._batch_items}"
+        return {"type": "succeeded", "message": message}
+
+    def _cache_usage(self, request: Received) -> tuple[int, int, int]:
+        """Input, cache-write and cache-read tokens of one answer (lock held)."""
+        total = prompt_tokens(request.body)
+        if self.cache_tokens != (0, 0):
+            return total, *self.cache_tokens
+        prefix = cached_prefix(request.body)
+        cached = len(prefix.split())
+        if cached < self.cache_min_tokens:
+            return total, 0, 0
+        key = (request.model, prefix)
+        hit = key in self._cached
+        self._cached.add(key)
+        return total - cached, 0 if hit else cached, cached if hit else 0
+
+    def forget_cache(self) -> None:
+        """Empty the prompt cache, as five idle minutes would."""
+        with self._lock:
+            self._cached.clear()
 
     def hold(self) -> None:
         """Keep every call open, unanswered, until ``release()``."""
@@ -447,6 +722,8 @@ class FakeAnthropic:
         self, path: str, headers: Mapping[str, str], raw: bytes
     ) -> tuple[int, dict[str, str], bytes]:
         """Record one request and build its answer; the handler thread waits, then writes it."""
+        if path.startswith(BATCHES_PATH):
+            return self._batch_route("POST", path, headers, raw)
         if path.partition("?")[0] != MESSAGES_PATH:
             return _json(404, {}, error_body(404, f"no route for POST {path}"))
         lowered = {name.lower(): value for name, value in headers.items()}
@@ -549,9 +826,13 @@ class FakeAnthropic:
 
     def _message(self, request: Received) -> dict[str, Any]:
         with self._lock:
-            refused = any(needle in request.text for needle in self._refusals)
+            return self._message_locked(request)
+
+    def _message_locked(self, request: Received) -> dict[str, Any]:
+        """A successful answer to ``request`` (lock held)."""
+        refused = any(needle in request.text for needle in self._refusals)
         text = "" if refused else self._reply(request)
-        creation, read = self.cache_tokens
+        input_tokens, creation, read = self._cache_usage(request)
         return {
             "id": f"msg_fake_{request.number}",
             "type": "message",
@@ -561,7 +842,7 @@ class FakeAnthropic:
             "stop_reason": "refusal" if refused else "end_turn",
             "stop_sequence": None,
             "usage": {
-                "input_tokens": prompt_tokens(request.body),
+                "input_tokens": input_tokens,
                 "output_tokens": len(text.split()),
                 "cache_creation_input_tokens": creation,
                 "cache_read_input_tokens": read,
@@ -569,17 +850,134 @@ class FakeAnthropic:
         }
 
 
+def system_text(body: Mapping[str, Any]) -> str:
+    """The system prompt, a string or the text of its blocks."""
+    system = body.get("system")
+    if isinstance(system, list):
+        return "\n".join(str(block.get("text", "")) for block in system if isinstance(block, dict))
+    return str(system or "")
+
+
+def cached_prefix(body: Mapping[str, Any]) -> str:
+    """The system text up to its last block marked ``cache_control``, or "" when none is."""
+    system = body.get("system")
+    if not isinstance(system, list):
+        return ""
+    marked = [
+        index
+        for index, block in enumerate(system)
+        if isinstance(block, dict) and block.get("cache_control")
+    ]
+    if not marked:
+        return ""
+    blocks = system[: marked[-1] + 1]
+    return "\n".join(str(block.get("text", "")) for block in blocks if isinstance(block, dict))
+
+
+def _iso(seconds: float | None) -> str | None:
+    if seconds is None:
+        return None
+    return (
+        datetime.fromtimestamp(seconds, UTC)
+        .isoformat(timespec="microseconds")
+        .replace("+00:00", "Z")
+    )
+
+
+@dataclass
+class FakeBatch:
+    """One Message Batch as the fake keeps it.
+
+    Its requests finish evenly over ``processing`` seconds from ``created_at``: request ``i``
+    of ``n`` at ``created_at + processing * (i + 1) / n``. ``results`` is filled when it ends.
+    """
+
+    id: str
+    requests: list[dict[str, Any]]
+    created_at: float
+    processing: float
+    cancel_at: float | None = None
+    ended_at: float | None = None
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+    def finishes(self, index: int) -> float:
+        return self.created_at + self.processing * (index + 1) / len(self.requests)
+
+    @property
+    def status(self) -> str:
+        if self.ended_at is not None:
+            return "ended"
+        return "canceling" if self.cancel_at is not None else "in_progress"
+
+    def counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(("processing", "succeeded", "errored", "canceled", "expired"), 0)
+        if self.ended_at is None:
+            counts["processing"] = len(self.requests)
+            return counts
+        for entry in self.results:
+            counts[entry["result"]["type"]] += 1
+        return counts
+
+    def to_json(self, base_url: str) -> dict[str, Any]:
+        ended = self.ended_at is not None
+        return {
+            "id": self.id,
+            "type": "message_batch",
+            "processing_status": self.status,
+            "request_counts": self.counts(),
+            "created_at": _iso(self.created_at),
+            "expires_at": _iso(self.created_at + 86400),
+            "ended_at": _iso(self.ended_at),
+            "cancel_initiated_at": _iso(self.cancel_at),
+            "archived_at": None,
+            "results_url": f"{base_url}{BATCHES_PATH}/{self.id}/results" if ended else None,
+        }
+
+
 def prompt_tokens(body: Mapping[str, Any]) -> int:
     """The fake's token count of a prompt: its words, the system prompt's included."""
-    return len(message_text(body).split()) + len(str(body.get("system") or "").split())
+    return len(message_text(body).split()) + len(system_text(body).split())
 
 
-def _invalid(body: dict[str, Any] | None, headers: Mapping[str, str]) -> tuple[int, str] | None:
-    """The status and message the real API would refuse this request with, if any."""
+def _invalid_headers(headers: Mapping[str, str]) -> tuple[int, str] | None:
     if not headers.get("x-api-key") and not headers.get("authorization"):
         return 401, "x-api-key header is required"
     if not headers.get("anthropic-version"):
         return 400, "anthropic-version: header is required"
+    return None
+
+
+def _invalid_batch(requests: object) -> str | None:
+    """Why the real API would refuse a batch of these requests, if it would."""
+    if not isinstance(requests, list) or not requests:
+        return "requests: at least one request is required"
+    if len(requests) > MAX_BATCH_REQUESTS:
+        return f"requests: a batch holds at most {MAX_BATCH_REQUESTS} requests"
+    seen: set[str] = set()
+    for index, request in enumerate(requests):
+        custom_id = request.get("custom_id") if isinstance(request, dict) else None
+        if not isinstance(custom_id, str) or not _CUSTOM_ID.fullmatch(custom_id):
+            return (
+                f"requests.{index}.custom_id: String should match pattern '^[a-zA-Z0-9_-]{{1,64}}$'"
+            )
+        if custom_id in seen:
+            return f"requests.{index}.custom_id: custom_id {custom_id!r} is not unique"
+        seen.add(custom_id)
+        params = request.get("params")
+        problem = _invalid(
+            params if isinstance(params, dict) else None,
+            {"x-api-key": "batch", "anthropic-version": "batch"},
+        )
+        if problem is not None:
+            return f"requests.{index}.params.{problem[1]}"
+    return None
+
+
+def _invalid(body: dict[str, Any] | None, headers: Mapping[str, str]) -> tuple[int, str] | None:
+    """The status and message the real API would refuse this request with, if any."""
+    missing = _invalid_headers(headers)
+    if missing is not None:
+        return missing
     if body is None:
         return 400, "request body is not valid JSON"
     if not isinstance(body.get("model"), str):
@@ -612,6 +1010,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, headers, payload)
 
     def do_GET(self) -> None:
+        if self.path.startswith(BATCHES_PATH):
+            self._send(*self.server.fake._batch_route("GET", self.path, dict(self.headers), b""))
+            return
         self._send(*_json(404, {}, error_body(404, f"no route for GET {self.path}")))
 
     def _send(self, status: int, headers: Mapping[str, str], payload: bytes) -> None:

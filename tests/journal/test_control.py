@@ -16,7 +16,7 @@ import pytest
 
 from journal import Effect, Journal, Run
 from journal.backend import Purging
-from journal.control import cancel, fork, retry
+from journal.control import cancel, fork, retry, unsettled_effects
 from journal.errors import ControlRefused, EffectUnderway
 from journal.inspect import inspect_run
 from journal.lease import Lease
@@ -57,6 +57,26 @@ def test_a_cancel_is_refused_once_an_effect_is_claimed_and_the_run_finishes(
     assert (refused.effect, refused.state) == ("send", "claimed")
     assert str(refused) == "run wf:r: its effect 'send' is under way; it will finish"
     assert "cancel" not in journal.meta(journal.keys("wf", "r"))
+
+
+def test_a_revocable_effect_does_not_refuse_a_cancel_nor_keep_the_run_from_a_purge(
+    journal: Journal,
+) -> None:
+    def body(run: Run) -> str:
+        run.effect("batch", lambda effect: "b1", timeout=10, revocable=True)
+        run.sleep("look", 3600)
+        return "finished"
+
+    assert journal.execute("wf", "r", body).status == "waiting"
+    keys = journal.keys("wf", "r")
+    assert journal.effect_states(keys) == {"batch": "claimed"}  # not settled, yet revocable
+
+    assert cancel(journal, "wf", "r", "not this week").immediate  # its application undoes it
+
+    meta = journal.meta(keys)
+    assert meta["status"] == "cancelled"
+    assert unsettled_effects(journal, keys) == {}
+    assert journal.backend.purge(keys, meta["updated_at"], 0.0, ["cancelled"]) is Purging.DELETED
 
 
 def test_a_running_run_finishes_its_step_in_flight_and_starts_no_other(journal: Journal) -> None:

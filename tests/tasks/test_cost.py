@@ -133,6 +133,31 @@ def test_cache_tokens_are_priced_as_writes_and_reads_of_the_input() -> None:
     assert own.cost("m", 1e6, 1e6, cache_write=1e6, cache_read=1e6) == pytest.approx(10.0)
 
 
+def test_a_batch_request_costs_half_cache_writes_and_reads_included() -> None:
+    table = PriceTable.from_env({})
+    synchronous = table.cost("claude-sonnet-5-5", 1200, 400, cache_write=3000, cache_read=50_000)
+    batched = table.cost(
+        "claude-sonnet-5-5", 1200, 400, cache_write=3000, cache_read=50_000, batch=True
+    )
+    assert synchronous is not None and batched == pytest.approx(synchronous / 2)
+    assert batched == pytest.approx((1200 * 3 + 400 * 15 + 3000 * 3.75 + 50_000 * 0.3) / 2e6)
+    usage = usage_of(
+        [
+            {
+                "input_tokens": 10,
+                "output_tokens": 1,
+                "model": "m",
+                "batch": True,
+                "cache_creation_input_tokens": 30,
+                "cache_read_input_tokens": 60,
+            },
+            {"input_tokens": 10, "output_tokens": 1, "model": "m"},
+        ]
+    )
+    assert (usage.batched, usage.cache_write_tokens, usage.cache_read_tokens) == (1, 30, 60)
+    assert usage.cache_hit_ratio == pytest.approx(60 / 110)
+
+
 def test_a_dated_model_id_is_priced_as_its_alias() -> None:
     table = PriceTable.from_env({})
     assert table.cost("claude-haiku-5-5-20261001", 1_000_000, 0) == 1.0
