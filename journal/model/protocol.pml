@@ -1,5 +1,6 @@
 /*
- * The run protocol of journal/, checked exhaustively with SPIN.
+ * The run protocol of journal/, and beat's weekly dispatcher (tasks/dispatch.py), checked
+ * exhaustively with SPIN.
  *
  * One run, WORKERS deliveries that keep arriving (Celery redelivers at least once), two due
  * sweepers (two beats), and an adversary that expires leases, crashes workers and moves time.
@@ -24,7 +25,8 @@
  *   (-DSLEEP=1, the default: sleep and sweep, no effect); the effect one, not repeatable
  *   (-DSLEEP=0 -DEFFECT=1 -DSWEEPERS=0) and repeatable (the same and -DREPEATABLE=1): the
  *   effect reads nothing of the due index or the sleep, and together they are far over the
- *   test's budget.
+ *   test's budget; and the dispatcher (-DDISPATCH=1), at the end of this file, which shares
+ *   nothing with the run.
  * - Without sweepers (the effect checks) a renewal writes nothing the model keeps, and a lost
  *   one ends the delivery as the next fenced script, which checks the lease again, does: the
  *   heartbeat is no step of its own there.
@@ -126,9 +128,12 @@
  *       (and carries the effect's one key, by construction)
  *   E3  never acted once known done: after its receipt reached the store under its own claim
  *       (whether or not the store kept it), or an operator said it happened
- * Liveness (ltl `done`, pan -a -f: weak fairness), in the journal check: while deliveries
- *   keep arriving, the run ends done. (The effect checks' liveness search is many times their
- *   safety states: over the test's time budget.)
+ *   D1  (dispatcher) the watermark never passes a week that is not published
+ * Liveness (pan -a -f: weak fairness):
+ *   ltl `done`, in the journal check: while deliveries keep arriving, the run ends done.
+ *   ltl `published`, in the dispatcher check: every week the schedule reaches is published,
+ *   whichever dispatcher dies where (no week lost). (The effect checks' liveness search is
+ *   many times their safety states: over the test's time budget.)
  * Known limits, checked to fail (tests/journal/test_model.py keeps them honest):
  *   -DEFFECT_LEASE "no effect start by a holder after another's acquisition": a holder that
  *                  confirmed, then paused before DATA, acts after a newer holder acquired;
@@ -162,6 +167,10 @@
  *                       again                                              -> E3
  *   -DNO_RELEASE        a suspending run keeps its lease: once expiries run out, no later
  *                       delivery can take the run                      -> ltl done
+ *   -DWATERMARK_PAST_CLAIM   dispatch_due counts a week another dispatcher claims as no
+ *                       gap: the watermark passes a week not yet published  -> D1
+ *   -DCLAIM_NEVER_EXPIRES    the week's claim without its TTL: a dispatcher that dies on
+ *                       another host holds its week for ever         -> ltl published
  * (The mailer's own check of effect.earlier, the old -DRECEIPT_IGNORED, is not a guard of the
  * protocol any more: effect_claim.lua answers "done" with no claim, and effect_confirm.lua
  * refuses a fence that holds none, so a mailer that ignored it could not act.)
@@ -232,7 +241,7 @@
 
 /* Each assertion names its property: `assert(holds || R1)` fails, naming R1, when it does not
    hold (these are always 0, and hidden: they are labels, not state). */
-hidden byte R1, R2, M1, M2, I1, S1, E1, E2, E3, EFFECT_UNDER_LEASE, RESUMED;
+hidden byte R1, R2, M1, M2, I1, S1, E1, E2, E3, D1, EFFECT_UNDER_LEASE, RESUMED;
 
 /* Redis */
 byte lease;          /* journal:{RUN}:lease, as its fence; 0: no key */
@@ -663,6 +672,7 @@ end:
   od
 }
 
+#if !DISPATCH
 /* The adversary, one process per kind of event: weak fairness is per process, so an event
    that stays possible (the wake-up time passing, a dead holder's lease running out) happens. */
 active proctype Clock() {
@@ -743,3 +753,213 @@ init {
 }
 
 ltl done { <> (status == DONE) }
+#endif
+
+/* The dispatcher (tasks/dispatch.py): a check of its own, -DDISPATCH=1 (nothing above runs in
+   it). Two beats' dispatchers, each calling dispatch_due again and again (beat's hourly
+   catch-up); the schedule reaching WEEKS weeks one after another; a dispatcher that may die for
+   good anywhere (provably gone on its host, or on another host where only its claim's TTL frees
+   the week: both are tried); a live dispatcher's claim expiring under it (a pause past
+   CLAIM_TTL_S, STALLS); the broker refusing a publish (REFUSED).
+   Abstractions:
+   - A week's marker digest:dispatched:<run> is FREE, HELD ("claimed by <process>", with its
+     TTL) or MARKED (the long-lived marker). "Published" is the run enqueued (a ghost, never
+     undone); a week enqueued twice is two deliveries of one run, which the run's journal makes
+     one email (the checks above).
+   - The watermark key holds a week, 0 before the first: the model starts with one written; a
+     first deployment, which writes the week before the latest, owes nothing before it.
+   - catch_up_weeks covers every week the model reaches: a beat down for longer than it skips
+     weeks by design, outside the property.
+   - Each Redis command is one step; what the dispatcher computes from its answer (the next
+     week, gap, upto) goes in the same step: no other process reads it. The clock's `now` and
+     the watermark's GET are one step: a clock read earlier only makes `now` older, and a
+     watermark beyond it finds no week to look at.
+   - WEEKS is 2 (3 is over 20M states): two weeks already give a gap before a published week.
+   Map: SET NX EX, GET, SET XX EX ........ _claim; enqueue / DEL and raise / SET EX ........
+   the body of dispatch_due's loop; gap, upto ........ `gap`, `published`; SET the watermark
+   ........ its last lines. */
+#if DISPATCH
+#ifndef WEEKS
+#define WEEKS 2                                     /* 2 or 3: TTL(x) and Stall below */
+#endif
+#ifndef DEATHS
+#define DEATHS 1
+#endif
+#ifndef STALLS
+#define STALLS 1
+#endif
+#ifndef REFUSED
+#define REFUSED 1
+#endif
+
+#define FREE 0                                      /* the week's marker: none */
+#define HELD 1                                      /* "claimed by <process>", CLAIM_TTL_S */
+#define MARKED 2                                    /* the long-lived marker: published */
+
+#define OURS 1                                      /* Held, as one dispatch found the week */
+#define PUBLISHED 2
+#define ELSEWHERE 3
+#define CLAIMANT 4                                  /* a claim: whose process may be gone */
+
+byte reached;                 /* weeks the schedule has reached: weeks 1..reached are due */
+byte marker[WEEKS + 1];       /* digest:dispatched:<week>; [0] unused */
+byte owner[WEEKS + 1];        /* the dispatcher a HELD marker names, k + 1; 0: none */
+bool gone[WEEKS + 1];         /* ... whose process is gone: provably so on its host */
+byte watermark;               /* digest:dispatch_watermark; 0: before week 1 */
+bool published[WEEKS + 1];    /* ghost: the week's run was enqueued, at least once */
+byte npublished;              /* ghost: how many weeks were */
+byte deaths, stalls, refused;
+bool dkill[2];
+
+#define FREED(x) marker[x] = FREE; owner[x] = 0; gone[x] = 0
+
+proctype Dispatcher(byte k) {
+  byte now, raw, upto, w, held, i;
+  bool gap;
+end:
+  do
+  :: {
+       atomic {
+         now = reached;                               /* run_ids_due(now): weeks 1..now */
+         raw = watermark;                             /* GET the watermark */
+         upto = raw; gap = 0; w = raw + 1
+       };
+       do
+       :: atomic { w > now -> w = 0 }; break
+       :: else ->
+          atomic {                                    /* _claim: SET NX EX */
+            if
+            :: marker[w] == FREE -> marker[w] = HELD; owner[w] = k + 1; held = OURS
+            :: else -> held = 0
+            fi
+          };
+          if
+          :: held == 0 ->
+             atomic {                                 /* GET */
+               if
+               :: marker[w] == FREE -> held = ELSEWHERE   /* expired since: look again */
+               :: marker[w] == MARKED -> held = PUBLISHED
+               :: marker[w] == HELD && gone[w] -> held = CLAIMANT   /* provably gone */
+               :: marker[w] == HELD -> held = ELSEWHERE   /* alive, or gone elsewhere */
+               fi
+             };
+             if
+             :: held == CLAIMANT ->                   /* SET XX EX: takes it over */
+                atomic {
+                  if
+                  :: marker[w] != FREE -> marker[w] = HELD; owner[w] = k + 1; gone[w] = 0; held = OURS
+                  :: else -> held = ELSEWHERE
+                  fi
+                }
+             :: else -> skip
+             fi
+          :: else -> skip
+          fi;
+          if
+          :: held == OURS ->
+             if
+             :: atomic {                              /* enqueue */
+                  if
+                  :: !published[w] -> published[w] = 1; npublished++
+                  :: else -> skip                     /* twice: two deliveries of one run */
+                  fi
+                }
+             :: atomic { refused < REFUSED -> refused++ };   /* the broker refused it: */
+                atomic { FREED(w); goto over }              /* DEL the marker, and raise */
+             fi;
+             atomic { marker[w] = MARKED; owner[w] = 0; gone[w] = 0 }   /* SET EX 400 days */
+          :: else -> skip
+          fi;
+          atomic {
+#ifndef WATERMARK_PAST_CLAIM
+            gap = gap || held == ELSEWHERE;
+#endif
+            if :: !gap -> upto = w :: else -> skip fi;
+            held = 0; w++
+          }
+       od;
+       if
+       :: atomic { upto != raw ->
+            i = 1;                                    /* SET the watermark */
+            do
+            :: i <= upto -> assert(published[i] || D1); i++
+            :: else -> break
+            od;
+            i = 0;
+            watermark = upto
+          }
+       :: else -> skip
+       fi;
+over:  atomic { now = 0; raw = 0; upto = 0; w = 0; held = 0; gap = 0 }
+     } unless {
+       dkill[k] ->                                    /* SIGKILL, the host gone: for good */
+       d_step {
+         i = 1;
+         do
+         :: i <= WEEKS -> if :: marker[i] == HELD && owner[i] == k + 1 -> gone[i] = 1 :: else -> skip fi; i++
+         :: else -> break
+         od;
+         i = 0
+       };
+       goto died
+     }
+  od;
+died:
+  skip
+}
+
+active proctype Schedule() {                         /* a Monday comes */
+  do
+  :: reached < WEEKS -> reached++
+  :: else -> break
+  od
+}
+
+/* A claim runs out: a dead dispatcher's always does (fair, unbounded), a live one's when it
+   pauses past CLAIM_TTL_S (STALLS). */
+#ifdef CLAIM_NEVER_EXPIRES
+#define TTL(x) :: false
+#else
+#define TTL(x) :: d_step { marker[x] == HELD && gone[x] -> FREED(x) }
+#endif
+active proctype ClaimTTL() {
+end:
+  do
+  TTL(1)
+  TTL(2)
+#if WEEKS > 2
+  TTL(3)
+#endif
+  od
+}
+
+#ifdef CLAIM_NEVER_EXPIRES
+#define STALL(x)
+#else
+#define STALL(x) :: d_step { stalls < STALLS && marker[x] == HELD && !gone[x] -> FREED(x); stalls++ }
+#endif
+active proctype Stall() {
+  do
+  STALL(1)
+  STALL(2)
+#if WEEKS > 2
+  STALL(3)
+#endif
+  :: break
+  od
+}
+
+active proctype Reaper() {
+  do
+  :: d_step { deaths < DEATHS -> deaths++; dkill[0] = 1 }
+  :: d_step { deaths < DEATHS -> deaths++; dkill[1] = 1 }
+  :: break
+  od
+}
+
+init {
+  atomic { run Dispatcher(0); run Dispatcher(1) }
+}
+
+ltl published { <> (npublished == WEEKS) }
+#endif

@@ -1,14 +1,15 @@
 """The run protocol, model-checked: every interleaving of journal/model/protocol.pml, with SPIN.
 
 The model checks safety (assertions, every reachable state) and liveness (an LTL property
-under weak fairness), of the run and its fenced effect. A model that passes proves nothing
-if it cannot fail, so each property has a mutant, the model with one guard of the real code
-removed, that SPIN must refute with a counterexample trail naming that property; and the known
-limits are checked to still fail, so whoever closes one is told to promote it to a property.
+under weak fairness), of the run and its fenced effect, and of beat's weekly dispatcher. A
+model that passes proves nothing if it cannot fail, so each property has a mutant, the model
+with one guard of the real code removed, that SPIN must refute with a counterexample trail
+naming that property; and the known limits are checked to still fail, so whoever closes one
+is told to promote it to a property.
 
 Every check is exhaustive (``-DSAFETY`` for the safety ones: no cycle search); the bounds that
 keep them inside the test's time are the model's own (two workers, one crash, one expiry, one
-transport failure, one operator's decision), each documented there.
+transport failure, one operator's decision; two weeks for the dispatcher), each documented there.
 
 Needs ``spin`` (Debian's package) and a C compiler; skipped, with that reason, without them.
 """
@@ -65,10 +66,12 @@ class Verdict:
 
 # The checks: the lease, records, meta, durable sleep and due sweep; the fenced effect, not
 # repeatable (an operator decides) and repeatable (the effect's safety reads nothing of the due
-# index or the sleep, and together they are far too many states for a test).
+# index or the sleep, and together they are far too many states for a test); and beat's
+# dispatcher, which shares nothing with the run.
 JOURNAL: tuple[str, ...] = ()
 EFFECT = ("-DSLEEP=0", "-DEFFECT=1", "-DSWEEPERS=0")
 REPEATABLE = (*EFFECT, "-DREPEATABLE=1")
+DISPATCH = ("-DDISPATCH=1",)
 
 
 def check(tmp_path: Path, *defines: str, liveness: bool = False, mutant: bool = False) -> Verdict:
@@ -116,8 +119,9 @@ def report_refuted(capsys: pytest.CaptureFixture[str], what: str, verdict: Verdi
         (JOURNAL, "R1 R2 M1 M2 I1 S1"),
         (EFFECT, "R1 R2 M1 M2 E1 E2 E3"),
         (REPEATABLE, "R1 R2 M1 M2 E1 E2 E3"),
+        (DISPATCH, "D1"),
     ],
-    ids=["journal", "effect", "effect-repeatable"],
+    ids=["journal", "effect", "effect-repeatable", "dispatch"],
 )
 def test_every_interleaving_keeps_the_safety_properties(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], config: tuple[str, ...], properties: str
@@ -131,15 +135,16 @@ def test_every_interleaving_keeps_the_safety_properties(
 
 def config_name(config: tuple[str, ...]) -> str:
     names = {JOURNAL: "journal", EFFECT: "effect", REPEATABLE: "effect, repeatable"}
-    return names[config]
+    return names.get(config, "dispatch")
 
 
 @pytest.mark.parametrize(
     ("config", "what"),
     [
         (JOURNAL, "<>done: while deliveries keep arriving, the run ends done"),
+        (DISPATCH, "<>published: every week the schedule reaches is published"),
     ],
-    ids=["journal"],
+    ids=["journal", "dispatch"],
 )
 def test_every_fair_schedule_gets_there(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], config: tuple[str, ...], what: str
@@ -168,6 +173,8 @@ def test_every_fair_schedule_gets_there(
         # claim ambiguous: the operator, asked, resends what was done
         (EFFECT, "-DLATE_RECEIPT_REFUSED", "E3"),
         (EFFECT, "-DDONE_FORGOTTEN", "E3"),  # effect_claim.lua claims a done effect again
+        # dispatch_due passes a week another dispatcher claims and has not published
+        (DISPATCH, "-DWATERMARK_PAST_CLAIM", "D1"),
     ],
     ids=lambda value: value.removeprefix("-D") if isinstance(value, str) else "",
 )
@@ -189,6 +196,8 @@ def test_each_safety_property_is_refuted_when_its_guard_is_removed(
     [
         # a suspending run keeps its lease: once expiries run out, no delivery can take it
         (JOURNAL, "-DNO_RELEASE"),
+        # a week's claim without its TTL: a dispatcher dead on another host holds it for ever
+        (DISPATCH, "-DCLAIM_NEVER_EXPIRES"),
     ],
     ids=lambda value: value.removeprefix("-D") if isinstance(value, str) else "",
 )
