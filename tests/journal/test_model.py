@@ -1,10 +1,15 @@
 """The run protocol, model-checked: every interleaving of journal/model/protocol.pml, with SPIN.
 
 The model checks safety (assertions, every reachable state) and liveness (an LTL property
-under weak fairness). A model that passes proves nothing if it cannot fail, so each safety
-property has a mutant, the model with one guard of the real scripts removed, that SPIN must
-refute with a counterexample trail naming that property; and the two known gaps are checked
-to still fail, so whoever closes one is told to promote it to a property.
+under weak fairness), of the run and its fenced effect, and of beat's weekly dispatcher. A
+model that passes proves nothing if it cannot fail, so each property has a mutant, the model
+with one guard of the real code removed, that SPIN must refute with a counterexample trail
+naming that property; and the known limits are checked to still fail, so whoever closes one
+is told to promote it to a property.
+
+Every check is exhaustive (``-DSAFETY`` for the safety ones: no cycle search); the bounds that
+keep them inside the test's time are the model's own (two workers, one crash, one expiry, one
+transport failure, one operator's decision; two weeks for the dispatcher), each documented there.
 
 Needs ``spin`` (Debian's package) and a C compiler; skipped, with that reason, without them.
 """
@@ -59,11 +64,14 @@ class Verdict:
         return failed.group(1).rsplit("||", 1)[-1].strip(" ()")
 
 
-# The two checks: the lease, records, meta, durable sleep and due sweep; and the fenced effect
-# (the effect's safety reads nothing of the due index or the sleep, and together they are 36M
-# states: too many for a test).
+# The checks: the lease, records, meta, durable sleep and due sweep; the fenced effect, not
+# repeatable (an operator decides) and repeatable (the effect's safety reads nothing of the due
+# index or the sleep, and together they are far too many states for a test); and beat's
+# dispatcher, which shares nothing with the run.
 JOURNAL: tuple[str, ...] = ()
 EFFECT = ("-DSLEEP=0", "-DEFFECT=1", "-DSWEEPERS=0")
+REPEATABLE = (*EFFECT, "-DREPEATABLE=1")
+DISPATCH = ("-DDISPATCH=1",)
 
 
 def check(tmp_path: Path, *defines: str, liveness: bool = False, mutant: bool = False) -> Verdict:
@@ -96,24 +104,53 @@ def report(capsys: pytest.CaptureFixture[str], what: str, verdict: Verdict) -> N
         print(f"\n  spin: {what}: {verdict.states:,} states explored, {verdict.errors} errors")
 
 
+def report_refuted(capsys: pytest.CaptureFixture[str], what: str, verdict: Verdict) -> None:
+    depth = re.search(r"at depth (\d+)", verdict.output)
+    with capsys.disabled():
+        print(
+            f"\n  spin: {what}: refuted after {verdict.states:,} states, "
+            f"a trail of {depth.group(1) if depth else '?'} steps"
+        )
+
+
 @pytest.mark.parametrize(
     ("config", "properties"),
-    [(JOURNAL, "R1 R2 M1 M2 I1 S1"), (EFFECT, "R1 R2 M1 M2 E1 E2")],
-    ids=["journal", "effect"],
+    [
+        (JOURNAL, "R1 R2 M1 M2 I1 S1"),
+        (EFFECT, "R1 R2 M1 M2 E1 E2 E3"),
+        (REPEATABLE, "R1 R2 M1 M2 E1 E2 E3"),
+        (DISPATCH, "D1"),
+    ],
+    ids=["journal", "effect", "effect-repeatable", "dispatch"],
 )
 def test_every_interleaving_keeps_the_safety_properties(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], config: tuple[str, ...], properties: str
 ) -> None:
     verdict = check(tmp_path, *config)
-    report(capsys, f"safety {properties}", verdict)
+    report(capsys, f"safety {properties} ({config_name(config)})", verdict)
     assert verdict.errors == 0, verdict.trail()[-5000:]
     assert verdict.states > 100_000  # the adversary really ran: crashes, expiry, sweeps
     assert "invalid end states\t+" in verdict.output  # deadlocks were checked too
 
 
-def test_every_fair_schedule_ends_done(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    verdict = check(tmp_path, liveness=True)
-    report(capsys, "liveness <>done under weak fairness (journal)", verdict)
+def config_name(config: tuple[str, ...]) -> str:
+    names = {JOURNAL: "journal", EFFECT: "effect", REPEATABLE: "effect, repeatable"}
+    return names.get(config, "dispatch")
+
+
+@pytest.mark.parametrize(
+    ("config", "what"),
+    [
+        (JOURNAL, "<>done: while deliveries keep arriving, the run ends done"),
+        (DISPATCH, "<>published: every week the schedule reaches is published"),
+    ],
+    ids=["journal", "dispatch"],
+)
+def test_every_fair_schedule_gets_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], config: tuple[str, ...], what: str
+) -> None:
+    verdict = check(tmp_path, *config, liveness=True)
+    report(capsys, f"liveness {what}, under weak fairness ({config_name(config)})", verdict)
     assert verdict.errors == 0, verdict.trail()[-5000:]
 
 
@@ -128,22 +165,49 @@ def test_every_fair_schedule_ends_done(tmp_path: Path, capsys: pytest.CaptureFix
         (JOURNAL, "-DSPLIT_CLAIM", "S1"),  # claim_due as two commands instead of one script
         (EFFECT, "-DCLAIM_SKIPPED", "E1"),  # effect_claim.lua ignores a live earlier claim
         (EFFECT, "-DSTAMP_AFTER_REPLY", "E1"),  # claimed_at taken after the claim's reply
-        (EFFECT, "-DRECEIPT_IGNORED", "E2"),  # the mailer sends despite effect.earlier
+        # effect_settle.lua writes "released" for "ambiguous": the next holder acts unasked
+        (EFFECT, "-DAMBIGUOUS_AS_RELEASED", "E2"),
+        # effect_claim.lua takes a confirmed claim over, though not repeatable nor decided
+        (EFFECT, "-DCONFIRMED_TAKEN_OVER", "E2"),
+        # effect_settle.lua refuses the claimant's late receipt once a later holder found the
+        # claim ambiguous: the operator, asked, resends what was done
+        (EFFECT, "-DLATE_RECEIPT_REFUSED", "E3"),
+        (EFFECT, "-DDONE_FORGOTTEN", "E3"),  # effect_claim.lua claims a done effect again
+        # dispatch_due passes a week another dispatcher claims and has not published
+        (DISPATCH, "-DWATERMARK_PAST_CLAIM", "D1"),
     ],
     ids=lambda value: value.removeprefix("-D") if isinstance(value, str) else "",
 )
 def test_each_safety_property_is_refuted_when_its_guard_is_removed(
-    tmp_path: Path, config: tuple[str, ...], mutant: str, breaks: str
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    config: tuple[str, ...],
+    mutant: str,
+    breaks: str,
 ) -> None:
     verdict = check(tmp_path, *config, mutant, mutant=True)
     assert verdict.errors == 1, verdict.output
     assert verdict.violated() == breaks
+    report_refuted(capsys, f"{mutant.removeprefix('-D')} -> {breaks}", verdict)
 
 
-def test_liveness_is_refuted_when_a_suspending_run_keeps_its_lease(tmp_path: Path) -> None:
-    verdict = check(tmp_path, "-DNO_RELEASE", liveness=True, mutant=True)
+@pytest.mark.parametrize(
+    ("config", "mutant"),
+    [
+        # a suspending run keeps its lease: once expiries run out, no delivery can take it
+        (JOURNAL, "-DNO_RELEASE"),
+        # a week's claim without its TTL: a dispatcher dead on another host holds it for ever
+        (DISPATCH, "-DCLAIM_NEVER_EXPIRES"),
+    ],
+    ids=lambda value: value.removeprefix("-D") if isinstance(value, str) else "",
+)
+def test_liveness_is_refuted_when_its_guard_is_removed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], config: tuple[str, ...], mutant: str
+) -> None:
+    verdict = check(tmp_path, *config, mutant, liveness=True, mutant=True)
     assert verdict.errors == 1, verdict.output
     assert "acceptance cycle" in verdict.output
+    report_refuted(capsys, f"{mutant.removeprefix('-D')} -> an acceptance cycle", verdict)
 
 
 @pytest.mark.parametrize(
@@ -153,12 +217,21 @@ def test_liveness_is_refuted_when_a_suspending_run_keeps_its_lease(tmp_path: Pat
         # after a newer holder acquired the lease: the lease cannot serialize an effect, the
         # claim does (E1: the newer holder waits for the claim's timeout before it claims).
         (EFFECT, "-DEFFECT_LEASE", "EFFECT_UNDER_LEASE"),
+        # effect_claim.lua answers resumed=0 for a released claim: a holder that took over a
+        # claim that may have acted, then stopped before its own act and released, leaves the
+        # next holder acting again while told it is the first (the same key all the same).
+        (REPEATABLE, "-DRESUMED_TOLD", "RESUMED"),
     ],
-    ids=["effect-outlives-the-lease"],
+    ids=["effect-outlives-the-lease", "resumed-forgotten-after-a-release"],
 )
 def test_the_known_limit_still_has_a_counterexample(
-    tmp_path: Path, config: tuple[str, ...], check_: str, name: str
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    config: tuple[str, ...],
+    check_: str,
+    name: str,
 ) -> None:
     verdict = check(tmp_path, *config, check_, mutant=True)
     assert verdict.errors == 1, f"{check_} holds now: promote it to a property of the model"
     assert verdict.violated() == name
+    report_refuted(capsys, f"known limit {check_.removeprefix('-D')}", verdict)
