@@ -76,6 +76,23 @@ T = TypeVar("T")
 Launcher = Callable[..., list[str]]
 
 
+def watched_client(url: str, before_send: Callable[[bytes], None]) -> redis.Redis:
+    """A client that hands each request it sends (one per round trip) to ``before_send`` first.
+
+    For counting a path's round trips, reading what it sends, or acting between two of them.
+    The connection class is the URL's own (TCP or a unix socket), so any store URL works.
+    """
+    base = redis.ConnectionPool.from_url(url).connection_class
+
+    def send_packed_command(self: Any, command: Any, check_health: bool = True) -> None:
+        data = command if isinstance(command, bytes) else b"".join(bytes(c) for c in command)
+        before_send(data)
+        base.send_packed_command(self, command, check_health)
+
+    watched = type("Watched", (base,), {"send_packed_command": send_packed_command})
+    return redis.Redis.from_url(url, connection_class=watched)
+
+
 def returning(value: T) -> Callable[[], T]:
     """A step body that returns ``value``; a lambda made in a loop would see the last value."""
     return lambda: value

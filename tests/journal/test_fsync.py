@@ -9,14 +9,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
 
 from journal import Journal, Keyspace, Run, Settings
 from journal.errors import JournalError
-from tests.support import ThrowawayValkeys
+from tests.support import ThrowawayValkeys, watched_client
 
 # Each test starts a Valkey configured its own way (appendfsync, WAITAOF support).
 pytestmark = pytest.mark.slow
@@ -46,16 +45,8 @@ def commands_in(data: bytes) -> list[list[bytes]]:
 def recording_client(socket_path: Path) -> tuple[redis.Redis, Packets]:
     """A client whose connections log every packet they send."""
     packets: Packets = []
-
-    class Recording(redis.UnixDomainSocketConnection):
-        def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-            data = command if isinstance(command, bytes) else b"".join(bytes(c) for c in command)
-            packets.append(commands_in(data))
-            # redis-py leaves send_packed_command unannotated.
-            super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
-
-    pool = redis.ConnectionPool(connection_class=Recording, path=str(socket_path))
-    return redis.Redis(connection_pool=pool), packets
+    client = watched_client(f"unix://{socket_path}", lambda data: packets.append(commands_in(data)))
+    return client, packets
 
 
 @pytest.fixture

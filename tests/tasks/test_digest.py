@@ -8,6 +8,7 @@ so, like a killed process, it neither marks the run failed nor releases its leas
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import threading
@@ -35,9 +36,9 @@ from tasks.model import (
     Summarizer,
 )
 from tasks.runtime import Runtime
-from tasks.workflow import DigestOptions, run_digest
+from tasks.workflow import DigestOptions, mark_seen, run_digest, select_unseen
 from tests.fakes.anthropic_server import CREDIT_TOO_LOW, PROMPT_TOO_LONG, FakeAnthropic
-from tests.support import wait_until
+from tests.support import wait_until, watched_client
 
 # Renewed every third of it by the heartbeat thread: at 0.5 s a loaded two-core machine missed
 # the renewals long enough for a live run to lose its lease mid-map. The expiry waits cost
@@ -359,6 +360,51 @@ def test_a_finished_run_is_not_repeated_and_the_next_run_covers_only_new_items(
 
 
 # --- beyond the tutorial
+
+
+@pytest.mark.parametrize(
+    "before_trip",
+    [
+        0,
+        pytest.param(1, marks=pytest.mark.xfail(strict=True, reason="seen read before claiming")),
+        2,
+    ],
+)
+def test_a_week_selecting_while_another_marks_its_items_seen_never_takes_them(
+    digest: LocalDigest, shared_redis_url: str, before_trip: int
+) -> None:
+    """Found by the fault campaign: week 43 read the seen set, week 42 then marked its items
+    seen and let go of their claims, and week 43's claims on them succeeded: both emailed the
+    same items. Here week 42 marks them seen right before each of week 43's round trips, and
+    after the last."""
+    first = digest.runtime()
+    ids = [item["id"] for item in ITEMS]
+    source = first.config.items_path
+    digest.journal.execute(
+        "digest", "2026-w42", lambda run: select_unseen(first, source, "digest:2026-w42")
+    )
+    trips: list[bytes] = []
+
+    def before_send(request: bytes) -> None:
+        if started.is_set():
+            trips.append(request)
+            if len(trips) == before_trip + 1:
+                mark_seen(first, ids)  # on another connection: week 42 ends now
+
+    started = threading.Event()
+    client = watched_client(shared_redis_url, before_send)
+    client.ping()  # the connection's handshake is not week 43's selection
+    started.set()
+    second = dataclasses.replace(first, client=client)
+    try:
+        taken = select_unseen(second, source, "digest:2026-w43")
+    finally:
+        client.close()
+    if len(trips) <= before_trip:
+        mark_seen(first, ids)  # week 42 ends after week 43's selection
+    assert digest.seen() == set(ids)
+    assert [item.id for item in taken] == []
+    assert digest.client.hgetall(DigestKeys(digest.prefix).claims) == {}
 
 
 def test_an_item_the_model_refuses_is_skipped_and_covered_next_week(
