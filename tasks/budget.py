@@ -33,12 +33,12 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from importlib import resources
 
 from journal import codec
 from journal.keys import RunKeys
-from journal.scripts import Client, Script
+from journal.scripts import Client
 from tasks.cost import BudgetExceeded, PriceTable, is_call
+from tasks.scripts import script
 
 NANO = 1_000_000_000
 # How often a call that waits for others to settle asks again.
@@ -97,9 +97,8 @@ class Budget:
         self.prices = prices
         self.lapse_ms = int((call_timeout + LAPSE_MARGIN_S) * 1000)
         self._sleep = sleep
-        lua = resources.files("tasks").joinpath("lua")
-        self._reserve = Script(client, lua.joinpath("budget_reserve.lua").read_text("utf-8"))
-        self._settle = Script(client, lua.joinpath("budget_settle.lua").read_text("utf-8"))
+        self._reserve = script(client, "budget_reserve")
+        self._settle = script(client, "budget_settle")
 
     def estimate(
         self, model: str, input_tokens: int, max_tokens: int, *, batch: bool = False

@@ -1,6 +1,6 @@
 """Which run holds which items: the digest's per-item claims, read and let go.
 
-Each item is claimed by the run that selects it (an ``HSETNX`` per item, ``tasks.workflow``)
+Each item is claimed by the run that selects it (``tasks/lua/claim_items.lua``)
 until that run marks it seen or ends without sending. A failed run may still be retried, so it
 keeps its claims; that is never silent: a later run's report, ``digest runs`` and ``digest
 show`` name the holder, and ``digest release`` lets its items go to the next run.

@@ -30,12 +30,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from importlib import resources
 
 from journal.events import emit
-from journal.scripts import Client, Script
+from journal.scripts import Client
 from tasks.errors import BadInput, DigestError
 from tasks.keys import DigestKeys, text
+from tasks.scripts import script
 
 KINDS = ("requests", "input-tokens", "output-tokens")
 # A probing call (nothing learned yet) holds the probe at most this long.
@@ -68,10 +68,6 @@ class CapacityWait(DigestError):
 def account_of(base_url: str, api_key: str) -> str:
     """What names an API key in Redis: a hash of the API's URL and the key, never the key."""
     return hashlib.sha256(f"{base_url}\n{api_key}".encode()).hexdigest()[:16]
-
-
-def _load(name: str) -> str:
-    return resources.files("tasks").joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
 
 
 # The kinds an override may set, in the order the scripts take them.
@@ -170,8 +166,8 @@ class RateLimiter:
         self.overrides = overrides or Overrides()
         self._sleep = sleep
         self._now = now
-        self._reserve = Script(client, _load("ratelimit_reserve"))
-        self._settle = Script(client, _load("ratelimit_settle"))
+        self._reserve = script(client, "ratelimit_reserve")
+        self._settle = script(client, "ratelimit_settle")
 
     def take(self, model: str, input_tokens: int, max_tokens: int) -> Take:
         """Wait until the model's limits have room for this call, and take its estimate.

@@ -62,6 +62,7 @@ from tasks.prompts import (
     summary_prompt,
 )
 from tasks.runtime import Runtime, process_config, process_runtime
+from tasks.scripts import script
 
 T = TypeVar("T")
 
@@ -290,27 +291,23 @@ def run_digest(
 def select_unseen(runtime: Runtime, source: str, owner: str, *, claim: bool = True) -> list[Item]:
     """This week's items no earlier digest covered and no other run holds, claimed for ``owner``.
 
-    Each claim is an ``HSETNX``: of two runs selecting at once, each item goes to one. A
-    preview (``claim=False``) takes the items nobody else holds without claiming them.
+    One script reads the seen set and claims (``tasks/lua/claim_items.lua``): of two runs
+    selecting at once each item goes to one, and a run marking items seen meanwhile lands
+    wholly before or after it. A preview (``claim=False``) takes the items nobody else holds
+    without claiming them.
     """
-    seen = {text(member) for member in runtime.client.smembers(runtime.keys.seen)}
-    fresh = [
-        item for item in load_items(source, runtime.config.items_timeout) if item.id not in seen
-    ]
-    if not fresh:
+    items = load_items(source, runtime.config.items_timeout)
+    if not items:
         return []
-    claims = runtime.keys.claims
-    pipe = runtime.client.pipeline(transaction=False)
-    if claim:
-        for item in fresh:
-            pipe.hsetnx(claims, item.id, owner)
-    pipe.hmget(claims, [item.id for item in fresh])
-    holders = pipe.execute()[-1]
-    if claim:
-        holders = take_over_from_cancelled(runtime, owner, [item.id for item in fresh], holders)
+    keys, ids = [runtime.keys.seen, runtime.keys.claims], [item.id for item in items]
+    replies = script(runtime.client, "claim_items")(keys, [owner, int(claim), *ids])
+    unseen = [(item, holder) for item, holder in zip(items, replies, strict=True) if holder != 0]
+    holders = [holder for _, holder in unseen]
+    if claim and unseen:
+        holders = take_over_from_cancelled(runtime, owner, [item.id for item, _ in unseen], holders)
     return [
         item
-        for item, holder in zip(fresh, holders, strict=True)
+        for (item, _), holder in zip(unseen, holders, strict=True)
         if holder is None or text(holder) == owner
     ]
 
