@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar, overload
 
 from celery import Celery, Task
+from celery.exceptions import Reject, Retry
 
 from journal import logcontext
 from journal.clock import SystemClock
@@ -47,6 +48,13 @@ from journal.workflow import Defaults, Observer, Workflow
 log = logging.getLogger(__name__)
 
 SWEEP_TASK = "journal.sweep"
+# kombu's publish retries for a delivery's own retry: 0.5 s apart, growing to 5 s, ~10 minutes.
+_OUTLIVE_THE_BROKER = {
+    "max_retries": 120,
+    "interval_start": 0.5,
+    "interval_step": 0.5,
+    "interval_max": 5,
+}
 
 Opts = TypeVar("Opts")
 R = TypeVar("R")
@@ -77,6 +85,11 @@ def at_least_once_settings(*, visibility_timeout: float, task_time_limit: float)
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "broker_connection_retry_on_startup": True,
         "task_track_started": True,
+        # With the store as result backend (one Valkey for all, the usual small deployment),
+        # a delivery that meets it down would fail storing STARTED, outside the body, and be
+        # acked: a run not yet opened would have no journal for a sweep to find. Waiting for
+        # the backend keeps the message, the run's only record then.
+        "result_backend_always_retry": True,
     }
 
 
@@ -279,7 +292,7 @@ class Durable:
             cap = min(self.store_backoff_cap, self.max_countdown)
             countdown = min(jitter(2.0**attempt), cap)
             log.warning("%s; retrying this delivery in %.1fs", down, countdown)
-            raise task.retry(exc=down, countdown=countdown, max_retries=None) from None
+            raise self._retry_outliving_the_broker(task, down, countdown) from None
         except RunParked as parked:
             log.error("%s", parked)
             return {"run": f"{name}:{run_id}", "status": "parked", "error": str(parked)}
@@ -318,6 +331,26 @@ class Durable:
             "ran": outcome.ran,
             "replayed": outcome.replayed,
         }
+
+    @staticmethod
+    def _retry_outliving_the_broker(task: Task, down: StoreUnavailable, countdown: float) -> Retry:
+        """Publish the delivery's retry, waiting out a broker that is down with the store.
+
+        Celery rejects a message whose retry cannot be published without requeueing it, so a
+        store that is also the broker, down before the run opened, would lose the week: the
+        message is then its only record. The publish waits for the broker (about ten minutes
+        at most); past that the message goes back to the queue rather than being dropped.
+        """
+        try:
+            return task.retry(
+                exc=down,
+                countdown=countdown,
+                max_retries=None,
+                retry=True,
+                retry_policy=_OUTLIVE_THE_BROKER,
+            )
+        except Reject as unpublished:
+            raise Reject(unpublished.reason, requeue=True) from None
 
     def _wake_soon(self, task: Task, outcome: Outcome, run_id: str, kwargs: dict[str, Any]) -> None:
         """A short wait is cheaper as a countdown than as a trip through the due sweep."""

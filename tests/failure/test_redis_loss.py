@@ -10,7 +10,9 @@ run resumes and completes: one email, nine model calls plus the one that was in 
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -142,3 +144,37 @@ def test_redis_killed_mid_run_then_restarted(
     wait_until(lambda: "'status': 'done'" in worker.text(), 10, "the task's success line")
     assert worker.text().count("'status': 'done'") == 1
     assert "'model_calls': 6" in worker.text() and "'ran': 9, 'replayed': 4" in worker.text()
+
+
+def test_a_store_that_is_also_the_broker_dying_before_the_run_opens_loses_no_week(
+    deployment: Deployment, valkey: Valkey
+) -> None:
+    """Found by the fault campaign: one Valkey as store and broker, down between a message's
+    receipt and its run's open. The delivery's retry could not be published, Celery rejected
+    the message without requeueing it, and the run had no journal for a sweep to find: the
+    week was never sent. Here the pool child holds the received message while Valkey dies."""
+    deployment.env.update(
+        REDIS_URL=valkey.url,
+        CELERY_BROKER_URL=f"redis+socket://{valkey.socket}",
+        DIGEST_CONCURRENCY="1",
+        DIGEST_OFFLINE="1",
+    )
+    worker = deployment.worker("w", concurrency=1)
+    [child] = worker.children()
+    os.kill(child, signal.SIGSTOP)  # the message reaches it, and waits in its pipe
+    try:
+        assert deployment.cli("enqueue", RUN).returncode == 0
+        wait_until(lambda: "] received" in worker.text(), 20, "the message's receipt")
+        valkey.kill()
+    finally:
+        os.kill(child, signal.SIGCONT)
+    wait_until(
+        lambda: re.search(
+            r"ForkPoolWorker.*(cannot reach the journal store|Failed operation|outside body)", worker.text()
+        ),
+        20,
+        "the delivery to meet the dead store",
+    )
+    valkey.start()
+    wait_until(lambda: deployment.outbox(), 60, f"the week's email (log: {worker.log})")
+    assert [path.name for path in deployment.outbox()] == [f"digest-{RUN}.json"]
