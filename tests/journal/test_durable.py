@@ -24,6 +24,7 @@ from celery._state import _set_task_join_will_block
 from celery.contrib.testing.worker import TestWorkController, setup_app_for_worker
 from celery.signals import before_task_publish, task_postrun
 from celery.worker import state
+from kombu.exceptions import OperationalError
 
 from journal import Journal, Keyspace, Run, Settings
 from journal.durable import Durable, DurableWorkflow, at_least_once_settings
@@ -260,6 +261,30 @@ def test_deliveries_during_an_outage_run_the_workflow_once_it_is_back(
         deployed.server.connected = True
         assert deployed.published.result(sent.id)["status"] == "done"
     assert all(countdown <= 0.05 for countdown in deployed.published.countdowns)
+
+
+def test_a_retry_the_broker_refuses_puts_the_delivery_back_instead_of_dropping_it(
+    deploy: Deploy,
+) -> None:
+    """Celery rejects without requeueing a message whose retry it cannot publish; with the
+    store down too, before the run opened, that message is the run's only record."""
+    deployed = deploy(store_backoff_cap=0.05)
+    deployed.server.connected = False
+    send = deployed.app.amqp.send_task_message
+    refused: list[str] = []
+
+    def broker_down_once(producer: Any, name: str, message: Any, **options: Any) -> Any:
+        if message.headers.get("eta") and not refused:
+            refused.append(name)
+            raise OperationalError("the broker is down too")
+        return send(producer, name, message, **options)
+
+    deployed.app.amqp.send_task_message = broker_down_once
+    with worker(deployed):
+        deployed.task.delay("r1")
+        assert deployed.published.arrived.wait(5), "the refused delivery was dropped"
+    assert refused == [deployed.task.name]
+    assert deployed.published.retries == [1]  # the same delivery again, then its retry
 
 
 # -- results that end a delivery ------------------------------------------------------------
