@@ -170,7 +170,8 @@ def test_a_store_that_is_also_the_broker_dying_before_the_run_opens_loses_no_wee
         os.kill(child, signal.SIGCONT)
     wait_until(
         lambda: re.search(
-            r"ForkPoolWorker.*(cannot reach the journal store|Failed operation|outside body)", worker.text()
+            r"ForkPoolWorker.*(cannot reach the journal store|Failed operation|outside body)",
+            worker.text(),
         ),
         20,
         "the delivery to meet the dead store",
