@@ -12,6 +12,11 @@ from pathlib import Path
 import pytest
 import redis
 
+# prometheus_client picks its value class once, when it is first imported, from
+# PROMETHEUS_MULTIPROC_DIR. Imported here, before the metrics test below sets that variable for
+# itself alone, it counts in memory for every later test of this process; imported by that
+# test, its counters would look for the variable after it is gone and fail on first use.
+import tasks.metrics  # noqa: F401
 from journal import Effect, Journal, Keyspace, Run
 from journal.fixture import Fixture, export
 from journal.redact import add_secret
