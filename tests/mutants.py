@@ -859,8 +859,11 @@ LUA_TESTS: dict[str, tuple[str, ...]] = {
         "tests/journal/test_wait_schedules.py",
         "tests/journal/test_schedules.py",
     ),
-    "journal/lua/purge.lua": ("tests/journal/test_control.py",),
-    "journal/lua/purge_index.lua": ("tests/journal/test_control.py",),
+    "journal/lua/purge.lua": ("tests/journal/test_purge.py", "tests/journal/test_control.py"),
+    "journal/lua/purge_index.lua": (
+        "tests/journal/test_purge.py",
+        "tests/journal/test_control.py",
+    ),
     "journal/lua/record.lua": (
         "tests/journal/test_retry_resume.py",
         "tests/journal/test_workflow.py",
