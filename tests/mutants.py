@@ -1112,16 +1112,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def judge_all(chosen: tuple[Mutant, ...], judges: Judges) -> list[Verdict] | None:
-    """Every chosen mutant's verdict, once the unmutated tests pass; None when they do not."""
-    tests = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
-    # Split between the judges; an empty share would run every test there is.
-    shares = [
-        tests[n :: len(judges.all)] for n in range(len(judges.all)) if tests[n :: len(judges.all)]
-    ]
+    """Every chosen mutant's verdict, once the unmutated tests pass; None when they do not.
+
+    The unmutated tests run as each mutant will run them, file by file in the same order in
+    one process: a test that fails only after another file ran first (state one leaves
+    behind) would otherwise count as a kill of every mutant judged in that order.
+    """
+    orders = list(dict.fromkeys(m.tests for m in chosen))
     with ThreadPoolExecutor(max_workers=len(judges.all)) as pool:
-        for code, output in pool.map(lambda share: judges.run("", "", share), shares):
+        runs = pool.map(lambda tests: (tests, *judges.run("", "", tests)), orders)
+        for tests, code, output in runs:
             if code != 0:
-                print(f"the unmutated tests fail; none can judge:\n{output}", file=sys.stderr)
+                print(
+                    f"the unmutated tests fail when run as {' '.join(tests)}; "
+                    f"no mutant judged so can be judged:\n{output}",
+                    file=sys.stderr,
+                )
                 return None
     verdicts = []
     with ThreadPoolExecutor(max_workers=len(judges.all)) as pool:
