@@ -3,8 +3,10 @@
 Each test here kills a mutant of ``tests/mutants.py`` that survived the rest of the fast
 suite: a close that only deletes fields, a lease taken alone on an ended or parked run, a
 corrupt delivery counter, the meta a start reads back, a live claim not yet confirmed, an
-ambiguous effect's reason, a confirmation of no claim, and an operator's decision on a claim
-abandoned while confirmed. Each asserts the script's exact reply and what it left stored.
+ambiguous effect's reason, a confirmation of no claim, an operator's decision on a claim
+abandoned while confirmed, a release that leaves a reason behind, and a zombie claimant's
+receipt for what a later holder found ambiguous. Each asserts the script's exact reply and
+what it left stored.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from journal.backend import (
     EffectClaimed,
     EffectTerms,
     Opening,
+    Settled,
 )
 from journal.errors import CorruptJournal
 from journal.keys import RunKeys
@@ -205,3 +208,35 @@ def test_a_confirmed_claim_still_live_or_held_is_not_decided(
 
     assert decided == (Decided.NOT_AMBIGUOUS, "confirmed")
     assert hash_of(store, keys.effects) == {"send": f"1:{deadline}:confirmed"}
+
+
+def test_a_released_claim_keeps_no_reason_it_may_have_happened(
+    journal: Journal, store: redis.Redis, keys: RunKeys
+) -> None:
+    grant = take(journal, keys)
+    claimed = journal.backend.effect_claim(keys, grant.holder, "send", 1, "p1", "", TERMS)
+    assert claimed.status is EffectClaimed.CLAIMED
+
+    settled = journal.backend.effect_settle(keys, grant.holder, "send", 1, "released", b"")
+
+    assert settled is Settled.SETTLED
+    assert hash_of(store, keys.effects) == {"send": "1:0:released", "send:process": "p1"}
+
+
+def test_the_claimants_own_receipt_settles_what_a_later_holder_found_ambiguous(
+    journal: Journal, store: redis.Redis, keys: RunKeys
+) -> None:
+    # Fence 1 confirmed and lost its lease; fence 2 found the claim past its deadline and
+    # made it ambiguous. Fence 1, alive after all, finishes: what it knows beats unknown.
+    store.hset(keys.effects, mapping={"send": "1:0:ambiguous", "send:detail": "no reply"})
+    take(journal, keys)
+    zombie = "1:token-of-fence-1"
+
+    unknown = journal.backend.effect_settle(keys, zombie, "send", 1, "ambiguous", b"again")
+    assert unknown is Settled.NOT_THIS_CLAIM  # unknown never overwrites unknown's reason
+    assert hash_of(store, keys.effects) == {"send": "1:0:ambiguous", "send:detail": "no reply"}
+
+    known = journal.backend.effect_settle(keys, zombie, "send", 1, "done", b'{"id":"m-1"}')
+
+    assert known is Settled.SETTLED_WITHOUT_LEASE
+    assert hash_of(store, keys.effects) == {"send": "1:0:done", "send:receipt": '{"id":"m-1"}'}
