@@ -756,6 +756,7 @@ LUA_TESTS: dict[str, tuple[str, ...]] = {
         "tests/tasks/test_console_app.py",
     ),
     "journal/lua/effect_settle.lua": (
+        "tests/journal/test_script_guards.py",
         "tests/journal/test_control.py",
         "tests/journal/test_batch.py",
         "tests/journal/test_fixtures.py",
@@ -952,17 +953,17 @@ def _child(out: IO[bytes], pycache: str | None, tests: tuple[str, ...]) -> None:
 
 
 class Judges:
-    """``jobs`` judge processes, each on its own copy, lent to one mutant at a time."""
+    """A judge process per server URL, each on its own copy, lent to one mutant at a time."""
 
-    def __init__(self, workspace: Path, jobs: int, env: dict[str, str]) -> None:
+    def __init__(self, workspace: Path, env: dict[str, str], urls: list[str]) -> None:
         self.idle: queue.Queue[subprocess.Popen[str]] = queue.Queue()
         self.all: list[subprocess.Popen[str]] = []
-        for n in range(jobs):
+        for n, url in enumerate(urls):
             copy = scratch_copy(workspace / f"judge-{n}")
             judge = subprocess.Popen(
                 [sys.executable, "-m", "tests.mutants", "--serve"],
                 cwd=copy,
-                env={**env, "PYTHONPATH": str(copy)},
+                env={**env, "PYTHONPATH": str(copy), "TEST_REDIS_URL": url},
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
@@ -1032,18 +1033,20 @@ def problems_with(mutants: tuple[Mutant, ...], generation: tuple[Mutant, ...]) -
 
 
 @contextlib.contextmanager
-def valkey(directory: Path) -> Iterator[str]:
-    """A throwaway Valkey for every judge's tests (``TEST_REDIS_URL``), killed after the run.
+def valkeys(directory: Path, count: int) -> Iterator[list[str]]:
+    """A throwaway Valkey per judge (its ``TEST_REDIS_URL``), all killed after the run.
 
-    One server for the run, not one per mutant: each test keeps to its own key prefix, and a
-    mutated script is cached under its own SHA, apart from the original.
+    One server per judge, not one per mutant: a judge's children run one at a time, each
+    test keeps to its own key prefix, and a mutated script is cached under its own SHA, apart
+    from the original. Not one for all judges: a test may read the whole server (the
+    fixtures' check that nothing was written), and another judge's test would write to it.
     """
     from tests.support import ThrowawayValkeys
 
     directory.mkdir()
     servers = ThrowawayValkeys(directory)
     try:
-        yield f"unix://{servers.start('--appendonly', 'no')}"
+        yield [f"unix://{servers.start('--appendonly', 'no')}" for _ in range(count)]
     finally:
         servers.close()
 
@@ -1090,10 +1093,10 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        with valkey(workspace / "valkey") as url:
-            env = {**os.environ, "TEST_REDIS_URL": url}
+        with valkeys(workspace / "valkey", options.jobs) as urls:
+            env = dict(os.environ)
             env.pop("PYTHONDONTWRITEBYTECODE", None)
-            judges = Judges(workspace, options.jobs, env)
+            judges = Judges(workspace, env, urls)
             try:
                 verdicts = judge_all(chosen, judges)
             finally:
