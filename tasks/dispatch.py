@@ -4,7 +4,8 @@ Beat may be down over a Monday, restarted, or (by mistake) run twice. The dispat
 often and is idempotent: every scheduled occurrence since the last one dispatched (at most
 ``catch_up_weeks`` back) is enqueued once, guarded by a ``SET NX`` marker per run id, with the
 Celery task id ``digest-<run>``. On a first deployment only the latest occurrence is sent,
-so installing the app never mails a month of old digests.
+so installing the app never mails a month of old digests; its watermark is written before that
+week is claimed, so a first dispatch that dies does not make the next one a first deployment.
 
 The marker is taken in two steps so a crash between it and the publish cannot lose a week: a
 short *claim* naming the dispatcher's process (``CLAIM_TTL_S``), the publish, then the
@@ -55,8 +56,14 @@ def dispatch_due(
     tz = ZoneInfo(zone)
     due = run_ids_due(now, tz, catch_up_weeks, schedule)
     raw = client.get(keys.dispatch_watermark)
-    # A first deployment sends only the latest week: as if the one before had been dispatched.
-    watermark = text(raw) if raw else run_ids_due(now, tz, 1, schedule)[0]
+    if raw is None:
+        # A first deployment sends only the latest week: as if the one before had been
+        # dispatched. Written before anything is claimed, so a first dispatch that dies before
+        # publishing leaves a watermark that makes the next dispatch look at its week again.
+        first = run_ids_due(now, tz, 1, schedule)[0]
+        client.set(keys.dispatch_watermark, first, nx=True)
+        raw = client.get(keys.dispatch_watermark) or first  # another first dispatch's, if it won
+    watermark = text(raw)
     enqueued: list[str] = []
     published, gap = watermark, False
     for run_id in (r for r in due if r > watermark):
@@ -76,7 +83,7 @@ def dispatch_due(
         gap = gap or held is Held.ELSEWHERE
         if not gap:
             published = run_id  # this week and every one before it are published
-    if raw is None or published != text(raw):
+    if published != watermark:
         # Two dispatchers may race here. Either value is a week up to which every week is
         # published; the lower one only makes the next dispatch look at a few again.
         client.set(keys.dispatch_watermark, published)

@@ -123,6 +123,30 @@ def test_a_week_whose_enqueue_failed_is_enqueued_by_the_next_dispatch(
     assert delivered.run_ids == ["2026-w41", "2026-w42", "2026-w43"]
 
 
+def test_a_first_deployments_first_week_outlives_its_dispatch_dying(
+    real_redis: redis.Redis, keys: DigestKeys
+) -> None:
+    """Found by the fault campaign (seed 1, first-dispatch): the first dispatch ever claimed
+    its week and died before publishing; a week later the next one, finding no watermark,
+    took itself for a first deployment too and sent only its own week."""
+
+    def died_before_publishing(run_id: str) -> None:
+        raise KeyboardInterrupt  # gone mid-dispatch; its claim is dropped or expires
+
+    with pytest.raises(KeyboardInterrupt):
+        dispatch_due(
+            real_redis,
+            keys,
+            W42_WEDNESDAY,
+            zone="UTC",
+            catch_up_weeks=4,
+            enqueue=died_before_publishing,
+        )
+    queue = Queue()
+    assert dispatch(real_redis, keys, W43_TUESDAY, queue) == ["2026-w42", "2026-w43"]
+    assert real_redis.get(keys.dispatch_watermark) == b"2026-w43"
+
+
 @pytest.mark.parametrize(
     ("now", "run_id"),
     [
