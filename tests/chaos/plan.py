@@ -1,0 +1,144 @@
+"""The campaign's schedule, drawn from the seed alone: the same seed, the same faults.
+
+Everything random is drawn here, up front, by one ``random.Random(seed)``: each week's new
+items and dispatcher, each fault's moment, kind and parameters, each operator's verb and a
+number in [0, 1) that picks its target among the runs that exist when it acts (the runs differ
+between replays only where the system under test behaves differently, which is the point).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tests.chaos.stack import SMTP_PHASES
+
+WORKERS = ("a", "b")
+
+
+@dataclass(frozen=True)
+class Power:
+    """How hard the campaign hits; the planted-bug runs tune these to find each bug.
+
+    Attributes:
+        week_seconds: how long a simulated week lasts; shorter weeks overlap more.
+        faults_per_minute: nemesis faults, spread evenly at random over the run.
+        operators_per_minute: operator commands, likewise.
+        weights: relative weight of each fault kind (kinds left out are not drawn).
+        verbs: relative weight of each operator verb.
+    """
+
+    week_seconds: float = 8.0
+    faults_per_minute: float = 14.0
+    operators_per_minute: float = 8.0
+    weights: dict[str, float] = field(default_factory=lambda: dict(FAULT_WEIGHTS))
+    verbs: dict[str, float] = field(default_factory=lambda: dict(VERB_WEIGHTS))
+
+
+FAULT_WEIGHTS = {
+    "kill-child": 3.0,
+    "stop-child": 2.0,
+    "kill-worker": 1.0,
+    "stop-worker": 1.5,
+    "kill-beat": 0.5,
+    "kill-valkey": 1.0,
+    "smtp-hold": 2.5,
+    "smtp-slow": 1.0,
+    "smtp-drop": 1.0,
+    "api-latency": 1.0,
+    "api-429": 1.0,
+    "api-529": 0.7,
+    "api-500": 0.7,
+    "api-hold": 1.0,
+    "api-credit": 0.4,
+    "api-slow-item": 1.0,
+    "duplicate": 1.5,
+    "clock-skew": 0.5,
+}
+VERB_WEIGHTS = {
+    "approve": 3.0,
+    "reject": 1.0,
+    "cancel": 1.0,
+    "retry": 1.0,
+    "fork": 0.5,
+    "release": 1.5,
+    "resend": 1.0,
+    "mark-sent": 1.0,
+}
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing the campaign does at ``at`` seconds from its start."""
+
+    at: float
+    kind: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """As the saved schedule holds it."""
+        return asdict(self)
+
+
+def make_plan(seed: int, duration: float, power: Power) -> list[Event]:
+    """Every week, fault and operator command of one campaign, in time order."""
+    rng = random.Random(seed)
+    events = []
+    weeks = max(2, int(duration // power.week_seconds))
+    for index in range(weeks):
+        events.append(
+            Event(
+                index * power.week_seconds,
+                "week",
+                {
+                    "index": index,
+                    "new_items": rng.randint(2, 4),
+                    "second_dispatcher": rng.random() < 0.3,
+                    "dispatcher_fault": rng.choice([None, None, None, "crash", "stall"]),
+                },
+            )
+        )
+    kinds, kind_weights = zip(*sorted(power.weights.items()), strict=True)
+    for _ in range(round(duration * power.faults_per_minute / 60)):
+        kind = rng.choices(kinds, kind_weights)[0]
+        events.append(Event(rng.uniform(1.0, duration - 1.0), kind, fault_params(rng, kind)))
+    verbs, verb_weights = zip(*sorted(power.verbs.items()), strict=True)
+    for _ in range(round(duration * power.operators_per_minute / 60)):
+        verb = rng.choices(verbs, verb_weights)[0]
+        events.append(
+            Event(rng.uniform(1.0, duration - 1.0), "operator", {"verb": verb, "pick": rng.random()})
+        )
+    return sorted(events, key=lambda event: (event.at, event.kind))
+
+
+def fault_params(rng: random.Random, kind: str) -> dict[str, Any]:
+    """The parameters of one fault, drawn in a fixed order per kind."""
+    worker = rng.choice(WORKERS)
+    if kind == "kill-child":
+        return {"worker": worker, "child": rng.randint(0, 1)}
+    if kind == "stop-child":
+        return {"worker": worker, "child": rng.randint(0, 1), "seconds": rng.uniform(1.0, 5.0)}
+    if kind == "kill-worker":
+        return {"worker": worker, "down": rng.uniform(0.5, 3.0)}
+    if kind == "stop-worker":
+        return {"worker": worker, "seconds": rng.uniform(1.0, 5.0)}
+    if kind in ("kill-beat", "kill-valkey"):
+        return {"down": rng.uniform(0.2, 2.5)}
+    if kind == "smtp-hold":
+        return {"phase": rng.choice(SMTP_PHASES), "seconds": rng.uniform(1.0, 7.0)}
+    if kind == "smtp-slow":
+        return {"per_reply": rng.uniform(0.3, 2.0), "seconds": rng.uniform(3.0, 10.0)}
+    if kind == "api-latency":
+        return {"delay": rng.uniform(0.2, 1.5), "seconds": rng.uniform(3.0, 10.0)}
+    if kind in ("api-429", "api-529", "api-500"):
+        return {"times": rng.randint(1, 3)}
+    if kind in ("api-hold", "api-credit"):
+        return {"seconds": rng.uniform(1.0, 6.0)}
+    if kind == "api-slow-item":
+        return {"pick": rng.random(), "seconds": rng.uniform(2.0, 5.0)}
+    if kind == "duplicate":
+        return {"pick": rng.random()}
+    if kind == "clock-skew":
+        return {"offset": round(rng.uniform(-1.2, 1.2), 2)}
+    return {}
