@@ -24,8 +24,19 @@ from tests.support import ROOT
 
 # Kinds of timeline entry that are the campaign's own doings, not faults or operators.
 NOT_FAULTS = frozenset(
-    {"week", "dispatched", "worker-start", "beat-start", "valkey-start", "quiet", "settled",
-     "operator-done", "skipped", "campaign-error", "settle-timeout"}
+    {
+        "week",
+        "dispatched",
+        "worker-start",
+        "beat-start",
+        "valkey-start",
+        "quiet",
+        "settled",
+        "operator-done",
+        "skipped",
+        "campaign-error",
+        "settle-timeout",
+    }
 )
 
 

@@ -266,8 +266,12 @@ class Campaign:
             out, err = process.communicate(timeout=5)
             last = (err.strip().splitlines() or [""])[-1] if process.returncode else ""
             self.log.add(
-                "dispatched", now=now, pid=process.pid, exit=process.returncode,
-                published=out.split(), error=last,
+                "dispatched",
+                now=now,
+                pid=process.pid,
+                exit=process.returncode,
+                published=out.split(),
+                error=last,
             )
 
     # --- faults
@@ -306,9 +310,11 @@ class Campaign:
     def _on_kill_worker(self, worker: str, down: float) -> None:
         self._kill_group(self.stack.workers[worker].process)
         self.log.add("kill-worker", target=worker, down=down)
-        self._later_at(down, "restart worker", lambda: self._background(
-            "restart worker", lambda: self._start_worker(worker)
-        ))
+        self._later_at(
+            down,
+            "restart worker",
+            lambda: self._background("restart worker", lambda: self._start_worker(worker)),
+        )
 
     def _on_stop_worker(self, worker: str, seconds: float) -> None:
         group = self.stack.workers[worker].process.pid
@@ -339,9 +345,9 @@ class Campaign:
     def _on_kill_valkey(self, down: float) -> None:
         self.stack.valkey.kill()
         self.log.add("kill-valkey", window=down, down=down)
-        self._later_at(down, "restart valkey", lambda: self._background(
-            "restart valkey", self._restart_valkey
-        ))
+        self._later_at(
+            down, "restart valkey", lambda: self._background("restart valkey", self._restart_valkey)
+        )
 
     def _restart_valkey(self) -> None:
         self.stack.valkey.start()
@@ -444,8 +450,12 @@ class Campaign:
         if verb == "resend" and done.returncode == 0:
             self.resent.add(run_id)
         self.log.add(
-            "operator-done", verb=verb, target=run_id, exit=done.returncode,
-            said=said[-1][:300] if said else "", started=entry["t"],
+            "operator-done",
+            verb=verb,
+            target=run_id,
+            exit=done.returncode,
+            said=said[-1][:300] if said else "",
+            started=entry["t"],
         )
 
     def _in_mailbox(self, run_id: str) -> bool:
@@ -516,7 +526,11 @@ class Campaign:
             self._reap_dispatchers()
             try:
                 busy = [run_id for run_id in self.monitor.run_ids() if not self._settled(run_id)]
-                busy += [w for w in self.weeks if inspect_run(self.runtime.journal, WORKFLOW, w).status == "new"]
+                busy += [
+                    w
+                    for w in self.weeks
+                    if inspect_run(self.runtime.journal, WORKFLOW, w).status == "new"
+                ]
             except Exception as error:
                 busy = [f"store: {error}"]
             calm = calm + 1 if not busy and not self.dispatchers else 0
@@ -525,6 +539,10 @@ class Campaign:
                 return
             time.sleep(0.5)
         self.log.add("settle-timeout", busy=busy)
+
+    def _status(self, run_id: str) -> str:
+        assert self.runtime is not None
+        return inspect_run(self.runtime.journal, WORKFLOW, run_id).status
 
     def _settled(self, run_id: str) -> bool:
         assert self.runtime is not None

@@ -23,6 +23,7 @@ it"), one function each:
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -247,7 +248,9 @@ def check_items(observation: Observation) -> list[Violation]:
         elif not emails:
             problem = _not_pending(observation, item)
             if problem is not None:
-                violations.append(Violation("items", f"item {item} {problem}", _item(observation, item)))
+                violations.append(
+                    Violation("items", f"item {item} {problem}", _item(observation, item))
+                )
     return violations
 
 
@@ -316,9 +319,7 @@ def check_paid_calls(observation: Observation) -> list[Violation]:
     violations = []
     for item, paid in sorted(calls.items()):
         hit = [
-            fault
-            for fault in observation.faults
-            if any(_overlaps(fault, call) for call in paid)
+            fault for fault in observation.faults if any(_overlaps(fault, call) for call in paid)
         ]
         allowed = recorded[item] + len(hit)
         if len(paid) > max(allowed, 1):
@@ -331,7 +332,9 @@ def check_paid_calls(observation: Observation) -> list[Violation]:
                         "item": item,
                         "calls": [asdict(c) for c in paid],
                         "faults_hit": [asdict(f) for f in hit],
-                        "runs": sorted(r.run_id for r in observation.runs.values() if item in r.summarized),
+                        "runs": sorted(
+                            r.run_id for r in observation.runs.values() if item in r.summarized
+                        ),
                     },
                     paid[-1].started,
                 )
@@ -367,7 +370,7 @@ def check_journal(observation: Observation) -> list[Violation]:
         for run_id, step, before, after in observation.rewritten
     ]
     for run_id, fences in sorted(observation.fences.items()):
-        drops = [(a, b) for a, b in zip(fences, fences[1:], strict=False) if b < a]
+        drops = [(a, b) for a, b in itertools.pairwise(fences) if b < a]
         if drops:
             violations.append(
                 Violation(
@@ -414,4 +417,4 @@ def _changes(statuses: Iterable[str]) -> list[tuple[str, str]]:
     for status in statuses:
         if not collapsed or collapsed[-1] != status:
             collapsed.append(status)
-    return list(zip(collapsed, collapsed[1:], strict=False))
+    return list(itertools.pairwise(collapsed))

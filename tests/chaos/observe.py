@@ -19,6 +19,7 @@ import redis
 
 from journal.inspect import inspect_run
 from journal.keys import RunKeys
+from tasks.keys import text
 from tasks.runtime import Runtime
 from tests.chaos.checker import Call, Email, FaultWindow, Observation, RunState
 from tests.chaos.stack import Stack
@@ -64,7 +65,8 @@ class Monitor(threading.Thread):
     def run_ids(self) -> list[str]:
         """Every run of the workflow the journal's index lists."""
         index = self.runtime.journal.keys(WORKFLOW, "probe").index.runs
-        names = [raw.decode() for raw in self.runtime.client.zrange(index, 0, -1)]
+        listed: list[bytes] = self.runtime.client.zrange(index, 0, -1)  # type: ignore[assignment]
+        names = [text(raw) for raw in listed]
         return sorted(n.partition(":")[2] for n in names if n.startswith(f"{WORKFLOW}:"))
 
     def sample(self) -> None:
@@ -152,14 +154,19 @@ def run_state(runtime: Runtime, run_id: str, listed: set[str]) -> RunState:
     signal = view.step("signal:approval")
     if signal is not None:
         result = signal.result if isinstance(signal.result, dict) else {}
-        payload = result.get("payload") if isinstance(result.get("payload"), dict) else {}
+        sent = result.get("payload")
+        payload = sent if isinstance(sent, dict) else {}
         if not result.get("received"):
             approval = "timed-out"
         else:
             approval = "approved" if payload.get("approved") else "rejected"
     fork_of = run_id.partition("-fork")[0] if "-fork" in run_id else None
-    summarized = () if fork_of else tuple(
-        r.key.removeprefix("summarize:") for r in view.steps if r.key.startswith("summarize:")
+    summarized = (
+        ()
+        if fork_of
+        else tuple(
+            r.key.removeprefix("summarize:") for r in view.steps if r.key.startswith("summarize:")
+        )
     )
     return RunState(
         run_id=run_id,
@@ -200,10 +207,9 @@ def observe(
         state.fence = fence_counter(runtime, runtime.journal.keys(WORKFLOW, run_id))
         runs[run_id] = state
     claims = {
-        key.decode(): value.decode()
-        for key, value in runtime.client.hgetall(runtime.keys.claims).items()
+        text(key): text(value) for key, value in runtime.client.hgetall(runtime.keys.claims).items()
     }
-    seen = {raw.decode() for raw in runtime.client.smembers(runtime.keys.seen)}
+    seen = {text(raw) for raw in runtime.client.smembers(runtime.keys.seen)}
     received = stack.inbox.received_at
     emails = [
         parse_email(message, received[i] if i < len(received) else 0.0)

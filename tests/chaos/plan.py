@@ -17,25 +17,6 @@ from tests.chaos.stack import SMTP_PHASES
 WORKERS = ("a", "b")
 
 
-@dataclass(frozen=True)
-class Power:
-    """How hard the campaign hits; the planted-bug runs tune these to find each bug.
-
-    Attributes:
-        week_seconds: how long a simulated week lasts; shorter weeks overlap more.
-        faults_per_minute: nemesis faults, spread evenly at random over the run.
-        operators_per_minute: operator commands, likewise.
-        weights: relative weight of each fault kind (kinds left out are not drawn).
-        verbs: relative weight of each operator verb.
-    """
-
-    week_seconds: float = 8.0
-    faults_per_minute: float = 14.0
-    operators_per_minute: float = 8.0
-    weights: dict[str, float] = field(default_factory=lambda: dict(FAULT_WEIGHTS))
-    verbs: dict[str, float] = field(default_factory=lambda: dict(VERB_WEIGHTS))
-
-
 FAULT_WEIGHTS = {
     "kill-child": 3.0,
     "stop-child": 2.0,
@@ -66,6 +47,25 @@ VERB_WEIGHTS = {
     "resend": 1.0,
     "mark-sent": 1.0,
 }
+
+
+@dataclass(frozen=True)
+class Power:
+    """How hard the campaign hits; the planted-bug runs tune these to find each bug.
+
+    Attributes:
+        week_seconds: how long a simulated week lasts; shorter weeks overlap more.
+        faults_per_minute: nemesis faults, spread evenly at random over the run.
+        operators_per_minute: operator commands, likewise.
+        weights: relative weight of each fault kind (kinds left out are not drawn).
+        verbs: relative weight of each operator verb.
+    """
+
+    week_seconds: float = 8.0
+    faults_per_minute: float = 14.0
+    operators_per_minute: float = 8.0
+    weights: dict[str, float] = field(default_factory=lambda: dict(FAULT_WEIGHTS))
+    verbs: dict[str, float] = field(default_factory=lambda: dict(VERB_WEIGHTS))
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,9 @@ def make_plan(seed: int, duration: float, power: Power) -> list[Event]:
     for _ in range(round(duration * power.operators_per_minute / 60)):
         verb = rng.choices(verbs, verb_weights)[0]
         events.append(
-            Event(rng.uniform(1.0, duration - 1.0), "operator", {"verb": verb, "pick": rng.random()})
+            Event(
+                rng.uniform(1.0, duration - 1.0), "operator", {"verb": verb, "pick": rng.random()}
+            )
         )
     return sorted(events, key=lambda event: (event.at, event.kind))
 

@@ -178,7 +178,6 @@ class TimedAnthropic(FakeAnthropic):
                 self.timed.append(call)
         return status, answer_headers, payload
 
-
     def stop_delaying(self, contains: str) -> None:
         """Undo ``delay_when(contains, ...)``: the fake has no way of its own to."""
         with self._lock:
