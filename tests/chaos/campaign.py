@@ -56,6 +56,7 @@ HITS_CALLS = frozenset(
         "clock-skew",
         "operator-cancel",
         "worker-restart",
+        "probe-kill",
     }
 )
 SETTLED = frozenset({"done", "cancelled", "failed"})
@@ -255,8 +256,10 @@ class Campaign:
         self.dispatchers.append((process, now))
         self.log.add("dispatcher", now=now, fault=fault, pid=process.pid)
         if fault == "stall":
-            # Frozen holding its claim, then gone for good: only a later dispatch can save it.
-            self._later_at(3.0, "kill stalled dispatcher", lambda: self._kill_group(process))
+            # Frozen holding its claim past the next week's dispatch, then gone for good: only a
+            # dispatch after it can publish the week.
+            stall = self.power.week_seconds * 1.3
+            self._later_at(stall, "kill stalled dispatcher", lambda: self._kill_group(process))
 
     def _reap_dispatchers(self) -> None:
         for process, now in list(self.dispatchers):
@@ -403,6 +406,28 @@ class Campaign:
         self.stack.api.delay_when(title, seconds)
         self.log.add("api-slow-item", item=item, seconds=seconds)
         self._later_at(seconds * 3, "api item fast", lambda: self.stack.api.stop_delaying(title))
+
+    def _on_probe_kill(self) -> None:
+        """The limiter's learned limits lapse (an idle hour), and the probing call's worker dies.
+
+        Until a call teaches the limits, one call at a time may ask (the probe): the call that
+        holds it is kept open at the API, and a pool child of each worker is killed under it.
+        """
+        client = self.stack.valkey.client()
+        try:
+            lapsed = [key for key in client.scan_iter(match="*:limits") if b"model-api" in key]
+            self.stack.api.hold()
+            if lapsed:
+                client.delete(*lapsed)
+        finally:
+            client.close()
+        self.log.add("probe-kill", window=2.0, lapsed=len(lapsed))
+        self._later_at(1.0, "kill probing children", self._kill_probers)
+
+    def _kill_probers(self) -> None:
+        for worker in ("a", "b"):
+            self._on_kill_child(worker, 0)
+        self.stack.api.release()
 
     def _on_duplicate(self, pick: float) -> None:
         if not self.weeks:

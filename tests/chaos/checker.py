@@ -19,6 +19,9 @@ it"), one function each:
 5. :func:`check_journal`: no step rewritten, fences never going down, no lease of an ended
    run, every sampled status change allowed by ``TRANSITIONS`` (the sampled sequence may skip
    statuses, so a change must be *reachable*, not necessarily direct).
+
+And :func:`check_progress`, the campaign's reading of "time for runs to finish": after the
+quiet period no run is left running, retrying or waiting on anything but a person.
 """
 
 from __future__ import annotations
@@ -94,6 +97,8 @@ class RunState:
             fork's copies of its parent's records are not its own).
         listed: whether ``digest runs`` showed it.
         fork_of: the run it was forked from, for a fork.
+        stuck: still running or retrying, or waiting on something other than a person (an
+            approval, a decision on an ambiguous send), after the quiet period.
     """
 
     run_id: str
@@ -107,6 +112,7 @@ class RunState:
     summarized: tuple[str, ...] = ()
     listed: bool = True
     fork_of: str | None = None
+    stuck: bool = False
 
 
 @dataclass
@@ -175,6 +181,7 @@ def check(observation: Observation) -> list[Violation]:
         *check_weeks(observation),
         *check_paid_calls(observation),
         *check_journal(observation),
+        *check_progress(observation),
     ]
 
 
@@ -410,6 +417,25 @@ def check_journal(observation: Observation) -> list[Violation]:
                 )
                 break
     return violations
+
+
+def check_progress(observation: Observation) -> list[Violation]:
+    """Once every fault has stopped and the quiet period has passed, no run is left stuck.
+
+    The promise lets a week be visibly waiting or retrying; this is the campaign's own
+    reading of "time for runs to finish": with every process back and every fake normal
+    for longer than any back-off, lease or batch deadline, a run that waits for no person
+    and has not ended did not recover.
+    """
+    return [
+        Violation(
+            "progress",
+            f"run {run_id} is still {run.status} after the quiet period, waiting for no person",
+            {"run": asdict(run)},
+        )
+        for run_id, run in sorted(observation.runs.items())
+        if run.stuck
+    ]
 
 
 def _changes(statuses: Iterable[str]) -> list[tuple[str, str]]:

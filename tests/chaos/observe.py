@@ -161,6 +161,11 @@ def run_state(runtime: Runtime, run_id: str, listed: set[str]) -> RunState:
         else:
             approval = "approved" if payload.get("approved") else "rejected"
     fork_of = run_id.partition("-fork")[0] if "-fork" in run_id else None
+    person = view.wait is not None and view.wait.signal == "approval"
+    decision = view.effects.get("send") == "ambiguous"
+    stuck = view.status in ("running", "retrying") or (
+        view.status == "waiting" and not person and not decision
+    )
     summarized = (
         ()
         if fork_of
@@ -180,6 +185,7 @@ def run_state(runtime: Runtime, run_id: str, listed: set[str]) -> RunState:
         summarized=summarized,
         listed=run_id in listed,
         fork_of=fork_of,
+        stuck=stuck,
     )
 
 

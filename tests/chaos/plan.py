@@ -36,6 +36,7 @@ FAULT_WEIGHTS = {
     "api-slow-item": 1.0,
     "duplicate": 1.5,
     "clock-skew": 0.5,
+    "probe-kill": 0.5,
 }
 VERB_WEIGHTS = {
     "approve": 3.0,

@@ -270,3 +270,10 @@ def test_every_violation_is_reported_not_only_the_first() -> None:
     observation.weeks.append("2031-w09")
     observation.fences["2031-w02"] = [2, 1]
     assert sorted(rules(observation)) == ["emails", "journal", "weeks"]
+
+
+def test_a_run_stuck_after_the_quiet_period_is_reported() -> None:
+    observation = clean()
+    observation.runs["2031-w03"].stuck = True
+    [violation] = check(observation)
+    assert violation.rule == "progress" and "2031-w03" in violation.message
