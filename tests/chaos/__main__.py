@@ -11,10 +11,12 @@ import argparse
 import json
 import os
 import random
+import signal
 import sys
 import time
 from collections import Counter
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from tests.chaos.campaign import Campaign, Timeline
@@ -54,11 +56,26 @@ def main(argv: list[str] | None = None) -> int:
         help="a setting of the deployment under test (your own: DIGEST_SMTP_TIMEOUT=10 ...)",
     )
     args = parser.parse_args(argv)
+    stop_cleanly_on_signals()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
     print(f"chaos: seed {seed} (replay: make chaos SEED={seed} DURATION={args.duration:g})")
     sys.stdout.flush()
     env = dict(pair.split("=", 1) for pair in args.env)
     return run_seed(seed, args.duration, args.out, env=env)
+
+
+def stop_cleanly_on_signals() -> None:
+    """SIGINT and SIGTERM end the campaign through its ``finally``: every process killed.
+
+    Set explicitly: a campaign started in the background by a shell ignores SIGINT, and
+    SIGTERM's default ends the interpreter without running any ``finally``.
+    """
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
 
 
 def run_seed(

@@ -11,6 +11,7 @@ the checker judges what the mailbox, the fake API and Redis hold.
 from __future__ import annotations
 
 import contextlib
+import functools
 import heapq
 import itertools
 import json
@@ -32,7 +33,7 @@ from tasks.runtime import Runtime
 from tests.chaos.checker import FaultWindow, Observation, Violation, check
 from tests.chaos.observe import WORKFLOW, Monitor, item_title, observe
 from tests.chaos.plan import Event, Power, make_plan
-from tests.chaos.stack import Stack, faketime_available
+from tests.chaos.stack import Stack, faketime_available, hidden_workers_available
 from tests.fakes.anthropic_server import CREDIT_TOO_LOW
 
 # The simulated calendar: week 0 is dispatched at 08:01 on this Monday (ISO week 2031-w02).
@@ -43,6 +44,9 @@ MODES: tuple[dict[str, str], ...] = (
     {"DIGEST_APPROVAL": "1"},
     {"DIGEST_BATCH": "1"},
 )
+# How long a sender is frozen inside its send: past its lease (DIGEST_LEASE_TTL=2) and the
+# SMTP timeout (3 s), so another worker takes the run over meanwhile.
+FREEZE_S = 5.0
 # Faults whose window can catch a model call in flight (the paid-calls check).
 HITS_CALLS = frozenset(
     {
@@ -57,9 +61,13 @@ HITS_CALLS = frozenset(
         "operator-cancel",
         "worker-restart",
         "probe-kill",
+        "freeze-sender",
     }
 )
 SETTLED = frozenset({"done", "cancelled", "failed"})
+# How long the quiet period waits for a week that was reached but never started: a published
+# week starts within seconds on idle workers; one still new after this was never published.
+NEW_WEEK_GRACE_S = 20.0
 
 
 def week_id(index: int) -> str:
@@ -175,8 +183,10 @@ class Campaign:
             violations = check(observation)
             return observation, violations
         finally:
+            # Each step on its own: a failure in one must not leave a process running.
             if self.monitor is not None:
-                self.monitor.stop()
+                with contextlib.suppress(Exception):
+                    self.monitor.stop()
             self._pool.shutdown(wait=False, cancel_futures=True)
             self.stack.close()
             if self.timeline is not None:
@@ -332,8 +342,13 @@ class Campaign:
     def _start_worker(self, name: str, clock_offset: str | None = None) -> None:
         mode = MODES[(self.starts[name] + 2 * (name == "b")) % len(MODES)]
         self.starts[name] += 1
-        self.stack.start_worker(name, clock_offset=clock_offset, env=mode)
-        self.log.add("worker-start", target=name, mode=mode, clock_offset=clock_offset)
+        # Worker b, where it can be, is another user's behind a hidepid /proc: a's processes
+        # look absent to it while they live.
+        hidden = name == "b" and hidden_workers_available()
+        self.stack.start_worker(name, clock_offset=clock_offset, env=mode, hidden=hidden)
+        self.log.add(
+            "worker-start", target=name, mode=mode, clock_offset=clock_offset, hidden=hidden
+        )
 
     def _on_kill_beat(self, down: float) -> None:
         if self.stack.beat is not None:
@@ -360,6 +375,33 @@ class Campaign:
         _, release = self.stack.inbox.hold(phase)
         self.log.add("smtp-hold", phase=phase, seconds=seconds)
         self._later_at(seconds, "release smtp", release.set)
+        self._later_at(min(1.0, seconds / 2), "duplicate the sender", self._duplicate_senders)
+        if phase != "DATA":  # before the marker: frozen there, the sender must not send late
+            self._later_at(0.5, "freeze the sender", self._freeze_senders)
+
+    def _freeze_senders(self) -> None:
+        """SIGSTOP each process holding a send claim past its lease, then let it go on."""
+        assert self.monitor is not None and self.runtime is not None
+        for run_id in self.monitor.run_ids():
+            keys = self.runtime.journal.keys(WORKFLOW, run_id)
+            if self.runtime.journal.effect_states(keys).get("send") not in ("claimed", "confirmed"):
+                continue
+            raw = self.runtime.client.hget(keys.effects, "send:process")
+            pid = int(json.loads(raw)["pid"]) if raw else 0
+            if pid <= 0:
+                continue
+            self._signal(pid, signal.SIGSTOP)
+            self.log.add("freeze-sender", window=FREEZE_S, target=f"{run_id}/{pid}")
+            thaw = functools.partial(self._signal, pid, signal.SIGCONT)
+            self._later_at(FREEZE_S, "thaw the sender", thaw)
+
+    def _duplicate_senders(self) -> None:
+        """Deliver again every run whose send is under way: the worst moment for a duplicate."""
+        assert self.monitor is not None and self.runtime is not None
+        for run_id in self.monitor.run_ids():
+            keys = self.runtime.journal.keys(WORKFLOW, run_id)
+            if self.runtime.journal.effect_states(keys).get("send") in ("claimed", "confirmed"):
+                self._deliver_twice(run_id)
 
     def _on_smtp_slow(self, per_reply: float, seconds: float) -> None:
         self.stack.inbox.slow = per_reply
@@ -401,11 +443,17 @@ class Campaign:
         if not self.items:
             self.log.add("skipped", fault="api-slow-item", why="no items yet")
             return
-        item = self.items[int(pick * len(self.items))]
+        newest = self.items[-4:]  # the week just dispatched asks for these now
+        item = newest[int(pick * len(newest))]
         title = f'"{item_title(item)}"'
         self.stack.api.delay_when(title, seconds)
         self.log.add("api-slow-item", item=item, seconds=seconds)
         self._later_at(seconds * 3, "api item fast", lambda: self.stack.api.stop_delaying(title))
+        # While it is slow and the other items have answered: what is not recorded is lost.
+        self._later_at(seconds * 0.6, "kill under the slow call", self._kill_under_slow_call)
+
+    def _kill_under_slow_call(self) -> None:
+        self._kill_every_child("api-slow-item")
 
     def _on_probe_kill(self) -> None:
         """The limiter's learned limits lapse (an idle hour), and the probing call's worker dies.
@@ -425,18 +473,25 @@ class Campaign:
         self._later_at(1.0, "kill probing children", self._kill_probers)
 
     def _kill_probers(self) -> None:
-        for worker in ("a", "b"):
-            self._on_kill_child(worker, 0)
+        self._kill_every_child("probe-kill")
         self.stack.api.release()
+
+    def _kill_every_child(self, why: str) -> None:
+        for name, worker in self.stack.workers.items():
+            for pid in worker.children():
+                self._signal(pid, signal.SIGKILL)
+                self.log.add("kill-child", target=f"{name}/{pid}", why=why)
 
     def _on_duplicate(self, pick: float) -> None:
         if not self.weeks:
             self.log.add("skipped", fault="duplicate", why="no week yet")
             return
-        week = self.weeks[int(pick * len(self.weeks))]
+        self._deliver_twice(self.weeks[int(pick * len(self.weeks))])
+
+    def _deliver_twice(self, run_id: str) -> None:
         code = "import sys\nfrom tasks import digest\nfor _ in range(2): digest.delay(sys.argv[1])"
-        self.stack.helper("-c", code, week)
-        self.log.add("duplicate", target=week)
+        self.stack.helper("-c", code, run_id)
+        self.log.add("duplicate", target=run_id)
 
     def _on_clock_skew(self, offset: float) -> None:
         if not faketime_available():
@@ -546,16 +601,14 @@ class Campaign:
         """Wait (bounded) until every run has ended, failed, or waits for a person."""
         assert self.runtime is not None and self.monitor is not None
         deadline = time.time() + self.settle_timeout
+        grace = time.time() + NEW_WEEK_GRACE_S
         calm = 0
         while time.time() < deadline:
             self._reap_dispatchers()
             try:
                 busy = [run_id for run_id in self.monitor.run_ids() if not self._settled(run_id)]
-                busy += [
-                    w
-                    for w in self.weeks
-                    if inspect_run(self.runtime.journal, WORKFLOW, w).status == "new"
-                ]
+                if time.time() < grace:  # a published week starts within seconds
+                    busy += [week for week in self.weeks if self._status(week) == "new"]
             except Exception as error:
                 busy = [f"store: {error}"]
             calm = calm + 1 if not busy and not self.dispatchers else 0

@@ -36,7 +36,7 @@ FAULT_WEIGHTS = {
     "api-slow-item": 1.0,
     "duplicate": 1.5,
     "clock-skew": 0.5,
-    "probe-kill": 0.5,
+    "probe-kill": 1.0,
 }
 VERB_WEIGHTS = {
     "approve": 3.0,
@@ -44,10 +44,14 @@ VERB_WEIGHTS = {
     "cancel": 1.0,
     "retry": 1.0,
     "fork": 0.5,
-    "release": 1.5,
+    "release": 2.5,
     "resend": 1.0,
     "mark-sent": 1.0,
 }
+
+
+# Faults that aim at a run's first calls, so they fall just after a week is dispatched.
+AT_A_WEEKS_START = frozenset({"api-slow-item", "probe-kill"})
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,7 @@ class Power:
     """
 
     week_seconds: float = 8.0
-    faults_per_minute: float = 14.0
+    faults_per_minute: float = 18.0
     operators_per_minute: float = 8.0
     weights: dict[str, float] = field(default_factory=lambda: dict(FAULT_WEIGHTS))
     verbs: dict[str, float] = field(default_factory=lambda: dict(VERB_WEIGHTS))
@@ -103,7 +107,10 @@ def make_plan(seed: int, duration: float, power: Power) -> list[Event]:
     kinds, kind_weights = zip(*sorted(power.weights.items()), strict=True)
     for _ in range(round(duration * power.faults_per_minute / 60)):
         kind = rng.choices(kinds, kind_weights)[0]
-        events.append(Event(rng.uniform(1.0, duration - 1.0), kind, fault_params(rng, kind)))
+        at = rng.uniform(1.0, duration - 1.0)
+        if kind in AT_A_WEEKS_START:
+            at = rng.randrange(weeks) * power.week_seconds + 0.2
+        events.append(Event(at, kind, fault_params(rng, kind)))
     verbs, verb_weights = zip(*sorted(power.verbs.items()), strict=True)
     for _ in range(round(duration * power.operators_per_minute / 60)):
         verb = rng.choices(verbs, verb_weights)[0]
@@ -139,7 +146,8 @@ def fault_params(rng: random.Random, kind: str) -> dict[str, Any]:
     if kind in ("api-hold", "api-credit"):
         return {"seconds": rng.uniform(1.0, 6.0)}
     if kind == "api-slow-item":
-        return {"pick": rng.random(), "seconds": rng.uniform(2.0, 5.0)}
+        # Under the model timeout (DIGEST_MODEL_TIMEOUT=4): slow, never a timed-out repeat.
+        return {"pick": rng.random(), "seconds": rng.uniform(1.5, 3.0)}
     if kind == "duplicate":
         return {"pick": rng.random()}
     if kind == "clock-skew":

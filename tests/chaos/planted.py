@@ -12,6 +12,7 @@ cannot go stale silently: update the pattern with the code.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -163,6 +164,8 @@ BUGS = (
 
 
 CAMPAIGN = (sys.executable, "-m", "tests.chaos")
+# A campaign's start, quiet period and checks after its faults, at most (its waits are bounded).
+CAMPAIGN_BOUND_S = 400
 
 
 def stale(bugs: tuple[Bug, ...]) -> list[str]:
@@ -191,16 +194,24 @@ def planted_copy(bug: Bug, workspace: Path) -> Path:
 def campaign(copy: Path, seed: int, duration: float, out: Path) -> tuple[int, str]:
     """One campaign against the copy; its exit status and its output."""
     env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
-    done = subprocess.run(
+    process = subprocess.Popen(
         [*CAMPAIGN, "--seed", str(seed), "--duration", str(duration), "--out", str(out)],
         cwd=copy,
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=duration + 600,
-        check=False,
     )
-    return done.returncode, done.stdout + done.stderr
+    try:
+        output, _ = process.communicate(timeout=duration + CAMPAIGN_BOUND_S)
+    except BaseException:
+        # Stopped (Ctrl-C, the bound): the campaign's own SIGTERM handler kills its processes.
+        process.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.communicate(timeout=60)
+        process.kill()
+        raise
+    return process.returncode, output
 
 
 def main(argv: list[str] | None = None) -> int:

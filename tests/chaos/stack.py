@@ -27,13 +27,20 @@ from typing import Any
 import redis
 
 from journal.contrib.embedded import valkey_server_binary
+from tests.failure.test_unseen_holder import HIDDEN_PROC, NOBODY
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.smtp import Inbox, LoopbackController, start_server
 from tests.support import ROOT, Deployment, Worker, wait_until
 
 # Phases an SMTP session can be held at (``Inbox.hold``), in the order a session reaches them.
 SMTP_PHASES = ("EHLO", "RCPT", "DATA-COMMAND", "DATA")
+HIDING_TOOLS = ("unshare", "setpriv", "mount")
 FAKETIME_LIBRARY = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+
+
+def hidden_workers_available() -> bool:
+    """Whether a worker can run as another user behind a hidepid ``/proc`` (root, tools)."""
+    return os.geteuid() == 0 and all(shutil.which(tool) for tool in HIDING_TOOLS)
 
 
 def faketime_available() -> bool:
@@ -74,6 +81,8 @@ class ChaosValkey:
             "always",
             "--maxmemory-policy",
             "noeviction",
+            "--unixsocketperm",
+            "777",  # a worker of another user (``hidden``) connects too
         ]
         log = (self.directory / "valkey.log").open("ab")
         self.process = subprocess.Popen(
@@ -246,12 +255,22 @@ class Stack:
         return self.deployment.env
 
     def start_worker(
-        self, name: str, clock_offset: str | None = None, env: Mapping[str, str] | None = None
+        self,
+        name: str,
+        clock_offset: str | None = None,
+        env: Mapping[str, str] | None = None,
+        hidden: bool = False,
     ) -> Worker:
         """A worker of 2 prefork processes; its clock shifted by libfaketime when given one.
 
         The library is preloaded through the environment rather than by the ``faketime``
         wrapper, which would stand between the campaign and the worker's own pid.
+
+        Args:
+            hidden: run it as another user behind a ``/proc`` mounted ``hidepid=invisible``
+                (a hardened host's ``ProtectProc=invisible``), in the same pid namespace: the
+                other worker's processes are absent from its ``/proc`` while alive, so only
+                ``kill(pid, 0)`` can tell it they are gone (``hidden_workers_available``).
         """
         extra = dict(env or {})
         if clock_offset is not None:
@@ -260,7 +279,13 @@ class Stack:
                 "FAKETIME": clock_offset,
                 "FAKETIME_DONT_FAKE_MONOTONIC": "1",
             }
-        worker = self.deployment.worker(name, concurrency=2, env=extra)
+        on = None
+        if hidden:
+
+            def on(*command: str) -> list[str]:
+                return ["unshare", "-m", "sh", "-c", HIDDEN_PROC, "sh", *NOBODY, *command]
+
+        worker = self.deployment.worker(name, concurrency=2, env=extra, on=on)
         self.workers[name] = worker
         return worker
 
@@ -307,6 +332,8 @@ class Stack:
 
     def close(self) -> None:
         """Kill every process group started here, then stop the fakes; never raises."""
+        if not hasattr(self, "valkey"):
+            return  # start() never got as far as the first process
         for process in self._groups():
             if process.poll() is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
