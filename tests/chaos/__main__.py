@@ -107,9 +107,7 @@ def run_seed(
 def summary(seed: int, observation: Observation, timeline: Timeline, took: float) -> str:
     """The verdict of a campaign that kept the promise."""
     kinds = Counter(
-        e["kind"] if e["kind"] != "operator" else f"operator {e['verb']}"
-        for e in timeline.entries
-        if e["kind"] not in NOT_FAULTS
+        name for name in (fault_name(entry) for entry in timeline.entries) if name is not None
     )
     refused = sum(1 for e in timeline.entries if e["kind"] == "operator-done" and e["exit"])
     skipped = Counter(e["fault"] for e in timeline.entries if e["kind"] == "skipped")
@@ -129,6 +127,18 @@ def summary(seed: int, observation: Observation, timeline: Timeline, took: float
     if skipped:
         lines.insert(3, "  skipped: " + ", ".join(f"{k} {n}" for k, n in sorted(skipped.items())))
     return "\n".join(lines)
+
+
+def fault_name(entry: dict[str, Any]) -> str | None:
+    """What a timeline entry counts as in the summary; None for the workload's own doings."""
+    kind = entry["kind"]
+    if kind == "operator":
+        return f"operator {entry['verb']}"
+    if kind == "dispatcher":
+        if entry.get("fault"):
+            return f"dispatcher {entry['fault']}"
+        return "second dispatcher" if entry.get("second") else None
+    return None if kind in NOT_FAULTS else str(kind)
 
 
 def violation_report(

@@ -44,6 +44,8 @@ MODES: tuple[dict[str, str], ...] = (
     {"DIGEST_APPROVAL": "1"},
     {"DIGEST_BATCH": "1"},
 )
+# How often the loop looks again at something it waits for (a held send, a slow call).
+POLL_S = 0.1
 # How long a sender is frozen inside its send: past its lease (DIGEST_LEASE_TTL=2) and the
 # SMTP timeout (3 s), so another worker takes the run over meanwhile.
 FREEZE_S = 5.0
@@ -59,7 +61,6 @@ HITS_CALLS = frozenset(
         "api-credit",
         "clock-skew",
         "operator-cancel",
-        "worker-restart",
         "probe-kill",
         "freeze-sender",
     }
@@ -146,6 +147,7 @@ class Campaign:
         self.plan = make_plan(seed, duration, self.power)
         self.stack = Stack(directory, env_overrides=dict(env or {}))
         self.items: list[str] = []
+        self.week_items: list[str] = []
         self.weeks: list[str] = []
         self.resent: set[str] = set()
         self.starts: Counter[str] = Counter()
@@ -169,7 +171,7 @@ class Campaign:
             json.dumps([event.to_json() for event in self.plan], indent=1)
         )
         try:
-            self.stack.start(worker_names=())
+            self.stack.start()
             self.started = time.time()
             self.timeline = Timeline(self.directory / "timeline.jsonl", self.started)
             for name in ("a", "b"):
@@ -239,13 +241,14 @@ class Campaign:
     ) -> None:
         added = [f"c{len(self.items) + n:04d}" for n in range(new_items)]
         self.items.extend(added)
+        self.week_items = added
         self._write_items()
         self.weeks.append(week_id(index))
         self.log.add("week", week=week_id(index), new_items=added)
         now = (FIRST_MONDAY + timedelta(weeks=index)).isoformat()
         self._dispatcher(now, dispatcher_fault)
         if second_dispatcher:
-            self._dispatcher(now, None)
+            self._dispatcher(now, None, second=True)
 
     def _write_items(self) -> None:
         path = self.stack.items_path
@@ -257,14 +260,14 @@ class Campaign:
         scratch.write_text(json.dumps(entries))
         os.replace(scratch, path)  # a select never reads half a file
 
-    def _dispatcher(self, now: str, fault: str | None) -> None:
+    def _dispatcher(self, now: str, fault: str | None, second: bool = False) -> None:
         args = ["-m", "tests.chaos.dispatcher", now]
         env = {"CRASH": "dispatch:before-publish"} if fault == "crash" else None
         if fault == "stall":
             args.append("--stall")
         process = self.stack.helper(*args, env=env)
         self.dispatchers.append((process, now))
-        self.log.add("dispatcher", now=now, fault=fault, pid=process.pid)
+        self.log.add("dispatcher", now=now, fault=fault, second=second, pid=process.pid)
         if fault == "stall":
             # Frozen holding its claim past the next week's dispatch, then gone for good: only a
             # dispatch after it can publish the week.
@@ -372,12 +375,30 @@ class Campaign:
         self.log.add("valkey-start")
 
     def _on_smtp_hold(self, phase: str, seconds: float) -> None:
-        _, release = self.stack.inbox.hold(phase)
+        reached, release = self.stack.inbox.hold(phase)
         self.log.add("smtp-hold", phase=phase, seconds=seconds)
         self._later_at(seconds, "release smtp", release.set)
-        self._later_at(min(1.0, seconds / 2), "duplicate the sender", self._duplicate_senders)
+        self._when(reached, seconds, "a send held at " + phase, lambda: self._at_held_send(phase))
+
+    def _when(
+        self, event: threading.Event, within: float, what: str, act: Callable[[], None]
+    ) -> None:
+        """Run ``act`` from the loop as soon as ``event`` is set, if it is within ``within``."""
+        deadline = time.time() + within
+
+        def poll() -> None:
+            if event.is_set():
+                act()
+            elif time.time() < deadline:
+                self._later_at(POLL_S, what, poll)
+
+        self._later_at(POLL_S, what, poll)
+
+    def _at_held_send(self, phase: str) -> None:
+        """A send is held: deliver its run again, and freeze its sender before the marker."""
+        self._duplicate_senders()
         if phase != "DATA":  # before the marker: frozen there, the sender must not send late
-            self._later_at(0.5, "freeze the sender", self._freeze_senders)
+            self._freeze_senders()
 
     def _freeze_senders(self) -> None:
         """SIGSTOP each process holding a send claim past its lease, then let it go on."""
@@ -440,17 +461,30 @@ class Campaign:
         self._later_at(seconds, "api credit back", self.stack.api.clear_faults)
 
     def _on_api_slow_item(self, pick: float, seconds: float) -> None:
-        if not self.items:
-            self.log.add("skipped", fault="api-slow-item", why="no items yet")
+        """One item of the week just dispatched answers slowly; the rest are answered.
+
+        Not its last item: the items after the slow one are the ones a map that records in
+        item order would hold back. Once its call is in flight and the others have had time
+        to answer, every pool child is killed: only what was recorded survives.
+        """
+        if len(self.week_items) < 2:
+            self.log.add("skipped", fault="api-slow-item", why="the week has under 2 items")
             return
-        newest = self.items[-4:]  # the week just dispatched asks for these now
-        item = newest[int(pick * len(newest))]
+        item = self.week_items[int(pick * (len(self.week_items) - 1))]
         title = f'"{item_title(item)}"'
         self.stack.api.delay_when(title, seconds)
         self.log.add("api-slow-item", item=item, seconds=seconds)
         self._later_at(seconds * 3, "api item fast", lambda: self.stack.api.stop_delaying(title))
-        # While it is slow and the other items have answered: what is not recorded is lost.
-        self._later_at(seconds * 0.6, "kill under the slow call", self._kill_under_slow_call)
+        deadline = time.time() + seconds * 2
+
+        def watch() -> None:
+            if self.stack.api.in_flight(title):
+                pause = min(0.5, seconds / 3)  # the other items' calls answer meanwhile
+                self._later_at(pause, "kill under the slow call", self._kill_under_slow_call)
+            elif time.time() < deadline:
+                self._later_at(POLL_S, "watch the slow call", watch)
+
+        self._later_at(POLL_S, "watch the slow call", watch)
 
     def _kill_under_slow_call(self) -> None:
         self._kill_every_child("api-slow-item")

@@ -48,7 +48,6 @@ class Monitor(threading.Thread):
         self.records: dict[tuple[str, str], bytes] = {}
         self.rewritten: list[tuple[str, str, str, str]] = []
         self.ambiguous: set[str] = set()
-        self.samples = 0
         self._stopping = threading.Event()
         self._lock = threading.Lock()
 
@@ -81,7 +80,6 @@ class Monitor(threading.Thread):
             pipe.hget(run_keys.effects, "send")
         replies = pipe.execute()
         with self._lock:
-            self.samples += 1
             for index, run_id in enumerate(run_ids):
                 status, fence, steps, send = replies[4 * index : 4 * index + 4]
                 self._note(run_id, status, fence, steps, send)

@@ -28,7 +28,7 @@ import redis
 
 from journal.contrib.embedded import valkey_server_binary
 from tests.failure.test_unseen_holder import HIDDEN_PROC, NOBODY
-from tests.fakes.anthropic_server import FakeAnthropic
+from tests.fakes.anthropic_server import FakeAnthropic, message_text
 from tests.fakes.smtp import Inbox, LoopbackController, start_server
 from tests.support import ROOT, Deployment, Worker, wait_until
 
@@ -180,12 +180,17 @@ class TimedAnthropic(FakeAnthropic):
                 body = json.loads(raw)
             except ValueError:
                 body = {}
-            from tests.fakes.anthropic_server import message_text
-
             call = ApiCall(started, time.time(), message_text(body), status)
             with self._timed_lock:
                 self.timed.append(call)
         return status, answer_headers, payload
+
+    def in_flight(self, contains: str) -> bool:
+        """Whether a call whose prompt holds ``contains`` has arrived and is not answered yet."""
+        arrived = sum(contains in request.text for request in self.requests)
+        with self._timed_lock:
+            answered = sum(contains in call.text for call in self.timed)
+        return arrived > answered
 
     def stop_delaying(self, contains: str) -> None:
         """Undo ``delay_when(contains, ...)``: the fake has no way of its own to."""
@@ -214,8 +219,11 @@ class Stack:
     items_path: Path = field(init=False)
     _helpers: list[subprocess.Popen[str]] = field(default_factory=list)
 
-    def start(self, worker_names: tuple[str, ...] = ("a", "b")) -> None:
-        """Start Valkey, the fakes, two workers and beat; the deployment's env points at them."""
+    def start(self) -> None:
+        """Start Valkey, the fakes and beat; the deployment's env points at them.
+
+        Workers are started by the caller, each with its own settings (``start_worker``).
+        """
         self.directory.mkdir(parents=True, exist_ok=True)
         self.items_path = self.directory / "items.json"
         self.items_path.write_text("[]")
@@ -245,8 +253,6 @@ class Stack:
             **self.env_overrides,
         }
         self.deployment = Deployment(self.directory / "state", **env)
-        for name in worker_names:
-            self.start_worker(name)
         self.start_beat()
 
     @property
