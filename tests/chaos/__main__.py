@@ -1,8 +1,9 @@
 """``python -m tests.chaos --seed N --duration S``: one fault campaign, judged by the checker.
 
-Prints the seed first (so any failure can be replayed), then one line per fault while it runs
-is written to ``.chaos/seed-N/timeline.jsonl``. Exit 0 with a summary when the promise held;
-exit 1 with the seed, each violation, its evidence and the timeline around it when not.
+Prints the seed first (so any failure can be replayed); every fault and action is written to
+``.chaos/seed-N/timeline.jsonl`` as it happens. Exit 0 with a summary when the promise held;
+exit 1 with the seed, each violation, its evidence and the timeline around it when not; exit
+3 when the campaign itself could not run (no verdict).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import random
 import signal
 import sys
 import time
+import traceback
 from collections import Counter
 from pathlib import Path
 from types import FrameType
@@ -21,9 +23,11 @@ from typing import Any
 
 from tests.chaos.campaign import Campaign, Timeline
 from tests.chaos.checker import Observation, Violation
-from tests.chaos.plan import Power
+from tests.chaos.plan import FOCUS, Power
 from tests.support import ROOT
 
+# The exit status of a campaign that could not run: distinct from 1, a violation found.
+CAMPAIGN_BROKE = 3
 # Kinds of timeline entry that are the campaign's own doings, not faults or operators.
 NOT_FAULTS = frozenset(
     {
@@ -49,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=120.0, help="seconds of faults")
     parser.add_argument("--out", type=Path, default=ROOT / ".chaos", help="default: .chaos/")
     parser.add_argument(
+        "--focus",
+        choices=sorted(FOCUS),
+        help="aim the faults at one kind of bug (tests/chaos/plan.py FOCUS) instead of all",
+    )
+    parser.add_argument(
         "--env",
         action="append",
         default=[],
@@ -58,10 +67,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stop_cleanly_on_signals()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
-    print(f"chaos: seed {seed} (replay: make chaos SEED={seed} DURATION={args.duration:g})")
+    replay = f"make chaos SEED={seed} DURATION={args.duration:g}"
+    if args.focus or args.env:
+        replay = f"python -m tests.chaos {' '.join(sys.argv[1:] if argv is None else argv)}"
+        replay += "" if args.seed is not None else f" --seed {seed}"
+    print(f"chaos: seed {seed} (replay: {replay})")
     sys.stdout.flush()
     env = dict(pair.split("=", 1) for pair in args.env)
-    return run_seed(seed, args.duration, args.out, env=env)
+    power = FOCUS[args.focus] if args.focus else None
+    try:
+        return run_seed(seed, args.duration, args.out, power=power, env=env)
+    except Exception:
+        # The campaign itself broke (a process that would not start...): not a verdict.
+        traceback.print_exc()
+        print(f"chaos: seed {seed}: the campaign could not run (exit {CAMPAIGN_BROKE})")
+        return CAMPAIGN_BROKE
 
 
 def stop_cleanly_on_signals() -> None:
@@ -152,7 +172,7 @@ def violation_report(
         if violation.at is not None:
             lines.append("  timeline around it:")
             lines += [f"    {_short(entry, 240)}" for entry in timeline.around(violation.at)]
-    lines.append(f"replay: make chaos SEED={seed}; files: {os.path.relpath(directory)}")
+    lines.append(f"replay: the seed's line above; files: {os.path.relpath(directory)}")
     return "\n".join(lines)
 
 

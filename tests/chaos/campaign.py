@@ -145,7 +145,7 @@ class Campaign:
         self.power = power or Power()
         self.settle_timeout = settle_timeout
         self.plan = make_plan(seed, duration, self.power)
-        self.stack = Stack(directory, env_overrides=dict(env or {}))
+        self.stack = Stack(directory, env_overrides={**self.power.env, **(env or {})})
         self.items: list[str] = []
         self.week_items: list[str] = []
         self.weeks: list[str] = []
@@ -683,6 +683,7 @@ class Campaign:
             listed=listed,
             faults=self.log.faults(),
             resent=set(self.resent),
+            copies_allowed=self.stack.env.get("DIGEST_AMBIGUOUS_SEND") == "resend",
         )
         (self.directory / "observation.json").write_text(
             json.dumps(observation.to_json(), indent=1, default=str)

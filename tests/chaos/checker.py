@@ -133,6 +133,9 @@ class Observation:
         ambiguous: runs whose send the journal showed ``ambiguous`` (or ``resend``) at any
             sample, or that an operator's ``digest resend`` was accepted for.
         faults: the timeline's faults, as windows.
+        copies_allowed: the deployment repeats an ambiguous send under its key by itself
+            (``DIGEST_AMBIGUOUS_SEND=resend``): copies under one Message-ID are its design,
+            even where the monitor's samples missed the moment the send was ambiguous.
     """
 
     items: list[str] = field(default_factory=list)
@@ -147,6 +150,7 @@ class Observation:
     rewritten: list[tuple[str, str, str, str]] = field(default_factory=list)
     ambiguous: set[str] = field(default_factory=set)
     faults: list[FaultWindow] = field(default_factory=list)
+    copies_allowed: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The observation as plain JSON (sets sorted), for ``observation.json``."""
@@ -193,7 +197,8 @@ def check_emails(observation: Observation) -> list[Violation]:
         by_run[email.run_id].append(email)
     for run_id, emails in sorted(by_run.items()):
         ids = {email.message_id for email in emails}
-        if len(emails) > 1 and (run_id not in observation.ambiguous or len(ids) > 1):
+        marked = run_id in observation.ambiguous or observation.copies_allowed
+        if len(emails) > 1 and (not marked or len(ids) > 1):
             violations.append(
                 Violation(
                     "emails",

@@ -202,6 +202,7 @@ def observe(
     listed: set[str],
     faults: list[FaultWindow],
     resent: set[str],
+    copies_allowed: bool,
 ) -> Observation:
     """Everything the checker judges, read once the campaign is quiet."""
     run_ids = monitor.run_ids()
@@ -232,4 +233,5 @@ def observe(
         rewritten=list(monitor.rewritten),
         ambiguous=set(monitor.ambiguous) | resent,
         faults=faults,
+        copies_allowed=copies_allowed,
     )

@@ -64,6 +64,15 @@ class Power:
         operators_per_minute: operator commands, likewise.
         weights: relative weight of each fault kind (kinds left out are not drawn).
         verbs: relative weight of each operator verb.
+        dispatcher_faults: what each week's dispatcher suffers, one drawn per week (None:
+            nothing; ``crash``: it dies between claim and publish; ``stall``: it freezes there).
+        smtp_phases: where an SMTP hold may fall.
+        smtp_hold_seconds: how long a hold lasts, drawn in this range (the SMTP timeout is
+            3 s: a hold after the marker longer than it leaves the send ambiguous).
+        env: settings of the deployment under test this power needs.
+        spare_first_dispatch: the deployment's first dispatch suffers nothing: one that dies
+            between claim and publish loses its week (found by the campaign; seeds.txt), which
+            would hide whether a bug planted in the dispatcher is caught.
     """
 
     week_seconds: float = 8.0
@@ -71,6 +80,11 @@ class Power:
     operators_per_minute: float = 8.0
     weights: dict[str, float] = field(default_factory=lambda: dict(FAULT_WEIGHTS))
     verbs: dict[str, float] = field(default_factory=lambda: dict(VERB_WEIGHTS))
+    dispatcher_faults: tuple[str | None, ...] = (None, None, None, "crash", "stall")
+    smtp_phases: tuple[str, ...] = SMTP_PHASES
+    smtp_hold_seconds: tuple[float, float] = (1.0, 7.0)
+    env: dict[str, str] = field(default_factory=dict)
+    spare_first_dispatch: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,7 +114,7 @@ def make_plan(seed: int, duration: float, power: Power) -> list[Event]:
                     "index": index,
                     "new_items": rng.randint(2, 4),
                     "second_dispatcher": rng.random() < 0.3,
-                    "dispatcher_fault": rng.choice([None, None, None, "crash", "stall"]),
+                    "dispatcher_fault": _dispatcher_fault(rng, power, index),
                 },
             )
         )
@@ -110,7 +124,7 @@ def make_plan(seed: int, duration: float, power: Power) -> list[Event]:
         at = rng.uniform(1.0, duration - 1.0)
         if kind in AT_A_WEEKS_START:
             at = rng.randrange(weeks) * power.week_seconds + 0.2
-        events.append(Event(at, kind, fault_params(rng, kind)))
+        events.append(Event(at, kind, fault_params(rng, kind, power)))
     verbs, verb_weights = zip(*sorted(power.verbs.items()), strict=True)
     for _ in range(round(duration * power.operators_per_minute / 60)):
         verb = rng.choices(verbs, verb_weights)[0]
@@ -122,7 +136,12 @@ def make_plan(seed: int, duration: float, power: Power) -> list[Event]:
     return sorted(events, key=lambda event: (event.at, event.kind))
 
 
-def fault_params(rng: random.Random, kind: str) -> dict[str, Any]:
+def _dispatcher_fault(rng: random.Random, power: Power, week: int) -> str | None:
+    drawn = rng.choice(power.dispatcher_faults)
+    return None if week == 0 and power.spare_first_dispatch else drawn
+
+
+def fault_params(rng: random.Random, kind: str, power: Power) -> dict[str, Any]:
     """The parameters of one fault, drawn in a fixed order per kind."""
     worker = rng.choice(WORKERS)
     if kind == "kill-child":
@@ -136,7 +155,10 @@ def fault_params(rng: random.Random, kind: str) -> dict[str, Any]:
     if kind in ("kill-beat", "kill-valkey"):
         return {"down": rng.uniform(0.2, 2.5)}
     if kind == "smtp-hold":
-        return {"phase": rng.choice(SMTP_PHASES), "seconds": rng.uniform(1.0, 7.0)}
+        return {
+            "phase": rng.choice(power.smtp_phases),
+            "seconds": rng.uniform(*power.smtp_hold_seconds),
+        }
     if kind == "smtp-slow":
         return {"per_reply": rng.uniform(0.3, 2.0), "seconds": rng.uniform(3.0, 10.0)}
     if kind == "api-latency":
@@ -153,3 +175,45 @@ def fault_params(rng: random.Random, kind: str) -> dict[str, Any]:
     if kind == "clock-skew":
         return {"offset": round(rng.uniform(-1.2, 1.2), 2)}
     return {}
+
+
+# Campaigns aimed at one kind of bug (``--focus``): the planted-bug check of ``make chaos-ci``
+# uses them so that a bug of that kind is caught under any timing, not only under lucky ones.
+FOCUS = {
+    # Every week's dispatcher dies or freezes between its claim and its publish, and a second
+    # one races it most weeks.
+    "dispatch": Power(
+        weights={"duplicate": 1.0, "kill-child": 1.0},
+        faults_per_minute=6.0,
+        dispatcher_faults=("crash", "stall"),
+        spare_first_dispatch=True,
+    ),
+    # The same, the deployment's very first dispatch included.
+    "first-dispatch": Power(
+        weights={"duplicate": 1.0, "kill-child": 1.0},
+        faults_per_minute=6.0,
+        dispatcher_faults=("crash", "stall"),
+    ),
+    # Every send held after the end-of-data marker past the SMTP timeout, or dropped there:
+    # each one ambiguous; operators try to release them, resend them, mark them sent.
+    "ambiguous-send": Power(
+        weights={"smtp-hold": 3.0, "smtp-drop": 1.0},
+        faults_per_minute=20.0,
+        operators_per_minute=20.0,
+        verbs={"release": 3.0, "resend": 1.0, "mark-sent": 1.0},
+        smtp_phases=("DATA",),
+        smtp_hold_seconds=(3.5, 6.0),
+    ),
+    # The same sends, under a deployment that repeats an ambiguous send under its key instead
+    # of waiting (DIGEST_AMBIGUOUS_SEND=resend) and gives up at once: the run fails for good
+    # with its email maybe out, the one case `digest release` is asked about such a run.
+    "failed-ambiguous": Power(
+        weights={"smtp-hold": 3.0, "smtp-drop": 1.0},
+        faults_per_minute=20.0,
+        operators_per_minute=20.0,
+        verbs={"release": 3.0, "retry": 1.0},
+        smtp_phases=("DATA",),
+        smtp_hold_seconds=(3.5, 6.0),
+        env={"DIGEST_AMBIGUOUS_SEND": "resend", "DIGEST_GIVE_UP_AFTER": "0"},
+    ),
+}

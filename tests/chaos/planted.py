@@ -6,7 +6,7 @@ caught by a seed when the campaign exits 1 (a violation). A pattern that no long
 exactly once in today's source fails the whole run before any campaign starts, so the set
 cannot go stale silently: update the pattern with the code.
 
-    python -m tests.chaos.planted [--seeds 1,2,3] [--duration S] [--bugs a,f,g]
+    python -m tests.chaos.planted [--seeds 1,2,3] [--duration S] [--bugs a,f,g] [--focus F]
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.chaos.__main__ import stop_cleanly_on_signals
 from tests.mutants import scratch_copy
 from tests.support import ROOT
 
@@ -191,11 +192,14 @@ def planted_copy(bug: Bug, workspace: Path) -> Path:
     return copy
 
 
-def campaign(copy: Path, seed: int, duration: float, out: Path) -> tuple[int, str]:
+def campaign(
+    copy: Path, seed: int, duration: float, out: Path, focus: str | None = None
+) -> tuple[int, str]:
     """One campaign against the copy; its exit status and its output."""
     env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
+    aimed = ["--focus", focus] if focus else []
     process = subprocess.Popen(
-        [*CAMPAIGN, "--seed", str(seed), "--duration", str(duration), "--out", str(out)],
+        [*CAMPAIGN, "--seed", str(seed), "--duration", str(duration), "--out", str(out), *aimed],
         cwd=copy,
         env=env,
         stdout=subprocess.PIPE,
@@ -221,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=90.0, help="seconds per campaign")
     parser.add_argument("--bugs", default="", help="letters, comma-separated (default: all)")
     parser.add_argument("--min-rate", type=float, default=2 / 3, help="caught/seeds to pass")
+    parser.add_argument("--focus", default=None, help="a FOCUS of tests/chaos/plan.py")
     args = parser.parse_args(argv)
+    stop_cleanly_on_signals()
     seeds = [int(seed) for seed in args.seeds.split(",") if seed]
     wanted = set(args.bugs.split(",")) - {""}
     bugs = tuple(bug for bug in BUGS if not wanted or bug.letter in wanted)
@@ -237,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
             caught = []
             for seed in seeds:
                 started = time.monotonic()
-                code, output = campaign(copy, seed, args.duration, out / f"bug-{bug.letter}")
+                where = out / f"bug-{bug.letter}"
+                code, output = campaign(copy, seed, args.duration, where, args.focus)
                 if code not in (0, 1):
                     print(output, file=sys.stderr)
                     raise SystemExit(f"bug {bug.letter}, seed {seed}: the campaign exited {code}")

@@ -83,6 +83,13 @@ def test_copies_of_an_ambiguous_send_under_one_message_id_are_allowed() -> None:
     assert check(observation) == []
 
 
+def test_copies_under_one_message_id_are_allowed_where_the_deployment_resends_itself() -> None:
+    observation = clean()
+    observation.emails.append(dataclasses.replace(observation.emails[0], received_at=20.0))
+    observation.copies_allowed = True
+    assert check(observation) == []
+
+
 def test_copies_of_an_ambiguous_send_under_two_message_ids_are_reported() -> None:
     observation = clean()
     observation.emails.append(
