@@ -318,6 +318,8 @@ class Campaign:
             os.kill(pid, sig)
 
     def _kill_group(self, process: subprocess.Popen[Any]) -> None:
+        if process.poll() is not None:
+            return  # reaped: its pid may be another process's by now
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -409,8 +411,8 @@ class Campaign:
                 continue
             raw = self.runtime.client.hget(keys.effects, "send:process")
             pid = int(json.loads(raw)["pid"]) if raw else 0
-            if pid <= 0:
-                continue
+            if not any(pid in worker.children() for worker in self.stack.workers.values()):
+                continue  # not a pool process of ours (a CLI run, or gone and its pid reused)
             self._signal(pid, signal.SIGSTOP)
             self.log.add("freeze-sender", window=FREEZE_S, target=f"{run_id}/{pid}")
             thaw = functools.partial(self._signal, pid, signal.SIGCONT)

@@ -401,7 +401,7 @@ def check_journal(observation: Observation) -> list[Violation]:
                 )
             )
         over = {step: fence for step, fence in run.step_fences.items() if fence > run.fence}
-        if over:
+        if over and run.fork_of is None:  # a fork's copies keep its parent's fences
             violations.append(
                 Violation(
                     "journal",

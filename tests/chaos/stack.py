@@ -320,8 +320,9 @@ class Stack:
     def resume_everything(self) -> None:
         """SIGCONT every process group (a frozen one must finish), let SMTP and the API go."""
         for process in self._groups():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGCONT)
+            if process.poll() is None:  # a reaped one's pid may be another process's
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGCONT)
         self.inbox.slow = 0.0
         self.inbox.drop_after_marker = False
         self.inbox.release_all()

@@ -252,6 +252,14 @@ def test_a_step_recorded_above_the_fence_counter_is_reported() -> None:
     assert rules(observation) == ["journal"]
 
 
+def test_a_forks_copied_records_may_carry_its_parents_fences() -> None:
+    observation = clean()
+    observation.runs["2031-w02-fork1"] = RunState(
+        "2031-w02-fork1", "done", fence=1, step_fences={"select": 3}, fork_of="2031-w02"
+    )
+    assert check(observation) == []
+
+
 @pytest.mark.parametrize(
     ("statuses", "allowed"),
     [
