@@ -44,6 +44,8 @@ MODES: tuple[dict[str, str], ...] = (
     {"DIGEST_APPROVAL": "1"},
     {"DIGEST_BATCH": "1"},
 )
+# How long the probe-kill fault holds the API waiting for the first call to arrive.
+PROBE_WAIT_S = 4.0
 # How often the loop looks again at something it waits for (a held send, a slow call).
 POLL_S = 0.1
 # How long a sender is frozen inside its send: past its lease (DIGEST_LEASE_TTL=2) and the
@@ -201,16 +203,19 @@ class Campaign:
 
     def _play(self) -> None:
         for event in self.plan:
-            self._run_due(until=self.started + event.at)
             self._wait_until(self.started + event.at)
             self._dispatch_event(event)
-        self._run_due(until=self.started + self.duration)
         self._wait_until(self.started + self.duration)
 
     def _wait_until(self, moment: float) -> None:
+        """Sleep until ``moment``, running each follow-up (a resume, a release) when it is due.
+
+        Never earlier: a follow-up's time is its fault's length (a freeze, a hold).
+        """
         while (left := moment - time.time()) > 0:
             self._run_due(until=time.time())
             time.sleep(min(left, 0.05))
+        self._run_due(until=time.time())
 
     def _later_at(self, delay: float, what: str, action: Callable[[], None]) -> None:
         heapq.heappush(self._later, (time.time() + delay, next(self._order), what, action))
@@ -495,7 +500,8 @@ class Campaign:
         """The limiter's learned limits lapse (an idle hour), and the probing call's worker dies.
 
         Until a call teaches the limits, one call at a time may ask (the probe): the call that
-        holds it is kept open at the API, and a pool child of each worker is killed under it.
+        holds it is kept open at the API, and once it has arrived every pool child is killed
+        under it (the API is let go after ``PROBE_WAIT_S`` if no call comes).
         """
         client = self.stack.valkey.client()
         try:
@@ -505,12 +511,19 @@ class Campaign:
                 client.delete(*lapsed)
         finally:
             client.close()
-        self.log.add("probe-kill", window=2.0, lapsed=len(lapsed))
-        self._later_at(1.0, "kill probing children", self._kill_probers)
+        self.log.add("probe-kill", window=PROBE_WAIT_S, lapsed=len(lapsed))
+        deadline = time.time() + PROBE_WAIT_S
 
-    def _kill_probers(self) -> None:
-        self._kill_every_child("probe-kill")
-        self.stack.api.release()
+        def watch() -> None:
+            if self.stack.api.in_flight("<update"):
+                self._kill_every_child("probe-kill")
+                self.stack.api.release()
+            elif time.time() < deadline:
+                self._later_at(POLL_S, "watch for the probe", watch)
+            else:
+                self.stack.api.release()
+
+        self._later_at(POLL_S, "watch for the probe", watch)
 
     def _kill_every_child(self, why: str) -> None:
         for name, worker in self.stack.workers.items():

@@ -205,6 +205,12 @@ FOCUS = {
         smtp_phases=("DATA",),
         smtp_hold_seconds=(3.5, 6.0),
     ),
+    # The limiter's learned limits lapse at the start of most weeks and the probing call's
+    # worker dies under it: the probe must be free again for the calls after it.
+    "limiter": Power(
+        weights={"probe-kill": 1.0, "kill-child": 0.3},
+        faults_per_minute=8.0,
+    ),
     # The same sends, under a deployment that repeats an ambiguous send under its key instead
     # of waiting (DIGEST_AMBIGUOUS_SEND=resend) and gives up at once: the run fails for good
     # with its email maybe out, the one case `digest release` is asked about such a run.
