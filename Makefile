@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-fast mutants mutmut coverage lint runtime install bench bench-throughput bench-timers bench-latency bench-limits bench-cost stop clean
+.PHONY: run test test-fast mutants mutmut coverage lint runtime install bench bench-throughput bench-timers bench-latency bench-limits bench-cost chaos chaos-ci stop clean
 
 # Installing prints nothing when it works (pip and setuptools are chatty even when quiet);
 # when it fails, everything it printed, then one line saying so. `make run` needs the runtime
@@ -68,6 +68,16 @@ mutmut: install
 	TEST_REDIS_URL=$$url $(BIN)/mutmut run --max-children $(MUTMUT_JOBS); status=$$?; \
 	$(BIN)/python -c 'import sys; from journal.contrib.embedded import stop_embedded as s; s(sys.argv[1])' "$$state"; \
 	rm -rf "$$state"; $(BIN)/python -m tests.mutmut_score; exit $$status
+
+# The fault campaign (docs/development.md): a real deployment on loopback, a nemesis driven by
+# SEED (random if unset, printed first), then the checker of the promise. DURATION in seconds.
+chaos: install
+	$(BIN)/python -m tests.chaos $(if $(SEED),--seed $(SEED)) $(if $(DURATION),--duration $(DURATION))
+
+# Bounded (under 8 minutes on 2 cores): the regression seeds of tests/chaos/seeds.txt, then a
+# few planted bugs that the campaign must catch. Any violation fails it: never retried.
+chaos-ci: install
+	$(BIN)/python -m tests.chaos.ci
 
 bench: install
 	$(BIN)/python bench/journal.py

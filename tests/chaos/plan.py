@@ -1,0 +1,226 @@
+"""The campaign's schedule, drawn from the seed alone: the same seed, the same faults.
+
+Everything random is drawn here, up front, by one ``random.Random(seed)``: each week's new
+items and dispatcher, each fault's moment, kind and parameters, each operator's verb and a
+number in [0, 1) that picks its target among the runs that exist when it acts (the runs differ
+between replays only where the system under test behaves differently, which is the point).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tests.chaos.stack import SMTP_PHASES
+
+WORKERS = ("a", "b")
+
+
+FAULT_WEIGHTS = {
+    "kill-child": 3.0,
+    "stop-child": 2.0,
+    "kill-worker": 1.0,
+    "stop-worker": 1.5,
+    "kill-beat": 0.5,
+    "kill-valkey": 1.0,
+    "smtp-hold": 2.5,
+    "smtp-slow": 1.0,
+    "smtp-drop": 1.0,
+    "api-latency": 1.0,
+    "api-429": 1.0,
+    "api-529": 0.7,
+    "api-500": 0.7,
+    "api-hold": 1.0,
+    "api-credit": 0.4,
+    "api-slow-item": 1.0,
+    "duplicate": 1.5,
+    "clock-skew": 0.5,
+    "probe-kill": 1.0,
+}
+VERB_WEIGHTS = {
+    "approve": 3.0,
+    "reject": 1.0,
+    "cancel": 1.0,
+    "retry": 1.0,
+    "fork": 0.5,
+    "release": 2.5,
+    "resend": 1.0,
+    "mark-sent": 1.0,
+}
+
+
+# Faults that aim at a run's first calls, so they fall just after a week is dispatched.
+AT_A_WEEKS_START = frozenset({"api-slow-item", "probe-kill"})
+
+
+@dataclass(frozen=True)
+class Power:
+    """How hard the campaign hits; the planted-bug runs tune these to find each bug.
+
+    Attributes:
+        week_seconds: how long a simulated week lasts; shorter weeks overlap more.
+        faults_per_minute: nemesis faults, spread evenly at random over the run.
+        operators_per_minute: operator commands, likewise.
+        weights: relative weight of each fault kind (kinds left out are not drawn).
+        verbs: relative weight of each operator verb.
+        dispatcher_faults: what each week's dispatcher suffers, one drawn per week (None:
+            nothing; ``crash``: it dies between claim and publish; ``stall``: it freezes there).
+        smtp_phases: where an SMTP hold may fall.
+        smtp_hold_seconds: how long a hold lasts, drawn in this range (the SMTP timeout is
+            3 s: a hold after the marker longer than it leaves the send ambiguous).
+        env: settings of the deployment under test this power needs.
+        spare_first_dispatch: the deployment's first dispatch suffers nothing: one that dies
+            between claim and publish loses its week (found by the campaign; seeds.txt), which
+            would hide whether a bug planted in the dispatcher is caught.
+    """
+
+    week_seconds: float = 8.0
+    faults_per_minute: float = 18.0
+    operators_per_minute: float = 8.0
+    weights: dict[str, float] = field(default_factory=lambda: dict(FAULT_WEIGHTS))
+    verbs: dict[str, float] = field(default_factory=lambda: dict(VERB_WEIGHTS))
+    dispatcher_faults: tuple[str | None, ...] = (None, None, None, "crash", "stall")
+    smtp_phases: tuple[str, ...] = SMTP_PHASES
+    smtp_hold_seconds: tuple[float, float] = (1.0, 7.0)
+    env: dict[str, str] = field(default_factory=dict)
+    spare_first_dispatch: bool = False
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing the campaign does at ``at`` seconds from its start."""
+
+    at: float
+    kind: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """As the saved schedule holds it."""
+        return asdict(self)
+
+
+def make_plan(seed: int, duration: float, power: Power) -> list[Event]:
+    """Every week, fault and operator command of one campaign, in time order."""
+    rng = random.Random(seed)
+    events = []
+    weeks = max(2, int(duration // power.week_seconds))
+    for index in range(weeks):
+        events.append(
+            Event(
+                index * power.week_seconds,
+                "week",
+                {
+                    "index": index,
+                    "new_items": rng.randint(2, 4),
+                    "second_dispatcher": rng.random() < 0.3,
+                    "dispatcher_fault": _dispatcher_fault(rng, power, index),
+                },
+            )
+        )
+    kinds, kind_weights = zip(*sorted(power.weights.items()), strict=True)
+    for _ in range(round(duration * power.faults_per_minute / 60)):
+        kind = rng.choices(kinds, kind_weights)[0]
+        at = rng.uniform(1.0, duration - 1.0)
+        if kind in AT_A_WEEKS_START:
+            at = rng.randrange(weeks) * power.week_seconds + 0.2
+        events.append(Event(at, kind, fault_params(rng, kind, power)))
+    verbs, verb_weights = zip(*sorted(power.verbs.items()), strict=True)
+    for _ in range(round(duration * power.operators_per_minute / 60)):
+        verb = rng.choices(verbs, verb_weights)[0]
+        events.append(
+            Event(
+                rng.uniform(1.0, duration - 1.0), "operator", {"verb": verb, "pick": rng.random()}
+            )
+        )
+    return sorted(events, key=lambda event: (event.at, event.kind))
+
+
+def _dispatcher_fault(rng: random.Random, power: Power, week: int) -> str | None:
+    drawn = rng.choice(power.dispatcher_faults)
+    return None if week == 0 and power.spare_first_dispatch else drawn
+
+
+def fault_params(rng: random.Random, kind: str, power: Power) -> dict[str, Any]:
+    """The parameters of one fault, drawn in a fixed order per kind."""
+    worker = rng.choice(WORKERS)
+    if kind == "kill-child":
+        return {"worker": worker, "child": rng.randint(0, 1)}
+    if kind == "stop-child":
+        return {"worker": worker, "child": rng.randint(0, 1), "seconds": rng.uniform(1.0, 5.0)}
+    if kind == "kill-worker":
+        return {"worker": worker, "down": rng.uniform(0.5, 3.0)}
+    if kind == "stop-worker":
+        return {"worker": worker, "seconds": rng.uniform(1.0, 5.0)}
+    if kind in ("kill-beat", "kill-valkey"):
+        return {"down": rng.uniform(0.2, 2.5)}
+    if kind == "smtp-hold":
+        return {
+            "phase": rng.choice(power.smtp_phases),
+            "seconds": rng.uniform(*power.smtp_hold_seconds),
+        }
+    if kind == "smtp-slow":
+        return {"per_reply": rng.uniform(0.3, 2.0), "seconds": rng.uniform(3.0, 10.0)}
+    if kind == "api-latency":
+        return {"delay": rng.uniform(0.2, 1.5), "seconds": rng.uniform(3.0, 10.0)}
+    if kind in ("api-429", "api-529", "api-500"):
+        return {"times": rng.randint(1, 3)}
+    if kind in ("api-hold", "api-credit"):
+        return {"seconds": rng.uniform(1.0, 6.0)}
+    if kind == "api-slow-item":
+        # Under the model timeout (DIGEST_MODEL_TIMEOUT=4): slow, never a timed-out repeat.
+        return {"pick": rng.random(), "seconds": rng.uniform(1.5, 3.0)}
+    if kind == "duplicate":
+        return {"pick": rng.random()}
+    if kind == "clock-skew":
+        return {"offset": round(rng.uniform(-1.2, 1.2), 2)}
+    return {}
+
+
+# Campaigns aimed at one kind of bug (``--focus``): the planted-bug check of ``make chaos-ci``
+# uses them so that a bug of that kind is caught under any timing, not only under lucky ones.
+FOCUS = {
+    # A third of the weeks' dispatchers freeze between their claim and their publish, past the
+    # next week's dispatch, then die: the dispatches after them, left alone, must not move
+    # past the week they hold, and must publish it once they are gone.
+    "dispatch": Power(
+        weights={"duplicate": 1.0, "kill-child": 1.0},
+        faults_per_minute=6.0,
+        dispatcher_faults=("stall", None, None),
+        spare_first_dispatch=True,
+    ),
+    # The same, the deployment's very first dispatch included.
+    "first-dispatch": Power(
+        weights={"duplicate": 1.0, "kill-child": 1.0},
+        faults_per_minute=6.0,
+        dispatcher_faults=("crash", "stall"),
+    ),
+    # Every send held after the end-of-data marker past the SMTP timeout, or dropped there:
+    # each one ambiguous; operators try to release them, resend them, mark them sent.
+    "ambiguous-send": Power(
+        weights={"smtp-hold": 3.0, "smtp-drop": 1.0},
+        faults_per_minute=20.0,
+        operators_per_minute=20.0,
+        verbs={"release": 3.0, "resend": 1.0, "mark-sent": 1.0},
+        smtp_phases=("DATA",),
+        smtp_hold_seconds=(3.5, 6.0),
+    ),
+    # The limiter's learned limits lapse at the start of most weeks and the probing call's
+    # worker dies under it: the probe must be free again for the calls after it.
+    "limiter": Power(
+        weights={"probe-kill": 1.0, "kill-child": 0.3},
+        faults_per_minute=8.0,
+    ),
+    # The same sends, under a deployment that repeats an ambiguous send under its key instead
+    # of waiting (DIGEST_AMBIGUOUS_SEND=resend) and gives up at once: the run fails for good
+    # with its email maybe out, the one case `digest release` is asked about such a run.
+    "failed-ambiguous": Power(
+        weights={"smtp-hold": 3.0, "smtp-drop": 1.0},
+        faults_per_minute=20.0,
+        operators_per_minute=20.0,
+        verbs={"release": 3.0, "retry": 1.0},
+        smtp_phases=("DATA",),
+        smtp_hold_seconds=(3.5, 6.0),
+        env={"DIGEST_AMBIGUOUS_SEND": "resend", "DIGEST_GIVE_UP_AFTER": "0"},
+    ),
+}
