@@ -107,6 +107,7 @@ CREDIT_TOO_LOW = (
 PROMPT_TOO_LONG = "prompt is too long: 215000 tokens > 200000 maximum"
 CONTENT_FILTERED = "Output blocked by content filtering policy"
 
+PEER_HEADER = "x-fake-peer"
 _TITLE = re.compile(r'<update title="([^"]*)"')
 
 
@@ -137,6 +138,11 @@ class Received:
     @property
     def model(self) -> str:
         return str(self.body.get("model", ""))
+
+    @property
+    def peer(self) -> str:
+        """The address the call came from."""
+        return self.headers.get(PEER_HEADER, "")
 
     @property
     def text(self) -> str:
@@ -1006,7 +1012,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         raw = self.rfile.read(int(self.headers.get("content-length") or 0))
-        status, headers, payload = self.server.fake.respond(self.path, dict(self.headers), raw)
+        # Who called, for tests of several hosts: kept with the request's headers, as a proxy's
+        # X-Forwarded-For would be.
+        headers = dict(self.headers) | {PEER_HEADER: self.client_address[0]}
+        status, headers, payload = self.server.fake.respond(self.path, headers, raw)
         self._send(status, headers, payload)
 
     def do_GET(self) -> None:
