@@ -478,3 +478,71 @@ def schedule_profiles(name: str, ci: tuple[int, int], long: tuple[int, int]) -> 
             suppress_health_check=[HealthCheck.too_slow],
         )
     return f"{name}-{'long' if os.environ.get('DIGEST_HYPOTHESIS_PROFILE') == 'long' else 'ci'}"
+
+
+class AofValkey:
+    """One Valkey server, ``appendonly yes`` + ``appendfsync always``, restartable on its AOF.
+
+    A kill -9 loses nothing the server acknowledged (the journal's A1 property), so a restart
+    on the same directory gives back every record, fence and claim. A unix socket, not a TCP
+    port: a restart finds its address free, never taken meanwhile.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.socket = directory / "valkey.sock"
+        self.url = f"unix://{self.socket}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> AofValkey:
+        """Start the server (on the AOF left by the last one) and wait for its PING."""
+        command = [
+            str(valkey_server_binary()),
+            "--port",
+            "0",
+            "--unixsocket",
+            str(self.socket),
+            "--dir",
+            str(self.directory),
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--maxmemory-policy",
+            "noeviction",
+            "--unixsocketperm",
+            "777",  # a worker of another user (``hidden``) connects too
+        ]
+        log = (self.directory / "valkey.log").open("ab")
+        self.process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        probe = redis.Redis(unix_socket_path=str(self.socket))
+
+        def answers() -> bool:
+            assert self.process is not None and self.process.poll() is None, "valkey exited"
+            try:
+                return bool(probe.ping())
+            except (redis.ConnectionError, redis.BusyLoadingError):
+                return False
+
+        try:
+            wait_until(answers, 20, "valkey to answer PING", every=0.02)
+        finally:
+            probe.close()
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the server: no shutdown, no final fsync beyond what ``always`` did."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def client(self) -> redis.Redis:
+        """A client of the server, with short timeouts: the campaign never waits on it long."""
+        return redis.Redis(
+            unix_socket_path=str(self.socket), socket_timeout=2, socket_connect_timeout=2
+        )

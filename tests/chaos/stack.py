@@ -24,13 +24,10 @@ from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
 
-import redis
-
-from journal.contrib.embedded import valkey_server_binary
 from tests.failure.test_unseen_holder import HIDDEN_PROC, NOBODY
 from tests.fakes.anthropic_server import FakeAnthropic, message_text
 from tests.fakes.smtp import Inbox, LoopbackController, start_server
-from tests.support import ROOT, Deployment, Worker, wait_until
+from tests.support import ROOT, AofValkey, Deployment, Worker
 
 # Phases an SMTP session can be held at (``Inbox.hold``), in the order a session reaches them.
 SMTP_PHASES = ("EHLO", "RCPT", "DATA-COMMAND", "DATA")
@@ -46,73 +43,6 @@ def hidden_workers_available() -> bool:
 def faketime_available() -> bool:
     """Whether clock skew can be injected: ``faketime`` on PATH and its library present."""
     return shutil.which("faketime") is not None and FAKETIME_LIBRARY.exists()
-
-
-class ChaosValkey:
-    """One Valkey server, ``appendonly yes`` + ``appendfsync always``, restartable on its AOF.
-
-    A kill -9 loses nothing the server acknowledged (the journal's A1 property), so a restart
-    on the same directory must give back every record, fence and claim: the checker then
-    sees any loss as a fence going down or a step rewritten.
-    """
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
-        self.socket = directory / "valkey.sock"
-        self.url = f"unix://{self.socket}"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        """Start the server (on the AOF left by the last one) and wait for its PING."""
-        command = [
-            str(valkey_server_binary()),
-            "--port",
-            "0",
-            "--unixsocket",
-            str(self.socket),
-            "--dir",
-            str(self.directory),
-            "--save",
-            "",
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-            "--maxmemory-policy",
-            "noeviction",
-            "--unixsocketperm",
-            "777",  # a worker of another user (``hidden``) connects too
-        ]
-        log = (self.directory / "valkey.log").open("ab")
-        self.process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        probe = redis.Redis(unix_socket_path=str(self.socket))
-
-        def answers() -> bool:
-            assert self.process is not None and self.process.poll() is None, "valkey exited"
-            try:
-                return bool(probe.ping())
-            except (redis.ConnectionError, redis.BusyLoadingError):
-                return False
-
-        try:
-            wait_until(answers, 20, "valkey to answer PING", every=0.02)
-        finally:
-            probe.close()
-
-    def kill(self) -> None:
-        """SIGKILL the server: no shutdown, no final fsync beyond what ``always`` did."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-
-    def client(self) -> redis.Redis:
-        """A client of the server, with short timeouts: the campaign never waits on it long."""
-        return redis.Redis(
-            unix_socket_path=str(self.socket), socket_timeout=2, socket_connect_timeout=2
-        )
 
 
 class ChaosInbox(Inbox):
@@ -209,7 +139,7 @@ class Stack:
 
     directory: Path
     env_overrides: dict[str, str] = field(default_factory=dict)
-    valkey: ChaosValkey = field(init=False)
+    valkey: AofValkey = field(init=False)
     api: TimedAnthropic = field(init=False)
     inbox: ChaosInbox = field(init=False)
     smtp: LoopbackController = field(init=False)
@@ -227,7 +157,7 @@ class Stack:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.items_path = self.directory / "items.json"
         self.items_path.write_text("[]")
-        self.valkey = ChaosValkey(self.directory / "valkey")
+        self.valkey = AofValkey(self.directory / "valkey")
         self.valkey.start()
         self.api = TimedAnthropic()
         self.api.start()

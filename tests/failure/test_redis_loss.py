@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,73 +20,23 @@ from pathlib import Path
 import pytest
 import redis
 
-from journal.contrib.embedded import embedded_broker_url, valkey_server_binary
+from journal.contrib.embedded import embedded_broker_url
 from tests.fakes.gated import GatedFake
-from tests.support import JOURNAL, RUN, Deployment, item_ordered, wait_until
+from tests.support import JOURNAL, RUN, AofValkey, Deployment, item_ordered, wait_until
 
 pytestmark = pytest.mark.slow
 
 
-class Valkey:
-    """A Valkey server on its own unix socket and directory, killable and restartable on its data.
-
-    A unix socket, not a TCP port: a restart finds its address free, never taken meanwhile.
-    """
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
-        self.socket = directory / "valkey.sock"
-        self.url = f"unix://{self.socket}"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Valkey:
-        """Start (or restart) the server on this socket and directory; wait for its PING."""
-        options = {
-            "port": "0",
-            "unixsocket": str(self.socket),
-            "dir": str(self.directory),
-            "appendonly": "yes",
-            "appendfsync": "always",
-            "save": "",
-            "maxmemory-policy": "noeviction",
-        }
-        argv = [str(valkey_server_binary())]
-        for name, value in options.items():
-            argv += [f"--{name}", value]
-        self.process = subprocess.Popen(
-            argv,
-            stdout=(self.directory / "valkey.log").open("ab"),
-            stderr=subprocess.STDOUT,
-        )
-        client = redis.Redis.from_url(self.url)
-        wait_until(lambda: self._answers(client), 10, f"valkey on {self.socket}")
-        return self
-
-    def kill(self) -> None:
-        """kill -9: no shutdown, no final fsync; only what ``appendfsync always`` wrote stays."""
-        assert self.process is not None
-        self.process.kill()
-        self.process.wait(timeout=10)
-
-    @staticmethod
-    def _answers(client: redis.Redis) -> bool:
-        try:
-            return bool(client.ping())
-        except redis.ConnectionError:
-            return False
-
-
 @pytest.fixture
-def valkey(tmp_path: Path) -> Iterator[Valkey]:
-    server = Valkey(tmp_path / "valkey").start()
+def valkey(tmp_path: Path) -> Iterator[AofValkey]:
+    server = AofValkey(tmp_path / "valkey").start()
     yield server
     if server.process is not None and server.process.poll() is None:
         server.kill()
 
 
 def test_redis_killed_mid_run_then_restarted(
-    deployment: Deployment, valkey: Valkey, gated_fake: GatedFake
+    deployment: Deployment, valkey: AofValkey, gated_fake: GatedFake
 ) -> None:
     fake = gated_fake
     deployment.env.update(
@@ -147,7 +96,7 @@ def test_redis_killed_mid_run_then_restarted(
 
 
 def test_a_store_that_is_also_the_broker_dying_before_the_run_opens_loses_no_week(
-    deployment: Deployment, valkey: Valkey
+    deployment: Deployment, valkey: AofValkey
 ) -> None:
     """Found by the fault campaign: one Valkey as store and broker, down between a message's
     receipt and its run's open. The delivery's retry could not be published, Celery rejected
