@@ -173,6 +173,10 @@ class Stack:
             "DIGEST_SMTP_TIMEOUT": "3",
             "DIGEST_MODEL_TIMEOUT": "4",
             "DIGEST_LEASE_TTL": "2",
+            # Weeks last seconds here, so a run of dispatcher faults outlasts the default four
+            # weeks of catch-up, past which a missed week is dropped as documented: the checker
+            # judges faults, not that bound.
+            "DIGEST_CATCH_UP_WEEKS": "52",
             "DIGEST_SWEEP_INTERVAL": "1",
             "DIGEST_RUN_RETRY_DELAY": "1",
             "DIGEST_RUN_RETRY_MAX_DELAY": "4",
