@@ -37,6 +37,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 test: lint
 	$(BIN)/pytest -q
@@ -82,7 +83,7 @@ chaos-ci: install
 bench: install
 	$(BIN)/python bench/journal.py
 
-# Runs per second through Celery: a no-op task, a hand-written fenced journal, journal.durable.
+# Runs per second through Celery: a no-op task, a hand-written fenced journal, journal.integrations.celery.
 bench-throughput: install
 	$(BIN)/python bench/throughput.py
 

@@ -52,9 +52,9 @@ import redis  # noqa: E402
 from redis.utils import HIREDIS_AVAILABLE  # noqa: E402
 
 from journal import Journal, Keyspace, Run, Settings  # noqa: E402
-from journal.clock import millis  # noqa: E402
-from journal.lease import Grant  # noqa: E402
-from journal.scripts import Client  # noqa: E402
+from journal._clock import millis  # noqa: E402
+from journal._lease import Grant  # noqa: E402
+from journal._redis.scripts import Client  # noqa: E402
 
 WRITE_REPS = 3000
 REPLAY_REPS = {10: 1000, 1_000: 100, 10_000: 15}

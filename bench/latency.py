@@ -67,7 +67,7 @@ def through_worker(fake: FakeAnthropic, directory: Path, rounds: int) -> list[fl
     The worker imports the SDK before its pool forks, as a deployment's does; one run first
     warms the pool's child (its store connection and client), untimed.
     """
-    from journal.inspect import inspect_run
+    from journal.ops.views import inspect_run
     from tests.support import Deployment, wait_until
 
     deployment = Deployment(

@@ -133,7 +133,7 @@ def three_weeks(directory: Path, rounds: int) -> list[Round]:
         saved = dict(os.environ)
         os.environ.update(deployment.env)  # this process enqueues as the CLI would
         try:
-            from journal.inspect import inspect_run
+            from journal.ops.views import inspect_run
             from tasks import digest
             from tasks.workflow import DigestOptions
 

@@ -1,4 +1,4 @@
-"""Runs per second through Celery: the queue's floor, a hand-written journal, ``journal.durable``.
+"""Runs per second through Celery: the queue's floor, a hand-written journal, ``Durable``.
 
     python bench/throughput.py [--rounds 5] [--runs 200] [--concurrency 2,4,8]
 

@@ -5,7 +5,7 @@
 - ``bench.noop``: returns at once; the queue's floor.
 - ``bench.hand``: a minimal hand-written fenced journal of 10 steps: one acquire script
   (``SET NX PX`` and an ``INCR`` fence), ten fenced ``HSETNX`` scripts, one release.
-- ``bench.durable``: the same 10 steps through ``journal.durable``.
+- ``bench.durable``: the same 10 steps through ``journal.integrations.celery``.
 
 Every task gets the same settings (``at_least_once_settings``, the same broker and result
 backend, results kept), so the only difference between them is what each does per run.
@@ -24,7 +24,7 @@ import redis
 from celery import Celery
 
 from journal import Journal, Keyspace, Run
-from journal.durable import Durable, at_least_once_settings
+from journal.integrations.celery import Durable, at_least_once_settings
 
 STEPS = 10
 URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -32,9 +32,9 @@ sys.path.insert(0, str(_ROOT))
 import redis  # noqa: E402
 
 from journal import Journal, Keyspace, ManualClock  # noqa: E402
-from journal.clock import millis  # noqa: E402
+from journal._clock import millis  # noqa: E402
+from journal._redis.scripts import Client  # noqa: E402
 from journal.contrib.embedded import embedded_url, stop_embedded  # noqa: E402
-from journal.scripts import Client  # noqa: E402
 
 NOW = 1_800_000_000.0
 PREFIX = "timers"

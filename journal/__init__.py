@@ -1,43 +1,60 @@
 """Durable keyed steps for Celery tasks, journaled in Redis under a fenced lease.
 
-The public face: the names below, and these modules: ``journal.errors`` (every exception,
-one root), ``journal.durable`` (the Celery integration), ``journal.batch`` (a provider
-batch as a step: the adapter it calls, its policy, what operators read of it and undo),
-``journal.inspect`` and ``journal.control`` (what operators read and do), ``journal.fixture``,
-``journal.testing``
-(with ``journal.pytest_plugin``) and ``journal.preflight`` (a recorded run as a document,
-replayed in tests and checked before a deploy), ``journal.contrib`` (the embedded server
-and start-up checks, kept apart from the core). Every other module is internal and may
-change.
+The public face is the names below and these modules, each named by its role:
+
+- ``journal.errors``: every exception, under one root (``JournalError``);
+- ``journal.events``: what a run reports as it goes (for logs and metrics);
+- ``journal.logs``: run context on log records, and the redaction of secrets;
+- ``journal.batch``: a provider batch as a step (its adapter, its policy, its views);
+- ``journal.integrations.celery``: deliveries through Celery, at least once;
+- ``journal.ops``: what operators read (``views``) and do (``actions``);
+- ``journal.testing``: recorded runs replayed in tests and checked before a deploy;
+- ``journal.contrib``: the embedded server and start-up checks.
+
+Every module whose name starts with an underscore is internal and may change; the import
+contract in ``pyproject.toml`` keeps applications off them.
 """
 
 from journal import errors
-from journal.backend import connect
-from journal.clock import ManualClock
-from journal.effects import Effect
+from journal._clock import Clock, ManualClock, SystemClock
+from journal._delivery import Outcome, Settings
+from journal._effects import Effect
+from journal._holder import ProcessIdentity
+from journal._journal import Journal
+from journal._redis.backend import connect
+from journal._redis.scripts import Client, Script
+from journal._retry import RetryPolicy, RunRetry
+from journal._run import Run, StepEvent
+from journal._schema.keys import Keyspace, RunKeys, validate_run_id
+from journal._schema.records import Record
+from journal._waits import SignalResult, Wait
+from journal._workflow import Workflow, workflow
 from journal.errors import Hints
-from journal.fixture import Fixture
-from journal.keys import Keyspace
-from journal.retry import RetryPolicy, RunRetry
-from journal.runner import Outcome, Settings
-from journal.steps import Run, StepEvent
-from journal.store import Journal
-from journal.waits import SignalResult
 
 __all__ = [
+    "Client",
+    "Clock",
     "Effect",
-    "Fixture",
     "Hints",
     "Journal",
     "Keyspace",
     "ManualClock",
     "Outcome",
+    "ProcessIdentity",
+    "Record",
     "RetryPolicy",
     "Run",
+    "RunKeys",
     "RunRetry",
+    "Script",
     "Settings",
     "SignalResult",
     "StepEvent",
+    "SystemClock",
+    "Wait",
+    "Workflow",
     "connect",
     "errors",
+    "validate_run_id",
+    "workflow",
 ]

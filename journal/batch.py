@@ -60,16 +60,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from journal.cancel import Cancelled
-from journal.effects import Effect
-from journal.records import Record, decode_journal, ordered
-from journal.retry import RetryPolicy
-from journal.retry import attempt as retry_loop
-from journal.waits import Suspend, Wait
+from journal._cancel import Cancelled
+from journal._effects import Effect
+from journal._retry import RetryPolicy
+from journal._retry import attempt as retry_loop
+from journal._schema.records import Record, decode_journal, ordered
+from journal._waits import Suspend, Wait
 
 if TYPE_CHECKING:
-    from journal.steps import Run
-    from journal.store import Journal
+    from journal._journal import Journal
+    from journal._run import Run
 
 log = logging.getLogger(__name__)
 

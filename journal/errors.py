@@ -29,8 +29,8 @@
     └── UnknownScriptStatus   a Lua script returned a code this version does not know (a bug)
 
 Control flow that is not a failure (a run suspending until a time or a signal, a run
-cancelled by an operator) derives from ``Suspend`` in ``journal.waits`` or is ``Cancelled``
-in ``journal.cancel``, not from ``JournalError``, so ``except JournalError`` never swallows
+cancelled by an operator) derives from ``Suspend`` in ``journal._waits`` or is ``Cancelled``
+in ``journal._cancel``, not from ``JournalError``, so ``except JournalError`` never swallows
 either.
 
 Every exception keeps its constructor arguments in ``args`` so it survives pickling across
@@ -42,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from journal.redact import redact
+from journal._redact import redact
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ class EffectAmbiguous(JournalError):
     """An effect may have happened, and its receiver would not recognise a repeat.
 
     Raised inside ``Run.effect``, which suspends the run until an operator decides
-    (``journal.control.decide``); it reaches a caller only from an effect outside a run.
+    (``journal.ops.actions.decide``); it reaches a caller only from an effect outside a run.
 
     Attributes:
         effect: the effect's step key.

@@ -33,10 +33,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import cast
 
-from journal import codec
-from journal.keys import RunKeys
-from journal.scripts import Client
+from journal import Client, Record, RunKeys
 from tasks.cost import BudgetExceeded, PriceTable, is_call
 from tasks.scripts import script
 
@@ -189,7 +188,8 @@ class Budget:
 
     def recorded_spend(self, keys: RunKeys) -> float:
         """The cost of every call the run's journal records (the start of its usage hash)."""
-        results = [codec.loads(raw).get("result") for raw in self.client.hvals(keys.steps)]
+        steps = cast(dict[bytes, bytes], self.client.hgetall(keys.steps)).items()
+        results = [Record.decode(keys.run, key.decode(), raw).result for key, raw in steps]
         return sum(
             float(r["cost_usd"]) for r in results if is_call(r) and r.get("cost_usd") is not None
         )

@@ -32,15 +32,13 @@ from celery.signals import (
     worker_shutdown,
 )
 
-from journal import StepEvent
-from journal.clock import SystemClock
+from journal import StepEvent, SystemClock
 from journal.contrib.checks import check_persistence, check_skew
 from journal.contrib.embedded import embedded_broker_url
-from journal.control import purge as purge_runs
-from journal.durable import SWEEP_TASK, Durable, at_least_once_settings
 from journal.errors import ClockSkewed, StoreEvicts
-from journal.logcontext import log_with_run_context
-from journal.redact import redact_logging
+from journal.integrations.celery import SWEEP_TASK, Durable, at_least_once_settings
+from journal.logs import log_with_run_context, redact_logging
+from journal.ops.actions import purge as purge_runs
 from tasks import workflow
 from tasks.config import Config
 from tasks.dispatch import dispatch_due

@@ -19,9 +19,7 @@ from datetime import UTC, datetime
 from importlib import metadata
 from typing import Any, NoReturn
 
-from journal import StepEvent
-from journal.control import purge as purge_runs
-from journal.control import retry as retry_run
+from journal import Record, StepEvent, Wait, validate_run_id
 from journal.errors import (
     ControlRefused,
     InvalidRunId,
@@ -31,12 +29,11 @@ from journal.errors import (
     RunParked,
     StoreEvicts,
 )
-from journal.inspect import STATES, Cursor, RunView, inspect_run, list_runs, page_size
-from journal.keys import validate_run_id
-from journal.preflight import Verdict, check_runs, unended_runs
-from journal.records import Record
-from journal.redact import redact, redact_logging
-from journal.waits import Wait
+from journal.logs import redact, redact_logging
+from journal.ops.actions import purge as purge_runs
+from journal.ops.actions import retry as retry_run
+from journal.ops.views import STATES, Cursor, RunView, inspect_run, list_runs, page_size
+from journal.testing.preflight import Verdict, check_runs, unended_runs
 from tasks import control
 from tasks.claims import MAYBE_SENT, STUCK, Held, holdings
 from tasks.config import Config, parse_duration
@@ -505,8 +502,8 @@ def fork_dry_run(runtime: Runtime, run_id: str, step: str) -> int:
 
 
 def cmd_export(config: Config, run_id: str, args: argparse.Namespace) -> int:
-    """Write a run's journal as a fixture (``journal.fixture``), to a file or stdout."""
-    from journal.fixture import export
+    """Write a run's journal as a fixture (``journal.testing.fixture``), to a file or stdout."""
+    from journal.testing.fixture import export
 
     runtime = Runtime.build(config, allow_offline=True)
     document = export(runtime.journal, digest.name, run_id)

@@ -14,8 +14,8 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from journal.limits import redelivers_running, safe_time_limit
-from journal.redact import add_secret, add_url_secrets, redact
+from journal.integrations.celery import redelivers_running, safe_time_limit
+from journal.logs import add_secret, add_url_secrets, redact
 from tasks.cost import PriceTable
 from tasks.errors import BadInput
 from tasks.model import DEFAULT_INTRO_MODEL, DEFAULT_SUMMARY_MODEL
@@ -167,7 +167,7 @@ class Config:
             failover to one of them loses no recorded step.
         catch_up_weeks: how many missed weeks the dispatcher enqueues after an outage.
         journal_shards: how many index shards the journal spreads runs over (see
-            ``journal.keys``); on a Redis Cluster, more than the masters spreads the sweep's
+            ``journal._schema.keys``); on a Redis Cluster, more than the masters spreads the sweep's
             and the listing's load over them. Part of the key layout: set it once.
         visibility_timeout: the Redis broker's redelivery timeout, in seconds.
         task_time_limit: the hard limit of one delivery, in seconds; None derives it from the

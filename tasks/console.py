@@ -33,9 +33,10 @@ from urllib.parse import urlsplit
 
 from flask import Flask, Response, abort, flash, redirect, render_template, request, url_for
 
-from journal import fixture
+from journal import Record, Wait, validate_run_id
 from journal.errors import ControlRefused, InvalidRunId, JournalError
-from journal.inspect import (
+from journal.logs import redact
+from journal.ops.views import (
     STATES,
     Cursor,
     RunRow,
@@ -45,10 +46,7 @@ from journal.inspect import (
     page_size,
     state_of,
 )
-from journal.keys import validate_run_id
-from journal.records import Record
-from journal.redact import redact
-from journal.waits import Wait
+from journal.testing import fixture
 from tasks import control
 from tasks.claims import holdings
 from tasks.cost import dollars, is_call, usage_of

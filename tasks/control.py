@@ -11,10 +11,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from journal import control
 from journal.batch import cancel_batches
 from journal.errors import ControlRefused, EffectUnderway, NothingToDecide
-from journal.inspect import inspect_run
+from journal.ops import actions as control
+from journal.ops.views import inspect_run
 from tasks.batches import AnthropicBatches
 from tasks.claims import STUCK, holdings, let_go
 from tasks.errors import BadInput

@@ -10,7 +10,7 @@ week is claimed, so a first dispatch that dies does not make the next one a firs
 The marker is taken in two steps so a crash between it and the publish cannot lose a week: a
 short *claim* naming the dispatcher's process (``CLAIM_TTL_S``), the publish, then the
 long-lived marker. A dispatcher that died holding a claim is proved gone on its host
-(``journal.holder``) and its claim taken over at once; anywhere else the claim expires within
+(``journal._holder``) and its claim taken over at once; anywhere else the claim expires within
 a minute and the hourly catch-up dispatches the week. The watermark (where the next dispatch
 starts looking) moves only over weeks already published, so a week claimed elsewhere is
 looked at again by every dispatch until it is. A publish that happens twice (a claim
@@ -25,8 +25,7 @@ from datetime import datetime
 from enum import Enum
 from zoneinfo import ZoneInfo
 
-from journal.holder import ProcessIdentity
-from journal.scripts import Client
+from journal import Client, ProcessIdentity
 from tasks.faults import before_publishing
 from tasks.keys import DigestKeys, text
 from tasks.schedule import Schedule, run_ids_due

@@ -3,7 +3,7 @@
 ``digest fork RUN --from STEP --dry-run`` answers "what would this digest say if it ran again
 from STEP?" (after a prompt edit, say) without a trace: the run's journal is read in one
 snapshot, and both emails come from the dry-run workflow (``preview``: every step but send
-and mark-seen) replayed in memory (``journal.rehearsal``):
+and mark-seen) replayed in memory (``journal.testing.Recording``):
 
 - the original's, from every recorded step (nothing runs; no email if it never composed);
 - the fork's, from the steps recorded before STEP, the rest run for real (model calls
@@ -21,9 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from journal.errors import ControlRefused
-from journal.records import decode_fields
-from journal.rehearsal import Frontier, RunOn, StopAtFrontier, rehearse
-from journal.runner import decode_meta, frozen_args
+from journal.testing import Frontier, Recording, RunOn, StopAtFrontier
 from tasks.runtime import Runtime
 from tasks.workflow import digest, preview
 
@@ -66,43 +64,23 @@ def preview_fork(runtime: Runtime, run_id: str, step: str) -> ForkPreview:
     Raises:
         ControlRefused: no such run or step, or the fork would stop before its email.
     """
-    journal = runtime.journal
-    keys = journal.keys(digest.name, run_id)
-    seen = journal.call(journal.backend.snapshot, keys)
-    if not seen.meta:
-        raise ControlRefused(keys.run, "no such run")
-    steps = {name.decode(): raw for name, raw in seen.steps.items()}
-    if step not in steps:
-        raise ControlRefused(keys.run, f"it has no step {step!r} to fork from")
-    cut = decode_fields(keys.run, step, steps[step])["seq"]
-    kept = {
-        key: raw for key, raw in steps.items() if decode_fields(keys.run, key, raw)["seq"] < cut
-    }
-    args = frozen_args(keys, decode_meta(keys.run, seen.meta)) or {}
-    signals = {name.decode(): raw for name, raw in seen.signals.items()}
-    clock = journal.clock
+    clock = runtime.journal.clock
+    recording = Recording.load(runtime.journal, digest.name, run_id)
+    run = recording.keys.run
+    kept = recording.before(step)
     try:
-        recorded = rehearse(
-            preview,
-            run_id,
-            args,
-            steps,
-            signals=signals,
-            policy=StopAtFrontier(),
-            clock=journal.clock,
-        )
-        original = _email(recorded.result)
+        original = _email(recording.replay(preview, policy=StopAtFrontier(), clock=clock).result)
     except Frontier:
         original = None  # it stopped before composing: there is no email to compare with
     try:
-        fork = rehearse(preview, run_id, args, kept, signals=signals, policy=RunOn(), clock=clock)
+        fork = kept.replay(preview, policy=RunOn(), clock=clock)
     except Frontier as stopped:
-        raise ControlRefused(keys.run, f"a fork from {step!r} stops at {stopped.key!r}") from None
+        raise ControlRefused(run, f"a fork from {step!r} stops at {stopped.key!r}") from None
     forked = _email(fork.result)
     if forked is None:
-        raise ControlRefused(keys.run, f"a fork from {step!r} sends no email ({fork.result})")
+        raise ControlRefused(run, f"a fork from {step!r} sends no email ({fork.result})")
     calls = fork.result.get("model_calls", 0) if isinstance(fork.result, dict) else 0
-    return ForkPreview(keys.run, step, original, forked, fork.ran, int(calls))
+    return ForkPreview(run, step, original, forked, fork.ran, int(calls))
 
 
 def email_text(email: dict[str, str]) -> str:

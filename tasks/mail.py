@@ -1,6 +1,6 @@
 """Sending the digest, once per idempotency key.
 
-The ``send`` step is a fenced effect (``journal.effects``): claimed before it starts, its
+The ``send`` step is a fenced effect (``journal._effects``): claimed before it starts, its
 lease confirmed right before the last step that can be undone (``effect.confirm()``: before the
 outbox's link, before SMTP's DATA), the claim's timeout checked again at the instant before
 the irreversible write (``effect.last_moment()``: before SMTP's end-of-data marker), its
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
-from journal.redact import redact
+from journal.logs import redact
 from tasks.errors import BadInput, MailFailed, MailUnavailable
 
 log = logging.getLogger(__name__)

@@ -31,9 +31,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from journal import Journal, codec
+from journal import Journal
 from journal.events import listen, outcome_of
-from journal.inspect import STATES, RunRow, inspect_run, list_runs
+from journal.ops.views import STATES, RunRow, inspect_run, list_runs
 from tasks.cost import usage_of
 from tasks.ratelimit import LimitState
 
@@ -193,7 +193,7 @@ class JournalCollector(Collector):
         lag = GaugeMetricFamily(
             "journal_due_lag_seconds", "Age of the oldest overdue entry of the due index (0: none)."
         )
-        oldest = journal.call(journal.backend.oldest_due)
+        oldest = journal.oldest_due()
         overdue = 0.0 if oldest is None else time.time() - oldest / 1000
         lag.add_metric([], max(overdue, 0.0))
         yield lag
@@ -299,11 +299,7 @@ class LimitsCollector(Collector):
 
 def _outcome(row: RunRow) -> object:
     """A finished run's outcome as its result named it (``sent``, ``nothing-new``, ...)."""
-    try:
-        result = codec.loads(row.meta["outcome"])
-    except (KeyError, codec.DecodeError):
-        return None
-    return outcome_of(result)
+    return None if row.result is None else outcome_of(row.result)
 
 
 def _common(collected: CollectorRegistry) -> CollectorRegistry:

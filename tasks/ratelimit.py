@@ -31,8 +31,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from journal import Client
 from journal.events import emit
-from journal.scripts import Client
 from tasks.errors import BadInput, DigestError
 from tasks.keys import DigestKeys, text
 from tasks.scripts import script

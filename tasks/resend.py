@@ -49,7 +49,7 @@ from urllib.parse import urlsplit
 
 import httpx2
 
-from journal.redact import MASK, redact
+from journal.logs import MASK, redact
 from tasks.errors import BadInput, MailFailed, MailUnavailable
 from tasks.mail import Email, Receipt, SendEffect, check_key, message_id, safe_token
 

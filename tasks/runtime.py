@@ -19,13 +19,11 @@ from typing import Any, NoReturn
 
 import redis
 
-from journal import Hints, Journal, Keyspace, RunRetry, Settings
+from journal import Client, Hints, Journal, Keyspace, RunRetry, Settings, SystemClock
 from journal import connect as journal_connect
-from journal.clock import SystemClock
 from journal.contrib.checks import check_persistence, check_skew
 from journal.contrib.embedded import embedded_broker_url, embedded_url
 from journal.errors import StoreUnavailable
-from journal.scripts import Client
 from tasks.batches import AnthropicBatches, NoBatches
 from tasks.budget import Budget
 from tasks.config import Config

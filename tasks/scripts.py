@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from importlib import resources
 
-from journal.scripts import Client, Script
+from journal import Client, Script
 
 
 @functools.cache

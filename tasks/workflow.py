@@ -23,14 +23,11 @@ from typing import Any, Generic, TypeVar
 
 import redis
 
-from journal import Effect, Journal, RetryPolicy, Run, SignalResult
+from journal import Effect, Journal, Record, RetryPolicy, Run, SignalResult, Wait, workflow
 from journal.batch import BatchApi, BatchEntry, BatchPolicy
 from journal.batch import batches as batch_views
 from journal.events import emit
-from journal.inspect import RunView
-from journal.records import Record
-from journal.waits import Wait
-from journal.workflow import workflow
+from journal.ops.views import RunView
 from tasks import faults
 from tasks.batches import MAX_REQUESTS
 from tasks.budget import Reservation

@@ -25,13 +25,13 @@ import pytest
 import redis
 
 from journal import Journal, Keyspace, RunRetry, Settings
-from journal.clock import Clock, SystemClock
+from journal._clock import Clock, SystemClock
 
 if TYPE_CHECKING:
     from tests.support import Deployment, ThrowawayValkeys
 
 pytest_plugins = [
-    "journal.pytest_plugin",
+    "journal.testing.pytest_plugin",
     "tests.fakes.anthropic_server",
     "tests.fakes.gated",
     "tests.fakes.smtp",

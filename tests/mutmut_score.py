@@ -19,7 +19,7 @@ from pathlib import Path
 
 from mutmut.stats import status_by_exit_code
 
-MODULES = ("journal/lease.py", "journal/steps.py", "journal/store.py")
+MODULES = ("journal/_lease.py", "journal/_run.py", "journal/_journal.py")
 KILLED = {"killed", "timeout", "segfault"}
 SURVIVED = {"survived", "no tests"}
 

@@ -25,7 +25,7 @@ import redis
 
 from journal.contrib.embedded import embedded_url, stop_embedded, valkey_server_binary
 from journal.events import listen
-from journal.inspect import RunView, inspect_run
+from journal.ops.views import RunView, inspect_run
 from tasks.config import Config
 from tasks.runtime import Runtime
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import redis
 
-from journal.clock import Clock
+from journal._clock import Clock
+from journal._redis.scripts import Client
 from journal.errors import ClockSkewed, StoreEvicts
-from journal.scripts import Client
 
 __all__ = ["MAX_SKEW_S", "Persistence", "check_persistence", "check_skew", "wait_for_local_fsync"]
 

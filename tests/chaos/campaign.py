@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from journal.inspect import inspect_run
+from journal.ops.views import inspect_run
 from tasks.config import Config
 from tasks.runtime import Runtime
 from tests.chaos.checker import FaultWindow, Observation, Violation, check

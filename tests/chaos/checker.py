@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from journal.status import ENDED, TRANSITIONS, RunStatus
+from journal._schema.status import ENDED, TRANSITIONS, RunStatus
 
 # Statuses a week's run may show at the end: it was sent or found nothing new (done), or it
 # is visibly failed, waiting (a person, a timer, a batch), retrying, or still running;

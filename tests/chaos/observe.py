@@ -17,8 +17,8 @@ from typing import Any
 
 import redis
 
-from journal.inspect import inspect_run
-from journal.keys import RunKeys
+from journal._schema.keys import RunKeys
+from journal.ops.views import inspect_run
 from tasks.keys import text
 from tasks.runtime import Runtime
 from tests.chaos.checker import Call, Email, FaultWindow, Observation, RunState

@@ -77,14 +77,14 @@ BUGS = (
         "the map holds answers back and records them only in item order",
         (
             (
-                "journal/steps.py",
+                "journal/_run.py",
                 "        stop = threading.Event()\n\n        def one(index: int) -> T:",
                 "        stop = threading.Event()\n"
                 "        in_order = [threading.Event() for _ in items]\n\n"
                 "        def one(index: int) -> T:",
             ),
             (
-                "journal/steps.py",
+                "journal/_run.py",
                 "                    call = functools.partial(fn, items[index])\n",
                 "                    def call(item=items[index], index=index):\n"
                 "                        answer = fn(item)\n"
@@ -94,7 +94,7 @@ BUGS = (
                 "                        return answer\n",
             ),
             (
-                "journal/steps.py",
+                "journal/_run.py",
                 "                finally:\n                    order.done(\n",
                 "                finally:\n                    in_order[index].set()\n"
                 "                    order.done(\n",
@@ -106,7 +106,7 @@ BUGS = (
         "a lease takeover trusts a missing /proc entry",
         (
             (
-                "journal/holder.py",
+                "journal/_holder.py",
                 "            return not _exists(self.pid)  # absent from /proc",
                 "            return True  # absent from /proc",
             ),
@@ -117,7 +117,7 @@ BUGS = (
         "an ambiguous send is settled as released",
         (
             (
-                "journal/effects.py",
+                "journal/_effects.py",
                 "            else:\n                effect.ambiguous(_one_line(error))",
                 "            else:\n                effect.release()",
             ),

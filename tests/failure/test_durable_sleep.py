@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from journal.clock import millis
+from journal._clock import millis
 from tasks.keys import DigestKeys
 from tests.failure.conftest import RUN, enqueue, log_problems, task_returned, wait_for_status
 from tests.support import Deployment, wait_until

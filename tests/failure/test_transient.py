@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from journal.clock import millis
+from journal._clock import millis
 from tasks.keys import DigestKeys
 from tests.failure.conftest import (
     CALLS,

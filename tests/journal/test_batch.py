@@ -18,8 +18,8 @@ import pytest
 
 from journal import Journal, ManualClock, Outcome, RetryPolicy, Run
 from journal.batch import BatchEntry, BatchPolicy, BatchState, batches, cancel_batches
-from journal.control import cancel
-from journal.inspect import inspect_run
+from journal.ops.actions import cancel
+from journal.ops.views import inspect_run
 from tests.conftest import MakeJournal
 
 T0 = 1_800_000_000.0

@@ -19,7 +19,7 @@ import redis
 
 from journal import Effect, Journal, Keyspace, ManualClock, Run, connect
 from journal.errors import LeaseBusy
-from journal.inspect import list_runs
+from journal.ops.views import list_runs
 from tests.cluster import SLOTS, ValkeyCluster
 
 pytestmark = pytest.mark.slow

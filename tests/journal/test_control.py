@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from journal import Effect, Journal, Run
-from journal.backend import Purging
-from journal.control import cancel, fork, retry, unsettled_effects
+from journal._lease import Lease
+from journal._redis.backend import Purging
 from journal.errors import ControlRefused, EffectUnderway
-from journal.inspect import inspect_run
-from journal.lease import Lease
+from journal.ops.actions import cancel, fork, retry, unsettled_effects
+from journal.ops.views import inspect_run
 from tests.conftest import MakeJournal
 
 

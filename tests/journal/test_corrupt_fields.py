@@ -12,7 +12,7 @@ import pytest
 
 from journal import Journal, Run
 from journal.errors import CorruptJournal
-from journal.inspect import inspect_run, list_runs
+from journal.ops.views import inspect_run, list_runs
 from tests.conftest import MakeJournal
 
 

@@ -30,8 +30,8 @@ import redis
 
 import journal as journal_package
 from journal import Effect, Journal, Keyspace, ManualClock, Settings
+from journal._schema.keys import RunKeys
 from journal.errors import LeaseBusy
-from journal.keys import RunKeys
 from tests.support import ROOT, ThrowawayValkeys, as_text
 
 PAGE = ROOT / "docs" / "journal.md"

@@ -27,8 +27,8 @@ from celery.worker import state
 from kombu.exceptions import OperationalError
 
 from journal import Journal, Keyspace, Run, Settings
-from journal.durable import Durable, DurableWorkflow, at_least_once_settings
 from journal.errors import InvalidArguments, InvalidRunId
+from journal.integrations.celery import Durable, DurableWorkflow, at_least_once_settings
 
 VISIBILITY = 3600.0
 TIME_LIMIT = 1800.0

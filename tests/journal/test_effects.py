@@ -17,9 +17,9 @@ import pytest
 import redis
 
 from journal import Effect, Journal, Run
+from journal._holder import ProcessIdentity
+from journal._redis.scripts import Client, KeyOrArg, Script
 from journal.errors import LeaseLost
-from journal.holder import ProcessIdentity
-from journal.scripts import Client, KeyOrArg, Script
 from tests.conftest import MakeJournal
 from tests.support import as_text
 

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 import redis
 
-import journal.redact as redaction
+import journal._redact as redaction
 from journal import Effect, Journal, Run
+from journal._workflow import Workflow, workflow
 from journal.errors import BadFixture, ControlRefused, ReplayMismatch, StepNotInFixture
-from journal.fixture import Fixture, export
-from journal.preflight import check_run, unended_runs
 from journal.testing import replay
-from journal.workflow import Workflow, workflow
+from journal.testing.fixture import Fixture, export
+from journal.testing.preflight import check_run, unended_runs
 from tests.conftest import MakeJournal
 
 SECRET = "hunter2-very-secret"

@@ -13,9 +13,9 @@ import threading
 import pytest
 
 from journal import Journal
-from journal.cancel import CANCEL_FIELD, Cancelled
+from journal._cancel import CANCEL_FIELD, Cancelled
+from journal._lease import Heartbeat, Lease
 from journal.errors import CorruptJournal, LeaseLost
-from journal.lease import Heartbeat, Lease
 from tests.conftest import MakeJournal
 from tests.support import recorded_events
 

@@ -15,8 +15,8 @@ from typing import TypedDict
 import pytest
 
 from journal import Outcome, Run
+from journal._holder import ProcessIdentity
 from journal.errors import LeaseBusy, LeaseLost
-from journal.holder import ProcessIdentity
 from tests.conftest import MakeJournal
 
 PID_MAX = int(Path("/proc/sys/kernel/pid_max").read_text())

@@ -27,9 +27,13 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from journal import Effect, Journal, Keyspace, ManualClock, RetryPolicy, Run, Settings, StepEvent
-from journal.backend import Opened, Recorded, code
-from journal.cancel import Cancelled
-from journal.clock import millis
+from journal._cancel import Cancelled
+from journal._clock import millis
+from journal._holder import ProcessIdentity
+from journal._lease import Found, Grant, Heartbeat, Lease
+from journal._redis.backend import Opened, Recorded, code
+from journal._redis.scripts import Script
+from journal._schema.keys import RunKeys
 from journal.errors import (
     Fenced,
     LeaseBusy,
@@ -38,10 +42,6 @@ from journal.errors import (
     StoreUnavailable,
     UnknownScriptStatus,
 )
-from journal.holder import ProcessIdentity
-from journal.keys import RunKeys
-from journal.lease import Found, Grant, Heartbeat, Lease
-from journal.scripts import Script
 from tests.conftest import MakeJournal
 from tests.support import Relay, as_bytes, wait_until
 
@@ -644,7 +644,7 @@ def test_a_renewal_that_hits_a_redis_error_is_retried_at_the_next_beat(
     heartbeat = Heartbeat(held, grant.holder, grant.confirmed_at).start()
     try:
         outage.cut()
-        with caplog.at_level(logging.WARNING, logger="journal.lease"):
+        with caplog.at_level(logging.WARNING, logger="journal._lease"):
             wait_until(lambda: "renewal for wf:" in caplog.text, 1, "a failed renewal")
         renewals = heartbeat.renewals
         outage.restore()
@@ -718,7 +718,7 @@ def test_a_lost_lease_is_logged_once_whether_the_boundary_or_the_beat_finds_it(
     taken = Heartbeat(held, grant.holder, time.monotonic() - 0.16)  # past half the TTL
     journal.client.set(keys.lease, "2:winner")
 
-    with caplog.at_level(logging.ERROR, logger="journal.lease"):
+    with caplog.at_level(logging.ERROR, logger="journal._lease"):
         with pytest.raises(LeaseLost):
             taken.ensure()  # the step boundary's own renewal finds it first
         taken.beat()  # then the beat: already lost, it says nothing more

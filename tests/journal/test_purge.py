@@ -13,11 +13,11 @@ import pytest
 import redis
 
 from journal import Effect, Journal, Run
-from journal.backend import Purging
-from journal.clock import millis
-from journal.control import PURGEABLE
-from journal.keys import RunKeys
-from journal.lease import Lease
+from journal._clock import millis
+from journal._lease import Lease
+from journal._redis.backend import Purging
+from journal._schema.keys import RunKeys
+from journal.ops.actions import PURGEABLE
 from tests.conftest import MakeJournal
 from tests.support import as_text
 

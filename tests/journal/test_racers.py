@@ -19,11 +19,11 @@ import pytest
 import redis
 
 from journal import Journal, Keyspace, Run, Settings, StepEvent
+from journal._lease import Lease
+from journal._redis.scripts import Scripts
+from journal._schema.keys import RunKeys
+from journal._schema.records import Record
 from journal.errors import LeaseBusy
-from journal.keys import RunKeys
-from journal.lease import Lease
-from journal.records import Record
-from journal.scripts import Scripts
 from tests.support import returning
 
 RACERS = 20

@@ -15,9 +15,9 @@ import orjson
 import pytest
 
 from journal import ManualClock, Run
+from journal._schema.records import Record, decode_journal, ordered
 from journal.errors import CorruptJournal
-from journal.inspect import inspect_run
-from journal.records import Record, decode_journal, ordered
+from journal.ops.views import inspect_run
 from tests.conftest import MakeJournal
 
 RUN = "wf:r1"

@@ -4,22 +4,22 @@ import pickle
 
 import pytest
 
-import journal.redact
-from journal.errors import StoreUnavailable
-from journal.redact import (
+import journal._redact
+from journal._redact import (
     RedactingFilter,
     add_secret,
     add_url_secrets,
     redact,
     redact_exception,
 )
+from journal.errors import StoreUnavailable
 
 
 @pytest.fixture(autouse=True)
 def no_registered_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each case starts with no secret registered: the registry is the process's, and other
     tests register theirs (the broker's password ``guest`` with TEST_AMQP_URL, say)."""
-    monkeypatch.setattr(journal.redact, "_secrets", ())
+    monkeypatch.setattr(journal._redact, "_secrets", ())
 
 
 @pytest.mark.parametrize(

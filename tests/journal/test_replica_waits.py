@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from journal import Journal, Keyspace, Settings
-from journal.backend import NO_WAIT, RecordWait
+from journal._redis.backend import NO_WAIT, RecordWait
 from journal.errors import StoreUnsupported
 
 

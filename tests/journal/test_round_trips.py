@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from journal import Journal, Keyspace, Run
-from journal.scripts import Client
+from journal._redis.scripts import Client
 from tests.support import returning
 
 STEPS = 10

@@ -13,10 +13,10 @@ from collections.abc import Callable
 import pytest
 
 from journal import Journal, ManualClock, Run, RunRetry
-from journal.clock import millis
+from journal._clock import millis
+from journal._delivery import STREAK
 from journal.errors import GaveUp, RetryScheduled
-from journal.inspect import inspect_run
-from journal.runner import STREAK
+from journal.ops.views import inspect_run
 from tests.conftest import MakeJournal
 
 T0 = 1_800_000_000.0

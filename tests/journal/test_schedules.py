@@ -35,11 +35,11 @@ from hypothesis.stateful import (
 )
 
 from journal import Effect, Journal, Keyspace, ManualClock, Settings
-from journal.clock import millis
+from journal._clock import millis
+from journal._lease import Found, Heartbeat, Lease
+from journal._run import Run
+from journal._schema.records import decode_fields
 from journal.errors import LeaseBusy, LeaseLost
-from journal.lease import Found, Heartbeat, Lease
-from journal.records import decode_fields
-from journal.steps import Run
 from tests.support import as_bytes, as_text, schedule_profiles
 
 PROFILE = schedule_profiles("phases", ci=(1000, 30), long=(20_000, 60))

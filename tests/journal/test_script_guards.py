@@ -15,7 +15,8 @@ import pytest
 import redis
 
 from journal import Journal
-from journal.backend import (
+from journal._lease import Grant, Lease
+from journal._redis.backend import (
     DELETE,
     Closed,
     Confirmed,
@@ -25,9 +26,8 @@ from journal.backend import (
     Opening,
     Settled,
 )
+from journal._schema.keys import RunKeys
 from journal.errors import CorruptJournal
-from journal.keys import RunKeys
-from journal.lease import Grant, Lease
 from tests.conftest import MakeJournal
 from tests.support import as_text
 

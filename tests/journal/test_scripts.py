@@ -1,6 +1,6 @@
 """The scripts' direct path down a pooled connection: released, retried, and EVAL on NOSCRIPT.
 
-``journal.scripts.evalsha`` skips redis-py's command wrapper on a one-server client, so what
+``journal._redis.scripts.evalsha`` skips redis-py's command wrapper on a one-server client, so what
 that wrapper did for every command must still hold: the connection goes back to the pool
 whatever the reply, a connection the server dropped is replaced, a reply that times out is sent
 again under the client's retry policy, and an error reply reaches the caller as redis-py's typed
@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import pytest
 import redis
 
-from journal.scripts import Script, evalsha
+from journal._redis.scripts import Script, evalsha
 
 ECHO = "return {KEYS[1], ARGV[1]}"
 FAIL = "return redis.error_reply('ERR refused on purpose')"

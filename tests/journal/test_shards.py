@@ -12,7 +12,7 @@ import fakeredis
 import pytest
 
 from journal import Journal, Keyspace, ManualClock, Run
-from journal.inspect import list_runs
+from journal.ops.views import list_runs
 
 T0 = 1_800_000_000.0
 

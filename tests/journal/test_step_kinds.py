@@ -15,9 +15,9 @@ import orjson
 import pytest
 
 from journal import Effect, Journal, ManualClock, Run, StepEvent
-from journal.clock import millis
+from journal._clock import millis
+from journal._lease import Lease
 from journal.errors import CorruptJournal, Fenced, LeaseLost, UnserializableResult
-from journal.lease import Lease
 from tests.conftest import MakeJournal
 from tests.support import recorded_events
 

@@ -14,12 +14,12 @@ import pytest
 import redis
 
 from journal import Effect, ManualClock, Run, StepEvent
-from journal.cancel import CANCEL_FIELD
-from journal.clock import millis
-from journal.control import cancel
+from journal._cancel import CANCEL_FIELD
+from journal._clock import millis
+from journal._delivery import decode_meta
+from journal._journal import jitter
 from journal.errors import CorruptJournal, LeaseLost, RunParked, StoreUnavailable
-from journal.runner import decode_meta
-from journal.store import jitter
+from journal.ops.actions import cancel
 from tests.conftest import MakeJournal
 
 T0 = 1_800_000_000.0
@@ -190,7 +190,7 @@ def test_an_unreadable_due_entry_is_logged_and_removed_and_the_rest_claimed(
 ) -> None:
     journal = make_journal(clock=ManualClock(T0))
     journal.client.zadd(journal.keyspace.due, {"no-colon": millis(T0) - 2, "wf:ok": millis(T0) - 1})
-    with caplog.at_level("ERROR", logger="journal.store"):
+    with caplog.at_level("ERROR", logger="journal._journal"):
         claimed = journal.claim_due()
     assert [keys.run for keys in claimed] == ["wf:ok"]
     assert [r.getMessage() for r in caplog.records] == [
@@ -230,7 +230,7 @@ def test_a_failure_whose_status_cannot_be_saved_is_logged_naming_run_and_error(
         journal.client.delete(keys.lease)  # lost just before failing: nothing may be written
         raise RuntimeError("boom")
 
-    with caplog.at_level("WARNING", logger="journal.store"), pytest.raises(RuntimeError):
+    with caplog.at_level("WARNING", logger="journal._journal"), pytest.raises(RuntimeError):
         journal.execute("wf", "r1", body)
     assert [r.getMessage() for r in caplog.records] == [
         "run wf:r1 failed (boom) and its status could not be saved"

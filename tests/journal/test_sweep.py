@@ -19,9 +19,9 @@ import pytest
 from celery import Celery
 
 from journal import Journal, ManualClock, Outcome, Run
-from journal.clock import millis
-from journal.durable import Durable
-from journal.waits import Wait
+from journal._clock import millis
+from journal._waits import Wait
+from journal.integrations.celery import Durable
 from tests.conftest import MakeJournal
 
 T0 = 1_800_000_000.0

@@ -23,12 +23,12 @@ def test_a_takeover_is_counted_once_and_logged_naming_the_dead_holder(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     dead = dataclasses.replace(me(), pid=PID_MAX + 1)
-    with recorded_events() as events, caplog.at_level(logging.INFO, logger="journal.lease"):
+    with recorded_events() as events, caplog.at_level(logging.INFO, logger="journal._lease"):
         first, (outcome, _) = hold_then_vanish(make_journal, dead)
     assert isinstance(outcome, Outcome) and outcome.status == "done"
     assert [event for event in events if event[0] == "takeover"] == [("takeover", "", 1.0)]
     fence = first.fence  # the holder is named by its fence, as LeaseBusy names it
-    assert [r.getMessage() for r in caplog.records if r.name == "journal.lease"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "journal._lease"] == [
         f"run w:r1: lease holder {fence} (pid {PID_MAX + 1} on {dead.host}) is gone; "
         "taken over at once"
     ]

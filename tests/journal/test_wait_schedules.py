@@ -41,13 +41,14 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from journal import Effect, Journal, Keyspace, ManualClock, Run, Settings, codec
-from journal.clock import millis
+from journal import Effect, Journal, Keyspace, ManualClock, Run, Settings
+from journal._clock import millis
+from journal._schema import codec
+from journal._schema.records import decode_fields
+from journal._schema.status import RunStatus, may_follow
+from journal._waits import Wait
 from journal.contrib.embedded import valkey_server_binary
 from journal.errors import LeaseBusy, LeaseLost, StoreUnavailable
-from journal.records import decode_fields
-from journal.status import RunStatus, may_follow
-from journal.waits import Wait
 from tests.support import as_bytes, as_text, schedule_profiles, wait_until
 
 PROFILE = schedule_profiles("waits", ci=(150, 20), long=(5_000, 40))

@@ -15,12 +15,12 @@ import orjson
 import pytest
 
 from journal import Journal, ManualClock, Run, SignalResult
-from journal.backend import Closed
-from journal.clock import millis
-from journal.inspect import inspect_run
-from journal.keys import RunKeys
-from journal.runner import Runner
-from journal.waits import Suspend, Wait
+from journal._clock import millis
+from journal._delivery import Runner
+from journal._redis.backend import Closed
+from journal._schema.keys import RunKeys
+from journal._waits import Suspend, Wait
+from journal.ops.views import inspect_run
 from tests.conftest import MakeJournal
 
 T0 = 1_800_000_000.0

@@ -1,4 +1,4 @@
-"""A workflow defined without Celery (``journal.workflow``): run here, options checked and frozen.
+"""A workflow defined without Celery (``journal._workflow``): run here, options checked and frozen.
 
 The Celery side of the same object is in ``test_durable.py``.
 """
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from journal import Journal, Run, StepEvent
+from journal._workflow import Workflow, workflow
 from journal.errors import InvalidArguments, InvalidRunId
-from journal.workflow import Workflow, workflow
 from tests.support import ROOT
 
 

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from journal.clock import millis
+from journal._clock import millis
 from tasks.keys import DigestKeys
 from tasks.workflow import draft_digest
 from tests.support import Deployment, wait_until

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import redis
 
-from journal import Journal, Keyspace, Outcome, Settings, fixture
-from journal.inspect import inspect_run
-from journal.testing import replay
+from journal import Journal, Keyspace, Outcome, Settings
+from journal.ops.views import inspect_run
+from journal.testing import fixture, replay
 from tasks import model
 from tasks.config import Config
 from tasks.console import Names, create_app

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from journal import Run
-from journal.inspect import inspect_run
+from journal.ops.views import inspect_run
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.support import BIN, TITLES, Deployment, as_bytes, wait_until
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from journal.durable import at_least_once_settings
+from journal.integrations.celery import at_least_once_settings
 from tasks.config import SETTINGS, Config, settings_table
 from tasks.errors import BadInput
 from tests.support import ROOT, Deployment

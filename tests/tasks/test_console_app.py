@@ -18,8 +18,8 @@ import redis
 # test, its counters would look for the variable after it is gone and fail on first use.
 import tasks.metrics  # noqa: F401
 from journal import Effect, Journal, Keyspace, Run
-from journal.fixture import Fixture, export
-from journal.redact import add_secret
+from journal._redact import add_secret
+from journal.testing.fixture import Fixture, export
 from tasks.config import Config
 from tasks.console import Names, check_binding, create_app
 from tasks.errors import BadInput

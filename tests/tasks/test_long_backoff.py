@@ -14,10 +14,10 @@ import pytest
 from celery import Celery
 
 from journal import Journal, ManualClock, Run
-from journal.clock import millis
-from journal.durable import Durable
-from journal.inspect import inspect_run
-from journal.waits import Wait
+from journal._clock import millis
+from journal._waits import Wait
+from journal.integrations.celery import Durable
+from journal.ops.views import inspect_run
 from tasks.model import AnthropicSummarizer
 from tasks.runtime import Runtime
 from tasks.workflow import DigestOptions, run_digest

@@ -5,8 +5,9 @@ from typing import Any
 
 import pytest
 
-from journal import Effect, Journal, Run, control
+from journal import Effect, Journal, Run
 from journal.errors import EffectLate, LeaseLost
+from journal.ops import actions as control
 from tasks.errors import BadInput, MailFailed, MailUnavailable, is_transient_failure
 from tasks.mail import Email, FileOutbox, Receipt, SmtpMailer
 from tests.conftest import MakeJournal

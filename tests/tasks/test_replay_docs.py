@@ -1,7 +1,7 @@
 """The replay tests of docs/journal.md, run as printed: if the example breaks, this fails.
 
 The page's block is executed as a module; each of its tests is then called the way pytest
-calls it, with the fixture its marker names read by ``journal.pytest_plugin`` (enabled in
+calls it, with the fixture its marker names read by ``journal.testing.pytest_plugin`` (enabled in
 tests/conftest.py). The fake Anthropic API counts the model calls: none for the replay, one
 for the opening run live.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from journal.fixture import Fixture
+from journal.testing.fixture import Fixture
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.support import ROOT
 

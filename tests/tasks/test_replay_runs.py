@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import redis
 
-from journal.fixture import Fixture
 from journal.testing import replay
+from journal.testing.fixture import Fixture
 from tasks.prompts import INTRO_PROMPT
 from tasks.runtime import storeless
 from tasks.workflow import digest, preview

@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from journal import Journal, Keyspace, Settings
-from journal.inspect import inspect_run
+from journal.ops.views import inspect_run
 from tasks.config import Config
 from tasks.keys import DigestKeys
 from tasks.mail import FileOutbox

@@ -12,8 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from journal._schema.records import decode_fields
 from journal.errors import ReplayMismatch
-from journal.records import decode_fields
 
 
 class ReplayCursor:

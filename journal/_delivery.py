@@ -16,10 +16,18 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 
-from journal import codec, logcontext
-from journal.backend import DELETE, Closed, Opened, Opening, RecordWait
-from journal.cancel import Cancelled
-from journal.clock import millis
+from journal import logs
+from journal._cancel import Cancelled
+from journal._clock import millis
+from journal._lease import Found, Grant, Heartbeat, Lease
+from journal._redact import redact
+from journal._redis.backend import DELETE, Closed, Opened, Opening, RecordWait
+from journal._retry import RunRetry
+from journal._run import Run, StepEvent
+from journal._schema import codec
+from journal._schema.keys import RunKeys
+from journal._schema.status import RunStatus
+from journal._waits import Suspend, Wait
 from journal.errors import (
     CorruptJournal,
     GaveUp,
@@ -31,16 +39,9 @@ from journal.errors import (
     StoreUnavailable,
 )
 from journal.events import emit, outcome_of
-from journal.keys import RunKeys
-from journal.lease import Found, Grant, Heartbeat, Lease
-from journal.redact import redact
-from journal.retry import RunRetry
-from journal.status import RunStatus
-from journal.steps import Run, StepEvent
-from journal.waits import Suspend, Wait
 
 if TYPE_CHECKING:
-    from journal.store import Journal
+    from journal._journal import Journal
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ class Runner:
         if isinstance(taken, Found):
             return self._found(keys, taken)
         grant = taken
-        logcontext.set_fence(grant.fence)
+        logs.set_fence(grant.fence)
         try:
             current = decode_meta(keys.run, _pairs(grant.meta))
             created = _created(current, self.clock.now())

@@ -1,5 +1,8 @@
 """Every log line a delivery writes names its run, Celery task, attempt and fence.
 
+And none carries a secret: the redaction that masks them (``redact``, ``redact_logging``) is
+part of this module's face.
+
 An operator paged for ``lease on ... lost`` or a worker's ``ran summarize:n1`` needs to know
 which run, which delivery of it and which holder wrote the line, without matching timestamps
 across processes. A delivery binds its context once (``bound``); the lease fills in the fence
@@ -22,6 +25,34 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import orjson
+
+from journal._redact import (
+    MASK,
+    RedactingFilter,
+    add_secret,
+    add_url_secrets,
+    redact,
+    redact_exception,
+    redact_logging,
+)
+
+__all__ = [
+    "FIELDS",
+    "MASK",
+    "DeliveryContext",
+    "JsonFormatter",
+    "RedactingFilter",
+    "RunContextFilter",
+    "add_secret",
+    "add_url_secrets",
+    "bound",
+    "current",
+    "log_with_run_context",
+    "redact",
+    "redact_exception",
+    "redact_logging",
+    "set_fence",
+]
 
 FIELDS = ("run_id", "task_id", "attempt", "fence")
 """The attributes ``RunContextFilter`` sets on every record: ``None`` outside a delivery."""

@@ -17,23 +17,23 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from journal import codec, records
-from journal.backend import NO_WAIT, Recorded, RecordWait, StepStore
+from journal._clock import Clock, millis
+from journal._effects import Effect, run_effect
+from journal._lease import Guard
+from journal._redis.backend import NO_WAIT, Recorded, RecordWait, StepStore
+from journal._replay import ReplayCursor
+from journal._retry import RetryPolicy
+from journal._retry import attempt as retry_loop
+from journal._schema import codec, records
+from journal._schema.keys import RunKeys
+from journal._waits import SignalResult, Suspend, Wait
 from journal.batch import BatchApi, BatchEntry, BatchPolicy, run_batch
-from journal.clock import Clock, millis
-from journal.effects import Effect, run_effect
 from journal.errors import (
     EffectAmbiguous,
     Fenced,
     LeaseLost,
 )
 from journal.events import emit, step_name
-from journal.keys import RunKeys
-from journal.lease import Guard
-from journal.replay import ReplayCursor
-from journal.retry import RetryPolicy
-from journal.retry import attempt as retry_loop
-from journal.waits import SignalResult, Suspend, Wait
 
 T = TypeVar("T")
 X = TypeVar("X")
@@ -50,7 +50,7 @@ class StepEvent:
 
 
 class StepPolicy(Protocol):
-    """How a run replayed against a recording (``journal.rehearsal``) treats the steps it lacks.
+    """How a run replayed against a recording (the rehearsal) treats the steps it lacks.
 
     A real run has none: every step the journal lacks runs, and drift is always checked.
     """
@@ -202,7 +202,7 @@ class Run:
         An effect that may have happened (a failure after ``confirm``, or a claimant that
         died after it) is repeated under the same key only when ``repeatable`` (the receiver
         drops repeats of the key); otherwise the run suspends until an operator decides
-        (``journal.control.decide``) whether it happened.
+        (``journal.ops.actions.decide``) whether it happened.
 
         A claimed effect refuses an operator's cancel of the run (what follows it must run),
         unless it is ``revocable``: its application undoes what it started when the run is

@@ -1,9 +1,10 @@
 """How long one delivery may run, next to how long the broker waits before redelivering it.
 
 Pure arithmetic, with no Celery import, so an application's configuration can refuse a bad
-pair of settings at start as cheaply as ``journal.durable.at_least_once_settings`` does when it
-builds Celery's settings: one rule, one place. And what a soft time limit that ended a
-delivery means for the run: it is retried (``stopped_by_time_limit``).
+pair of settings at start as cheaply as ``at_least_once_settings`` (in
+``journal.integrations.celery``) does when it builds Celery's settings: one rule, one
+place. And what a soft time limit that ended a delivery means for the run: it is retried
+(``stopped_by_time_limit``).
 """
 
 from __future__ import annotations

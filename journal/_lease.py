@@ -5,7 +5,7 @@ value in one script, so every later write can prove, inside the same script as t
 that it still comes from the current holder. A worker that was paused past its lease (GC,
 SIGSTOP, a slow network) and wakes up after another took over is refused at its next write.
 
-A holder that is provably dead (see ``journal.holder``: same host, boot, pid and time
+A holder that is provably dead (see ``journal._holder``: same host, boot, pid and time
 namespace, and its pid gone or reused) is not waited for: its lease is taken over at once, with
 a new fence.
 """
@@ -23,12 +23,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from journal.backend import Opened, Opening, OpenReply, RedisBackend, Renewed
-from journal.cancel import Cancelled
+from journal._cancel import Cancelled
+from journal._holder import ProcessIdentity
+from journal._redis.backend import Opened, Opening, OpenReply, RedisBackend, Renewed
+from journal._schema.keys import RunKeys
 from journal.errors import CorruptJournal, LeaseBusy, LeaseLost
 from journal.events import emit
-from journal.holder import ProcessIdentity
-from journal.keys import RunKeys
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ os.register_at_fork(after_in_child=_BEATS.reset)
 class Guard(Protocol):
     """What a run checks at each step boundary and before an irreversible act.
 
-    ``Heartbeat`` guards every real run; a run replayed in memory (``journal.rehearsal``)
+    ``Heartbeat`` guards every real run; a run replayed in memory (``journal.testing._rehearsal``)
     holds no lease and is never cancelled.
     """
 

@@ -38,7 +38,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from journal import codec
+from journal._schema import codec
 
 PROC = Path("/proc")
 

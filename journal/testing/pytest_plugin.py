@@ -1,7 +1,7 @@
 """A pytest plugin for tests that replay recorded runs (``journal.testing``).
 
-Enable it in a ``conftest.py`` with ``pytest_plugins = ["journal.pytest_plugin"]``, then name
-a test's recorded run with a marker; the ``journal_fixture`` fixture reads it::
+Enable it in a ``conftest.py`` with ``pytest_plugins = ["journal.testing.pytest_plugin"]``, then
+name a test's recorded run with a marker; the ``journal_fixture`` fixture reads it::
 
     @pytest.mark.journal_fixture("tests/fixtures/digest-2026-w42.json")
     def test_last_week(journal_fixture: Fixture) -> None:
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from journal.fixture import Fixture
+from journal.testing.fixture import Fixture
 
 MARKER = "journal_fixture"
 

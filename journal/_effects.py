@@ -22,11 +22,11 @@ lease that wakes and finds it never acted says so, and one whose late answer sho
 went through saves the receipt. Either wakes the run.
 
 A new holder that finds an earlier fence's claim unsettled waits until its deadline (or less
-when it proves the claimant's process gone, ``journal.holder``). A *claimed* effect never
+when it proves the claimant's process gone, ``journal._holder``). A *claimed* effect never
 reached its irreversible moment: it is claimed again. A *confirmed* one may have happened:
 it is *ambiguous*. An ambiguous effect is repeated under the same idempotency key only where
 the receiver drops repeats (``repeatable``); otherwise the run waits for an operator's
-decision (``journal.control.decide``: it happened, or repeat it).
+decision (``journal.ops.actions.decide``: it happened, or repeat it).
 
 The window left: a pause between ``last_moment`` and the irreversible write itself, longer
 than the claim's margin, lets a later holder act too (see docs/guarantees.md).
@@ -41,14 +41,14 @@ from typing import Any
 
 import redis
 
-from journal import codec
-from journal.backend import Confirmed, EffectClaimed, EffectTerms, Settled, StepStore
-from journal.clock import Clock, millis
+from journal._clock import Clock, millis
+from journal._holder import ProcessIdentity
+from journal._lease import Guard
+from journal._redis.backend import Confirmed, EffectClaimed, EffectTerms, Settled, StepStore
+from journal._schema import codec
+from journal._schema.keys import RunKeys
 from journal.errors import EffectAmbiguous, EffectLate, Fenced, LeaseLost, ReceiptUnsaved
 from journal.events import emit
-from journal.holder import ProcessIdentity
-from journal.keys import RunKeys
-from journal.lease import Guard
 
 log = logging.getLogger(__name__)
 

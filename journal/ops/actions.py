@@ -2,7 +2,7 @@
 
 Generic: any workflow's runs, from a command line or a web page alike. None of these ever
 writes a step of a run another process holds: a cancel of a held run is a request that the
-holder honours inside its own fenced scripts (see ``journal.cancel``), a retry only un-parks a
+holder honours inside its own fenced scripts (see ``journal._cancel``), a retry only un-parks a
 run nobody holds, and a fork writes a new run.
 """
 
@@ -11,16 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from journal import codec
-from journal.backend import Cancelling, Decided, Purging
-from journal.cancel import CANCEL_FIELD
-from journal.clock import millis
+from journal._cancel import CANCEL_FIELD
+from journal._clock import millis
+from journal._delivery import decode_meta
+from journal._journal import Journal
+from journal._redis.backend import Cancelling, Decided, Purging
+from journal._schema import codec
+from journal._schema.keys import RunKeys
+from journal._schema.records import decode_fields
+from journal._schema.status import RunStatus
 from journal.errors import ControlRefused, EffectUnderway, NothingToDecide
-from journal.keys import RunKeys
-from journal.records import decode_fields
-from journal.runner import decode_meta
-from journal.status import RunStatus
-from journal.store import Journal
 
 # Statuses a retry applies to: failed for now (parked or not), or failed and due for an
 # automatic retry later.

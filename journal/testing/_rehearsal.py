@@ -7,8 +7,8 @@ would for that history. What happens at a step the recording lacks is the caller
 
 - a test (``journal.testing.replay``) runs it live when allowed, else refuses it
   (``StepNotInFixture``, with the nearest recorded keys);
-- a deploy check (``journal.preflight``) stops there (``Frontier``): the run would go on from
-  that step, so every recorded step before it replayed cleanly.
+- a deploy check (``journal.testing.preflight``) stops there (``Frontier``): the run would go
+  on from that step, so every recorded step before it replayed cleanly.
 
 An effect the recording lacks is never performed: the store refuses its claim, through the
 same policy. Nothing here touches a server; what a step run live touches is its own business.
@@ -22,7 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol, TypeVar
 
-from journal.backend import (
+from journal._clock import Clock
+from journal._redis.backend import (
     NO_WAIT,
     Confirmed,
     EffectClaim,
@@ -31,11 +32,10 @@ from journal.backend import (
     RecordWait,
     Settled,
 )
-from journal.clock import Clock
-from journal.keys import Keyspace, RunKeys
-from journal.steps import Run, StepEvent, StepPolicy
-from journal.waits import Suspend, Wait
-from journal.workflow import Workflow
+from journal._run import Run, StepEvent, StepPolicy
+from journal._schema.keys import Keyspace, RunKeys
+from journal._waits import Suspend, Wait
+from journal._workflow import Workflow
 
 R = TypeVar("R")
 

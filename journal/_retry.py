@@ -3,7 +3,7 @@
 ``RetryPolicy``: a step's attempts within one delivery. Exponential back-off with jitter,
 honouring the server's own ``retry-after`` when it gives one, and a bounded number of
 attempts. A wait longer than ``suspend_over`` is not slept in the worker: the run suspends
-durably and the worker slot is freed (see ``journal.waits``).
+durably and the worker slot is freed (see ``journal._waits``).
 
 ``RunRetry``: a run whose error outlasted those attempts. The application says which errors
 are transient; such a run stays in the due index and the due sweep starts it again later,
@@ -17,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from journal.clock import Clock
+from journal._clock import Clock
+from journal._limits import stopped_by_time_limit
+from journal._waits import Suspend, Wait
 from journal.events import emit
-from journal.limits import stopped_by_time_limit
-from journal.waits import Suspend, Wait
 
 T = TypeVar("T")
 

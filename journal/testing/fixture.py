@@ -23,7 +23,7 @@ real model answers become deterministic tests and evals. The document, version 1
     }
 
 ``versions`` is derived from the ``version:<gate>`` steps and checked against them when read.
-Every string in the document (keys included) passes through ``journal.redact.redact`` on the
+Every string in the document (keys included) passes through ``journal._redact.redact`` on the
 way out, so a password in a URL or a registered secret never reaches the file. A reader
 refuses any other ``format``, a ``version`` it does not know, and a step that is not a record
 (``BadFixture``): a fixture that half-loads would replay something the run never did.
@@ -38,13 +38,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from journal import codec, records
+from journal._delivery import frozen_args
+from journal._journal import Journal
+from journal._redact import redact
+from journal._schema import codec, records
+from journal._schema.records import Record
 from journal.errors import BadFixture, ControlRefused, CorruptJournal
-from journal.inspect import inspect_run
-from journal.records import Record
-from journal.redact import redact
-from journal.runner import frozen_args
-from journal.store import Journal
+from journal.ops.views import inspect_run
 
 FORMAT = "journal-fixture"
 VERSION = 1

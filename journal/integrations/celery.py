@@ -22,8 +22,15 @@ from typing import Any, Generic, TypeVar, overload
 from celery import Celery, Task
 from celery.exceptions import Reject, Retry
 
-from journal import logcontext
-from journal.clock import SystemClock
+from journal import logs
+from journal._clock import SystemClock
+from journal._delivery import Outcome
+from journal._journal import Journal, jitter
+from journal._limits import redelivers_running, safe_time_limit
+from journal._redact import redact_exception
+from journal._run import Run, StepEvent
+from journal._schema.keys import RunKeys
+from journal._workflow import Defaults, Observer, Workflow
 from journal.errors import (
     CorruptJournal,
     GaveUp,
@@ -37,15 +44,17 @@ from journal.errors import (
     RunParked,
     StoreUnavailable,
 )
-from journal.keys import RunKeys
-from journal.limits import redelivers_running
-from journal.redact import redact_exception
-from journal.runner import Outcome
-from journal.steps import Run, StepEvent
-from journal.store import Journal, jitter
-from journal.workflow import Defaults, Observer, Workflow
 
 log = logging.getLogger(__name__)
+
+__all__ = [
+    "SWEEP_TASK",
+    "Durable",
+    "DurableWorkflow",
+    "at_least_once_settings",
+    "redelivers_running",
+    "safe_time_limit",
+]
 
 SWEEP_TASK = "journal.sweep"
 # kombu's publish retries for a delivery's own retry: 0.5 s apart, growing to 5 s, ~10 minutes.
@@ -215,7 +224,7 @@ class Durable:
         on_step: Observer | None = None,
         **celery_options: Any,
     ) -> Callable[[Callable[..., Any]], DurableWorkflow[Any, Any]]:
-        """Define ``fn`` as a workflow (``journal.workflow``) and deliver it as a Celery task.
+        """Define ``fn`` as a workflow (``journal._workflow``) and deliver it as a Celery task.
 
         The task is delivered as ``wf.delay(run_id, **options)``; the same object runs a run in
         this process with ``wf.run_here(run_id, options)``. ``celery_options`` go to
@@ -245,7 +254,7 @@ class Durable:
 
         def deliver(task: Task, run_id: str, **kwargs: Any) -> dict[str, Any]:
             request = task.request
-            with logcontext.bound(
+            with logs.bound(
                 f"{workflow.name}:{run_id}", task_id=request.id, attempt=request.retries + 1
             ):
                 return self._deliver(task, workflow, run_id, kwargs)
@@ -431,7 +440,7 @@ class DurableWorkflow(Generic[Opts, R]):
     ``run_here`` runs a run in this process, the way a delivery does.
 
     Attributes:
-        workflow: the definition (``journal.workflow.Workflow``).
+        workflow: the definition (``journal._workflow.Workflow``).
         task: the Celery task, for what Celery offers beyond sending (``AsyncResult``, ...).
     """
 

@@ -2,7 +2,7 @@
 
 ``Journal.execute`` is the one way a workflow body runs, whether a Celery worker or a command
 line calls it, so both take the same lease, replay the same journal and leave the same meta
-(the delivery itself is ``journal.runner``'s). The rest acts on runs from outside: signals,
+(the delivery itself is ``journal._delivery``'s). The rest acts on runs from outside: signals,
 the due sweep's claim, un-parking, deleting.
 """
 
@@ -12,21 +12,21 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import redis
 
-from journal import codec
-from journal.backend import RedisBackend
-from journal.clock import Clock, SystemClock, millis
+from journal._clock import Clock, SystemClock, millis
+from journal._delivery import Outcome, Runner, Settings, decode_meta, frozen_args
+from journal._redis.backend import RedisBackend, Snapshot
+from journal._redis.scripts import Client
+from journal._run import Run, StepEvent
+from journal._schema import codec
+from journal._schema.keys import Keyspace, RunKeys
+from journal._schema.records import decode_effects
+from journal._schema.status import RunStatus
+from journal._waits import Wait
 from journal.errors import Hints, StoreUnavailable
-from journal.keys import Keyspace, RunKeys
-from journal.records import decode_effects
-from journal.runner import Outcome, Runner, Settings, decode_meta, frozen_args
-from journal.scripts import Client
-from journal.status import RunStatus
-from journal.steps import Run, StepEvent
-from journal.waits import Wait
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +67,16 @@ class Journal:
         """The run's meta hash, decoded."""
         return decode_meta(keys.run, self.call(self.backend.meta, keys))
 
+    def snapshot(self, keys: RunKeys) -> Snapshot:
+        """One consistent read of a run: meta, steps, lease, signals and effects together."""
+        return cast(Snapshot, self.call(self.backend.snapshot, keys))
+
+    def oldest_due(self) -> float | None:
+        """When the oldest entry of the due index fell due (epoch ms), or None when empty."""
+        return cast("float | None", self.call(self.backend.oldest_due))
+
     def effect_states(self, keys: RunKeys) -> dict[str, str]:
-        """The run's effects by step key: their states (``journal.inspect.RunView.effects``)."""
+        """The run's effects by step key: their states (``journal.ops.views.RunView.effects``)."""
         return decode_effects(self.call(self.backend.effects, keys))[0]
 
     def execute(

@@ -1,13 +1,13 @@
 """A durable workflow defined once: its name, its body and the type of its options.
 
 The same object runs a run in this process (``run_here``, what a command line does) and, handed
-to ``journal.durable.Durable``, becomes the Celery task a worker runs, so the name, the options
-and their defaults are written once. This module does not import Celery: a command line that
-only runs workflows here stays light.
+to ``Durable`` (``journal.integrations.celery``), becomes the Celery task a worker runs, so
+the name, the options and their defaults are written once. This module does not import
+Celery: a command line that only runs workflows here stays light.
 
 The options are either a frozen dataclass (``options=InvoiceOptions``; the body is typed
 ``fn(run, options: InvoiceOptions)``) or, with no ``options``, the body's keyword arguments
-(``fn(run, customer="c1")``). Either way they are checked (``journal.arguments``) before
+(``fn(run, customer="c1")``). Either way they are checked (``journal._arguments``) before
 anything is sent or written, and travel and are frozen as a JSON object: the options given,
 a dataclass's fields left at their default omitted. ``defaults()`` fills the ones left out at
 the run's first start (a setting read from the environment, say), so they are frozen with the
@@ -20,11 +20,11 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar, cast, overload
 
-from journal.arguments import check_arguments
-from journal.keys import Keyspace
-from journal.runner import Outcome
-from journal.steps import Run, StepEvent
-from journal.store import Journal
+from journal._arguments import check_arguments
+from journal._delivery import Outcome
+from journal._journal import Journal
+from journal._run import Run, StepEvent
+from journal._schema.keys import Keyspace
 
 Opts = TypeVar("Opts")
 R = TypeVar("R")
@@ -153,7 +153,7 @@ class Workflow(Generic[Opts, R]):
         """The body, with the options the run froze at its first start (``run.args``).
 
         What ``execute`` runs under the lease, and what a replay in memory runs
-        (``journal.rehearsal``), so both decode the frozen options alike.
+        (``journal.testing._rehearsal``), so both decode the frozen options alike.
         """
         options = self.decode(run.keys.run, run.args)
         if self.options is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from journal import codec
+from journal._schema import codec
 from journal.errors import CorruptJournal
 
 

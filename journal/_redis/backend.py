@@ -5,7 +5,7 @@ an effect, claim due runs, read a snapshot) and typed replies; only this module 
 client. Each operation is one round trip, which is what a run's cost (steps + 2) is counted
 in, and each touches one run's keys plus, where it must stay atomic with them, its index
 shard's two sorted sets: one slot, so the same operations run on one server and on a Redis
-Cluster (``connect`` tells them apart; ``journal.keys`` places the keys). Only the sweep and
+Cluster (``connect`` tells them apart; ``journal._schema.keys`` places the keys). Only the sweep and
 the listing see every shard, one at a time.
 
 Reply codes are the scripts' own numbers (see each ``journal/lua/*.lua`` header), named here;
@@ -23,9 +23,9 @@ from typing import Any, Protocol, TypeVar, cast
 
 import redis
 
+from journal._redis.scripts import Client, KeyOrArg, Scripts
+from journal._schema.keys import Keyspace, RunKeys
 from journal.errors import NotDurable, StoreUnsupported, UnknownScriptStatus
-from journal.keys import Keyspace, RunKeys
-from journal.scripts import Client, KeyOrArg, Scripts
 
 DELETE = "\0"
 """A field value ``close`` removes instead of writing."""
@@ -328,7 +328,7 @@ class Snapshot:
 class StepStore(Protocol):
     """What a run in progress sends to its store: records, a signal's lookup, effects, wake-ups.
 
-    ``RedisBackend`` is the store of every real run; ``journal.rehearsal`` keeps a run in
+    ``RedisBackend`` is the store of every real run; ``journal.testing._rehearsal`` keeps a run in
     memory behind the same calls, to replay recorded steps with no server at all.
     """
 
@@ -898,13 +898,6 @@ class RedisBackend:
         pipe.hset(keys.meta, mapping=meta)
         pipe.zadd(keys.index.runs, {keys.run: now_ms})
         pipe.execute()
-
-    # -- the server ------------------------------------------------------------------------
-
-    def server_time(self) -> float:
-        """The server's clock (``TIME``), in seconds."""
-        seconds, micros = self.client.time()
-        return int(seconds) + int(micros) / 1e6
 
 
 def _text(value: object) -> str:

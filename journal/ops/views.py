@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-from journal import codec
-from journal.cancel import CANCEL_FIELD
-from journal.records import Record, decode_effects, decode_journal, ordered
-from journal.runner import decode_meta
-from journal.status import RunStatus
-from journal.store import Journal
-from journal.waits import Wait
+from journal._cancel import CANCEL_FIELD
+from journal._delivery import decode_meta
+from journal._journal import Journal
+from journal._schema import codec
+from journal._schema.records import Record, decode_effects, decode_journal, ordered
+from journal._schema.status import RunStatus
+from journal._waits import Wait
 
 # What an operator filters on: the stored status, refined where one word would mislead.
 STATES = (
@@ -128,6 +128,14 @@ class RunRow:
     updated_ms: int
     meta: dict[str, str]
     steps: list[Record]
+
+    @property
+    def result(self) -> Any:
+        """What the run returned, once it has ended with a result; None before or without."""
+        try:
+            return codec.loads(self.meta["outcome"])
+        except (KeyError, codec.DecodeError):
+            return None
 
     @property
     def cursor(self) -> Cursor:

@@ -1,8 +1,8 @@
 """Real runs as tests: replay a workflow in this process against a recorded run.
 
 ``replay(workflow, fixture)`` runs the workflow's body as the code defines it now, against a
-run exported with ``journal.fixture.export`` (the ``digest export`` command), with no Redis,
-no broker and no lease (``journal.rehearsal``):
+run exported with ``journal.testing.fixture.export`` (the ``digest export`` command), with no Redis,
+no broker and no lease (the rehearsal ``Recording.replay`` also drives):
 
 - every step the fixture holds returns its recorded result, its function never called: a
   model step makes no model call;
@@ -13,7 +13,7 @@ no broker and no lease (``journal.rehearsal``):
   replay only;
 - effects never run: a recorded effect returns its receipt; one the fixture lacks raises.
 
-For pytest, ``journal.pytest_plugin`` reads the fixture a test names with a marker.
+For pytest, ``journal.testing.pytest_plugin`` reads the fixture a test names with a marker.
 """
 
 from __future__ import annotations
@@ -23,13 +23,25 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, NoReturn
 
-from journal import codec
-from journal.clock import Clock, SystemClock
+from journal._clock import Clock, SystemClock
+from journal._run import StepEvent
+from journal._schema import codec
+from journal._workflow import Workflow
 from journal.errors import StepNotInFixture
-from journal.fixture import Fixture
-from journal.rehearsal import Rehearsal, rehearse
-from journal.steps import StepEvent
-from journal.workflow import Workflow
+from journal.testing._recording import Recording
+from journal.testing._rehearsal import Frontier, Rehearsal, RunOn, StopAtFrontier, rehearse
+from journal.testing.fixture import Fixture
+
+__all__ = [
+    "Fixture",
+    "Frontier",
+    "Live",
+    "Recording",
+    "Rehearsal",
+    "RunOn",
+    "StopAtFrontier",
+    "replay",
+]
 
 Live = Collection[str] | Callable[[str], bool]
 

@@ -3,7 +3,7 @@
 A run waits for days (an approval, a back-off, a batch); the code changes meanwhile. Today
 that is found when the resumed run raises ``ReplayMismatch`` in production. ``check_run``
 finds it first: it reads the run's journal in one snapshot and replays it in memory against
-the installed workflow (``journal.rehearsal``), stopping at the first step the journal lacks,
+the installed workflow (``Recording.replay``), stopping at the first step the journal lacks,
 where the run would go on. Read-only: nothing is written, no step function is called, so no
 model call and no effect; the store sees one MULTI of reads per run.
 
@@ -20,14 +20,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from journal.errors import ControlRefused, JournalError, ReplayMismatch
-from journal.inspect import list_runs, state_of
-from journal.records import decode_fields
-from journal.redact import redact
-from journal.rehearsal import Frontier, StopAtFrontier, rehearse
-from journal.runner import decode_meta, frozen_args
-from journal.store import Journal
-from journal.workflow import Workflow
+from journal._journal import Journal
+from journal._redact import redact
+from journal._workflow import Workflow
+from journal.errors import JournalError, ReplayMismatch
+from journal.ops.views import list_runs, state_of
+from journal.testing._recording import Recording
+from journal.testing._rehearsal import Frontier, StopAtFrontier
 
 # Every state of a run that has not ended: each may be resumed by the code deployed next.
 UNENDED = frozenset({"running", "cancelling", "waiting", "retrying", "failed", "parked"})
@@ -51,7 +50,7 @@ class Verdict:
     """What replaying one run against the installed code found.
 
     Attributes:
-        run: the full id; state: its state (``journal.inspect.state_of``).
+        run: the full id; state: its state (``journal.ops.views.state_of``).
         stopped: where a clean replay stopped: ``at <key>`` (the run would go on there),
             ``waiting at <key>``, or ``at its end``.
         drift: where the code drifted, if it did.
@@ -79,44 +78,30 @@ def check_run(journal: Journal, workflow: Workflow[Any, Any], run_id: str) -> Ve
         ControlRefused: no such run.
         StoreUnavailable: the store could not be read.
     """
-    keys = journal.keys(workflow.name, run_id)
-    seen = journal.call(journal.backend.snapshot, keys)
-    if not seen.meta:
-        raise ControlRefused(keys.run, "no such run")
-    steps = {name.decode(): raw for name, raw in seen.steps.items()}
-    signals = {name.decode(): raw for name, raw in seen.signals.items()}
+    recording = Recording.load(journal, workflow.name, run_id)
+    run = recording.keys.run
     gates: dict[str, int] = {}
-    state = _state(keys.run, seen.meta)
+    state = _state(recording)
     try:
-        args = frozen_args(keys, decode_meta(keys.run, seen.meta)) or {}
-        ended = rehearse(
-            workflow,
-            run_id,
-            args,
-            steps,
-            signals=signals,
-            policy=StopAtFrontier(),
-            clock=journal.clock,
-            gates=gates,
+        ended = recording.replay(
+            workflow, policy=StopAtFrontier(), clock=journal.clock, gates=gates
         )
     except Frontier as frontier:
-        return Verdict(keys.run, state, stopped=f"at {frontier.key}", gates=gates)
+        return Verdict(run, state, stopped=f"at {frontier.key}", gates=gates)
     except ReplayMismatch as drift:
         found = Drift(drift.position, drift.recorded, drift.requested)
-        return Verdict(keys.run, state, drift=found, gates=gates)
+        return Verdict(run, state, drift=found, gates=gates)
     except Exception as error:  # the body failed on what the run recorded: it would break
         text = redact(f"{type(error).__name__}: {error}")
-        return Verdict(keys.run, state, error=text, gates=gates)
+        return Verdict(run, state, error=text, gates=gates)
     if ended.unreplayed:  # the body returned before asking for every recorded step
-        seqs = {
-            key: int(decode_fields(keys.run, key, steps[key])["seq"]) for key in ended.unreplayed
-        }
+        seqs = {key: recording.seq(key) for key in ended.unreplayed}
         first = min(seqs, key=seqs.__getitem__)
         end = Drift(seqs[first], first, "(the end of the workflow)")
-        return Verdict(keys.run, state, drift=end, gates=gates)
+        return Verdict(run, state, drift=end, gates=gates)
     if ended.wait is not None:
-        return Verdict(keys.run, state, stopped=f"waiting at {ended.wait.step}", gates=gates)
-    return Verdict(keys.run, state, stopped="at its end", gates=gates)
+        return Verdict(run, state, stopped=f"waiting at {ended.wait.step}", gates=gates)
+    return Verdict(run, state, stopped="at its end", gates=gates)
 
 
 def unended_runs(journal: Journal, workflow: str) -> list[str]:
@@ -135,9 +120,9 @@ def check_runs(
     return [check_run(journal, workflow, run_id) for run_id in run_ids]
 
 
-def _state(run: str, raw: dict[bytes, bytes]) -> str:
+def _state(recording: Recording) -> str:
     """The run's state, or ``unreadable`` when its meta is what failed."""
     try:
-        return state_of(decode_meta(run, raw))
+        return state_of(recording.text_meta())
     except JournalError:
         return "unreadable"

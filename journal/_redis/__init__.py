@@ -1,0 +1,1 @@
+"""What speaks to Redis: every command and script, its errors translated once."""

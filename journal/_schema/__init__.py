@@ -1,0 +1,1 @@
+"""What the store holds: keys, records, the value codec, run states."""

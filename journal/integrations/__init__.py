@@ -1,0 +1,1 @@
+"""Integrations with the frameworks that deliver runs."""

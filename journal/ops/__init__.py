@@ -1,0 +1,1 @@
+"""What operators read (views) and do (actions)."""
