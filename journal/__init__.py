@@ -21,6 +21,7 @@ from journal._delivery import Outcome, Settings
 from journal._effects import Effect
 from journal._holder import ProcessIdentity
 from journal._journal import Journal
+from journal._limits import redelivers_running, safe_time_limit
 from journal._redis.backend import connect
 from journal._redis.scripts import Client, Script
 from journal._retry import RetryPolicy, RunRetry
@@ -55,6 +56,8 @@ __all__ = [
     "Workflow",
     "connect",
     "errors",
+    "redelivers_running",
+    "safe_time_limit",
     "validate_run_id",
     "workflow",
 ]

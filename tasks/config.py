@@ -14,7 +14,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from journal.integrations.celery import redelivers_running, safe_time_limit
+from journal import redelivers_running, safe_time_limit
 from journal.logs import add_secret, add_url_secrets, redact
 from tasks.cost import PriceTable
 from tasks.errors import BadInput

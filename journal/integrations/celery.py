@@ -26,7 +26,7 @@ from journal import logs
 from journal._clock import SystemClock
 from journal._delivery import Outcome
 from journal._journal import Journal, jitter
-from journal._limits import redelivers_running, safe_time_limit
+from journal._limits import redelivers_running
 from journal._redact import redact_exception
 from journal._run import Run, StepEvent
 from journal._schema.keys import RunKeys
@@ -52,8 +52,6 @@ __all__ = [
     "Durable",
     "DurableWorkflow",
     "at_least_once_settings",
-    "redelivers_running",
-    "safe_time_limit",
 ]
 
 SWEEP_TASK = "journal.sweep"
