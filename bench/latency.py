@@ -75,7 +75,7 @@ def through_worker(fake: FakeAnthropic, directory: Path, rounds: int) -> list[fl
     )
     os.environ.update(deployment.env)  # this process enqueues and reads as the CLI would
     from tasks import digest
-    from tasks.workflow import DigestOptions
+    from tasks.job.workflow import DigestOptions
 
     try:
         deployment.worker("latency", concurrency=1)

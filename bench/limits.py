@@ -135,7 +135,7 @@ def three_weeks(directory: Path, rounds: int) -> list[Round]:
         try:
             from journal.ops.views import inspect_run
             from tasks import digest
-            from tasks.workflow import DigestOptions
+            from tasks.job.workflow import DigestOptions
 
             deployment.worker("c2-a", concurrency=2)
             deployment.worker("c2-b", concurrency=2)

@@ -16,11 +16,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from journal import redelivers_running, safe_time_limit
 from journal.logs import add_secret, add_url_secrets, redact
-from tasks.cost import PriceTable
 from tasks.errors import BadInput
-from tasks.model import DEFAULT_INTRO_MODEL, DEFAULT_SUMMARY_MODEL
-from tasks.ratelimit import Overrides
-from tasks.schedule import DEFAULT_SCHEDULE, Schedule
+from tasks.job.schedule import DEFAULT_SCHEDULE, Schedule
+from tasks.llm.client import DEFAULT_INTRO_MODEL, DEFAULT_SUMMARY_MODEL
+from tasks.llm.cost import PriceTable
+from tasks.llm.ratelimit import Overrides
 
 # Variables whose values are secrets as a whole, and those that are URLs that may carry one.
 SECRET_VARIABLES = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "RESEND_API_KEY")
@@ -129,7 +129,7 @@ class Config:
         redis_url: the journal store; None means the embedded Valkey in ``state_dir``.
         broker_url: Celery's broker; None means the journal store.
         state_dir: embedded server data and the file outbox.
-        items_path: this week's updates: a file, or an https:// URL (``tasks.feeds``).
+        items_path: this week's updates: a file, or an https:// URL (``tasks.job.feeds``).
         items_timeout: seconds a URL of updates may take to answer.
         key_prefix: the prefix of every Redis key the project writes.
         summary_model, intro_model: model ids.

@@ -24,16 +24,16 @@ from journal import connect as journal_connect
 from journal.contrib.checks import check_persistence, check_skew
 from journal.contrib.embedded import embedded_broker_url, embedded_url
 from journal.errors import StoreUnavailable
-from tasks.batches import AnthropicBatches, NoBatches
-from tasks.budget import Budget
 from tasks.config import Config
 from tasks.errors import ModelNotConfigured, is_transient_failure
-from tasks.items import Item
+from tasks.job.items import Item
 from tasks.keys import DigestKeys
-from tasks.mail import FileOutbox, Mailer, SmtpMailer
-from tasks.model import AnthropicSummarizer, Completion, OfflineSummarizer, Summarizer
-from tasks.ratelimit import LimitState, RateLimiter, account_of
-from tasks.resend import ResendMailer
+from tasks.llm.batches import AnthropicBatches, NoBatches
+from tasks.llm.budget import Budget
+from tasks.llm.client import AnthropicSummarizer, Completion, OfflineSummarizer, Summarizer
+from tasks.llm.ratelimit import LimitState, RateLimiter, account_of
+from tasks.mail.resend import ResendMailer
+from tasks.mail.smtp import FileOutbox, Mailer, SmtpMailer
 
 log = logging.getLogger(__name__)
 

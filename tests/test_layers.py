@@ -59,4 +59,4 @@ def test_an_app_module_importing_a_private_one_breaks_the_contract(tmp_path: Pat
         [LINT_IMPORTS, "--no-cache"], cwd=tmp_path, capture_output=True, text=True
     )
     assert broken.returncode == 1
-    assert "tasks.faults -> journal._run" in broken.stdout
+    assert "tasks.job.faults -> journal._run" in broken.stdout

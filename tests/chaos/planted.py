@@ -41,7 +41,7 @@ BUGS = (
         "the send skips its confirmation before DATA (a frozen sender sends after takeover)",
         (
             (
-                "tasks/mail.py",
+                "tasks/mail/smtp.py",
                 "                if effect is not None:\n                    effect.confirm()\n"
                 "                envelope.transmit(client, effect, progress)",
                 "                envelope.transmit(client, effect, progress)",
@@ -53,7 +53,7 @@ BUGS = (
         "the dispatcher skips a week claimed by a dead dispatcher as if it were published",
         (
             (
-                "tasks/dispatch.py",
+                "tasks/worker/dispatch.py",
                 "    if client.set(marker, claim, xx=True, ex=CLAIM_TTL_S):\n"
                 "        return Held.OURS\n    return Held.ELSEWHERE",
                 "    return Held.PUBLISHED",
@@ -65,7 +65,7 @@ BUGS = (
         "a cancelled run's claims are handed over though its send was claimed",
         (
             (
-                "tasks/workflow.py",
+                "tasks/job/workflow.py",
                 'if run_status(runtime, other) in ("cancelled", None) and not send_claimed('
                 "runtime, other)",
                 'if run_status(runtime, other) in ("cancelled", None)',
@@ -128,7 +128,7 @@ BUGS = (
         "release accepts a run whose send is ambiguous",
         (
             (
-                "tasks/control.py",
+                "tasks/ops/actions.py",
                 '    if send != "released":  # read again, atomically, by the cancel below',
                 '    if send not in ("released", "ambiguous"):',
             ),
@@ -155,7 +155,7 @@ BUGS = (
         "the dispatcher's watermark moves past a week another dispatcher claims",
         (
             (
-                "tasks/dispatch.py",
+                "tasks/worker/dispatch.py",
                 "        gap = gap or held is Held.ELSEWHERE",
                 "        gap = False",
             ),

@@ -133,7 +133,7 @@ def test_keyword_options_and_observers_compose(make_journal: Callable[..., Journ
 def test_defining_and_running_a_workflow_imports_no_celery() -> None:
     # What lets `digest run` start without paying for Celery's import.
     probe = (
-        "import sys, journal, tasks.cli, tasks.workflow; "
+        "import sys, journal, tasks.ops.cli, tasks.job.workflow; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('celery', 'kombu')))"
     )
     done = subprocess.run(

@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 import pytest
 
 from journal._clock import millis
+from tasks.job.workflow import draft_digest
 from tasks.keys import DigestKeys
-from tasks.workflow import draft_digest
 from tests.support import Deployment, wait_until
 
 pytestmark = pytest.mark.slow

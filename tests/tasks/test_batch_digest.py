@@ -22,17 +22,17 @@ import redis
 from journal import Journal, Keyspace, Outcome, Settings
 from journal.ops.views import inspect_run
 from journal.testing import fixture, replay
-from tasks import model
 from tasks.config import Config
-from tasks.console import Names, create_app
-from tasks.cost import usage_of
 from tasks.errors import ModelRefused
+from tasks.job.workflow import DigestOptions, batch_lines, digest, run_digest
 from tasks.keys import DigestKeys
-from tasks.mail import FileOutbox
-from tasks.model import DEFAULT_INTRO_MODEL, DEFAULT_SUMMARY_MODEL, AnthropicSummarizer
-from tasks.ratelimit import RateLimiter
+from tasks.llm import client as model
+from tasks.llm.client import DEFAULT_INTRO_MODEL, DEFAULT_SUMMARY_MODEL, AnthropicSummarizer
+from tasks.llm.cost import usage_of
+from tasks.llm.ratelimit import RateLimiter
+from tasks.mail.smtp import FileOutbox
+from tasks.ops.console import Names, create_app
 from tasks.runtime import Runtime, storeless
-from tasks.workflow import DigestOptions, batch_lines, digest, run_digest
 from tests.fakes.anthropic_server import CREDIT_TOO_LOW, PROMPT_TOO_LONG, FakeAnthropic
 from tests.support import as_text
 
@@ -283,7 +283,7 @@ def test_the_budget_holds_a_batch_whole_and_settles_it_once_from_its_results(
 def test_a_budget_too_small_for_the_batch_stops_before_it_is_created(
     deployed: BatchDigest, fake_anthropic: FakeAnthropic
 ) -> None:
-    from tasks.cost import BudgetExceeded
+    from tasks.llm.cost import BudgetExceeded
 
     with pytest.raises(BudgetExceeded, match="stopped before batch-summarize-1"):
         deployed.finish("w1", deployed.runtime(max_cost_usd=0.0001))

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 PROBE = """
 import json
-from tasks.celery_app import app, digest, dispatch_weekly, durable
+from tasks.worker.app import app, digest, dispatch_weekly, durable
 
 conf = app.conf
 print(json.dumps({
@@ -71,7 +71,7 @@ def test_the_app_runs_with_the_at_least_once_settings_and_beat_enqueues_each_wee
 
 _IMPORT_PROBE = """
 import json, sys
-import tasks.celery_app
+import tasks.worker.app
 from tasks import app, digest
 from tasks.errors import BadInput
 
@@ -133,7 +133,7 @@ def test_with_rabbitmq_and_the_defaults_the_app_limits_a_task_below_its_consumer
 ) -> None:
     # Reading the configuration connects to nothing: nothing listens on port 9.
     env = {**deployment.env, "CELERY_BROKER_URL": "amqp://guest:guest@127.0.0.1:9//"}
-    probe = "from tasks.celery_app import app; print(app.conf.task_time_limit)"
+    probe = "from tasks.worker.app import app; print(app.conf.task_time_limit)"
     done = subprocess.run(
         [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True
     )
@@ -145,8 +145,8 @@ def test_digest_schedule_sets_beats_entry_and_the_dispatcher_and_a_bad_one_stops
 ) -> None:
     probe = (
         "from datetime import datetime, UTC\n"
-        "from tasks.celery_app import app\n"
-        "from tasks.schedule import run_ids_due\n"
+        "from tasks.worker.app import app\n"
+        "from tasks.job.schedule import run_ids_due\n"
         "from tasks.runtime import process_config\n"
         "entry = app.conf.beat_schedule['digest-weekly']['schedule']\n"
         "print(entry._orig_minute, entry._orig_hour, entry._orig_day_of_week)\n"
@@ -177,7 +177,7 @@ def test_with_digest_run_retention_beat_purges_ended_runs_weekly(deployment: Dep
     deployment.env.pop("ANTHROPIC_API_KEY", None)
     assert deployment.cli("run", "2026-w42").returncode == 0
     probe = (
-        "from tasks.celery_app import app, purge_old_runs\n"
+        "from tasks.worker.app import app, purge_old_runs\n"
         "entry = app.conf.beat_schedule.get('journal-purge')\n"
         "print(entry and (entry['task'], str(entry['schedule'])))\n"
         "print(purge_old_runs() if entry else None)\n"

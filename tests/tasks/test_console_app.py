@@ -16,16 +16,16 @@ import redis
 # PROMETHEUS_MULTIPROC_DIR. Imported here, before the metrics test below sets that variable for
 # itself alone, it counts in memory for every later test of this process; imported by that
 # test, its counters would look for the variable after it is gone and fail on first use.
-import tasks.metrics  # noqa: F401
+import tasks.worker.metrics  # noqa: F401
 from journal import Effect, Journal, Keyspace, Run
 from journal._redact import add_secret
 from journal.testing.fixture import Fixture, export
 from tasks.config import Config
-from tasks.console import Names, check_binding, create_app
 from tasks.errors import BadInput
 from tasks.keys import DigestKeys
-from tasks.mail import FileOutbox
-from tasks.model import OfflineSummarizer
+from tasks.llm.client import OfflineSummarizer
+from tasks.mail.smtp import FileOutbox
+from tasks.ops.console import Names, check_binding, create_app
 from tasks.runtime import Runtime
 
 # The test client's requests name ``localhost`` on the default port.

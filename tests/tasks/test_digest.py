@@ -22,21 +22,21 @@ import redis
 
 from journal import Journal, Keyspace, Outcome, Run, Settings, StepEvent
 from journal.errors import CorruptJournal, LeaseBusy
-from tasks.cli import main
 from tasks.config import Config
 from tasks.errors import EveryItemRefused, ModelAuthFailed, ModelRefused
-from tasks.items import Item
+from tasks.job.items import Item
+from tasks.job.workflow import DigestOptions, mark_seen, run_digest, select_unseen
 from tasks.keys import DigestKeys, text
-from tasks.mail import Email, FileOutbox, Mailer, Receipt, SendEffect
-from tasks.model import (
+from tasks.llm.client import (
     DEFAULT_INTRO_MODEL,
     DEFAULT_SUMMARY_MODEL,
     AnthropicSummarizer,
     Completion,
     Summarizer,
 )
+from tasks.mail.smtp import Email, FileOutbox, Mailer, Receipt, SendEffect
+from tasks.ops.cli import main
 from tasks.runtime import Runtime
-from tasks.workflow import DigestOptions, mark_seen, run_digest, select_unseen
 from tests.fakes.anthropic_server import CREDIT_TOO_LOW, PROMPT_TOO_LONG, FakeAnthropic
 from tests.support import wait_until, watched_client
 

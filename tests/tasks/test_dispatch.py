@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 import pytest
 import redis
 
-from tasks.dispatch import dispatch_due
 from tasks.keys import DigestKeys
+from tasks.worker.dispatch import dispatch_due
 
 W40_MONDAY = datetime(2026, 9, 28, 8, 0, tzinfo=UTC)
 W42_WEDNESDAY = datetime(2026, 10, 14, 12, 0, tzinfo=UTC)

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from tasks.errors import BadInput, DigestError
-from tasks.items import Item, load_items
+from tasks.job.items import Item, load_items
 
 REPO = Path(__file__).resolve().parents[2]
 

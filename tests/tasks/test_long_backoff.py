@@ -18,9 +18,9 @@ from journal._clock import millis
 from journal._waits import Wait
 from journal.integrations.celery import Durable
 from journal.ops.views import inspect_run
-from tasks.model import AnthropicSummarizer
+from tasks.job.workflow import DigestOptions, run_digest
+from tasks.llm.client import AnthropicSummarizer
 from tasks.runtime import Runtime
-from tasks.workflow import DigestOptions, run_digest
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.support import RUN, TITLES, Deployment
 

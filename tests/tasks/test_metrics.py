@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tasks.cost import is_call
+from tasks.llm.cost import is_call
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.support import CALLS, JOURNAL, Deployment, item_ordered, wait_until
 

@@ -20,15 +20,15 @@ import pytest
 
 from tasks.config import Config
 from tasks.errors import DigestError, ItemRefused, ModelAuthFailed, ModelRefused
-from tasks.items import Item
-from tasks.model import (
+from tasks.job.items import Item
+from tasks.job.prompts import INTRO_SYSTEM, SUMMARY_SYSTEM, intro_prompt, summary_prompt
+from tasks.llm.client import (
     AnthropicSummarizer,
     Completion,
     OfflineSummarizer,
     is_transient,
     retry_after_seconds,
 )
-from tasks.prompts import INTRO_SYSTEM, SUMMARY_SYSTEM, intro_prompt, summary_prompt
 from tasks.runtime import choose_summarizer
 from tests.fakes.anthropic_server import (
     CONTENT_FILTERED,

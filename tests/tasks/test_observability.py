@@ -25,12 +25,12 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
 from journal import Journal, Keyspace, Run
-from tasks import metrics
 from tasks.config import Config
 from tasks.keys import DigestKeys
-from tasks.mail import FileOutbox
-from tasks.model import OfflineSummarizer
+from tasks.llm.client import OfflineSummarizer
+from tasks.mail.smtp import FileOutbox
 from tasks.runtime import Runtime
+from tasks.worker import metrics
 from tests.support import Deployment, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

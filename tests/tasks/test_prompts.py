@@ -2,8 +2,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from tasks.items import Item
-from tasks.prompts import (
+from tasks.job.items import Item
+from tasks.job.prompts import (
     INTRO_PROMPT,
     INTRO_SYSTEM,
     SUMMARY_PROMPT,

@@ -20,9 +20,9 @@ from prometheus_client import generate_latest
 from tasks.config import Config
 from tasks.errors import BadInput
 from tasks.keys import DigestKeys
-from tasks.metrics import store_registry
-from tasks.model import is_transient, retry_after_seconds
-from tasks.ratelimit import CapacityWait, Overrides, RateLimiter, account_of
+from tasks.llm.client import is_transient, retry_after_seconds
+from tasks.llm.ratelimit import CapacityWait, Overrides, RateLimiter, account_of
+from tasks.worker.metrics import store_registry
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.support import ROOT, Deployment, wait_until
 from tests.tasks.test_metrics import free_port, scrape

@@ -16,7 +16,7 @@ import pytest
 import redis
 from redis.typing import EncodableT, FieldT
 
-from tasks.ratelimit import KEEP_MS, PROBE_MS
+from tasks.llm.ratelimit import KEEP_MS, PROBE_MS
 from tasks.scripts import script
 from tests.support import as_text
 

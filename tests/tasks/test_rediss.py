@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 # What the Celery app does with a URL, in a process of its own: its settings are read once.
 _CELERY_PROBE = """
 import json
-from tasks.celery_app import app
+from tasks.worker.app import app
 outcome = {}
 try:
     with app.connection_for_write() as connection:

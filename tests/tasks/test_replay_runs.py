@@ -17,9 +17,9 @@ import redis
 
 from journal.testing import replay
 from journal.testing.fixture import Fixture
-from tasks.prompts import INTRO_PROMPT
+from tasks.job.prompts import INTRO_PROMPT
+from tasks.job.workflow import digest, preview
 from tasks.runtime import storeless
-from tasks.workflow import digest, preview
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.support import ROOT, Deployment
 
@@ -81,7 +81,7 @@ def edited(tmp_path: Path, find: str, replace: str) -> dict[str, str]:
     shutil.copytree(ROOT / "tasks", copy / "tasks")
     source = copy / "tasks" / "workflow.py"
     text = source.read_text(encoding="utf-8")
-    assert text.count(find) == 1, f"tasks/workflow.py no longer holds {find!r}"
+    assert text.count(find) == 1, f"tasks/job/workflow.py no longer holds {find!r}"
     source.write_text(text.replace(find, replace), encoding="utf-8")
     return {"PYTHONPATH": str(copy)}  # found before the installed package
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tasks.errors import MailFailed
-from tasks.mail import Email, SmtpMailer
+from tasks.mail.smtp import Email, SmtpMailer
 from tests.fakes.smtp import Inbox, LoopbackController, start_server
 from tests.fakes.tls import PrivateCA, self_signed_context
 

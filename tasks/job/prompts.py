@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import html
 
-from tasks.items import Item
+from tasks.job.items import Item
 
 SUMMARY_SYSTEM = (
     "You write one-sentence summaries of product updates for a weekly customer digest. "

@@ -3,7 +3,7 @@
 Two pages answer an operator's questions without reading Redis: the runs page (what ran,
 what waits and for what, what failed, what it cost) and a run's page (its steps in order,
 who holds it, what it waits for, and the actions: approve, reject, cancel, retry, fork). Every
-action calls the same function the command line does (``tasks.control``).
+action calls the same function the command line does (``tasks.ops.actions``).
 
 Flask renders Jinja templates with autoescaping on, so model output and item text, which are
 untrusted, reach the page as text; secrets are masked before rendering. There is no
@@ -47,12 +47,12 @@ from journal.ops.views import (
     state_of,
 )
 from journal.testing import fixture
-from tasks import control
-from tasks.claims import holdings
-from tasks.cost import dollars, is_call, usage_of
 from tasks.errors import BadInput, DigestError
+from tasks.job.claims import holdings
+from tasks.job.workflow import batch_lines, email_state
+from tasks.llm.cost import dollars, is_call, usage_of
+from tasks.ops import actions
 from tasks.runtime import Runtime, prepare_metrics
-from tasks.workflow import batch_lines, email_state
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 WILDCARDS = ("0.0.0.0", "::", "")
@@ -311,7 +311,7 @@ def create_app(runtime: Runtime, names: Names, *, token: str | None = None) -> F
         prepare_metrics(runtime.config.state_dir / "metrics-console")
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-        from tasks import metrics as exported
+        from tasks.worker import metrics as exported
 
         return Response(
             generate_latest(
@@ -325,7 +325,7 @@ def create_app(runtime: Runtime, names: Names, *, token: str | None = None) -> F
     @app.get("/runs/<run_id>")
     def run(run_id: str) -> Any:
         _valid(run_id)
-        view = inspect_run(journal, control.WORKFLOW, run_id)
+        view = inspect_run(journal, actions.WORKFLOW, run_id)
         if not view.meta:
             abort(404)
         draft = view.step("draft")
@@ -357,17 +357,17 @@ def create_app(runtime: Runtime, names: Names, *, token: str | None = None) -> F
         # The same document as `digest export`: a read, so a GET; secrets masked by export.
         _valid(run_id)
         try:
-            document = fixture.export(journal, control.WORKFLOW, run_id).dumps()
+            document = fixture.export(journal, actions.WORKFLOW, run_id).dumps()
         except ControlRefused:
             abort(404)
-        name = f"{control.WORKFLOW}-{run_id}.json"
+        name = f"{actions.WORKFLOW}-{run_id}.json"
         return Response(
             document,
             mimetype="application/json",
             headers={"Content-Disposition": f'attachment; filename="{name}"'},
         )
 
-    def act(run_id: str, action: Callable[[], control.Answer]) -> Any:
+    def act(run_id: str, action: Callable[[], actions.Answer]) -> Any:
         _valid(run_id)
         try:
             answer = action()
@@ -382,36 +382,36 @@ def create_app(runtime: Runtime, names: Names, *, token: str | None = None) -> F
 
     @app.post("/runs/<run_id>/approve")
     def approve(run_id: str) -> Any:
-        return act(run_id, lambda: control.decide(runtime, run_id, {"approved": True}))
+        return act(run_id, lambda: actions.decide(runtime, run_id, {"approved": True}))
 
     @app.post("/runs/<run_id>/reject")
     def reject(run_id: str) -> Any:
         reason = request.form.get("reason", "").strip() or "rejected in the console"
         decision = {"approved": False, "reason": reason}
-        return act(run_id, lambda: control.decide(runtime, run_id, decision))
+        return act(run_id, lambda: actions.decide(runtime, run_id, decision))
 
     @app.post("/runs/<run_id>/cancel")
     def cancel(run_id: str) -> Any:
         reason = request.form.get("reason", "").strip() or "cancelled in the console"
-        return act(run_id, lambda: control.cancel(runtime, run_id, reason))
+        return act(run_id, lambda: actions.cancel(runtime, run_id, reason))
 
     @app.post("/runs/<run_id>/retry")
     def retry(run_id: str) -> Any:
-        return act(run_id, lambda: control.retry(runtime, run_id))
+        return act(run_id, lambda: actions.retry(runtime, run_id))
 
     @app.post("/runs/<run_id>/mark-sent")
     def mark_sent(run_id: str) -> Any:
-        return act(run_id, lambda: control.mark_sent(runtime, run_id))
+        return act(run_id, lambda: actions.mark_sent(runtime, run_id))
 
     @app.post("/runs/<run_id>/resend")
     def resend(run_id: str) -> Any:
-        return act(run_id, lambda: control.resend(runtime, run_id))
+        return act(run_id, lambda: actions.resend(runtime, run_id))
 
     @app.post("/runs/<run_id>/fork")
     def fork(run_id: str) -> Any:
         step = request.form.get("step", "")
         new = request.form.get("as", "").strip() or None
-        return act(run_id, lambda: control.fork(runtime, run_id, step, new))
+        return act(run_id, lambda: actions.fork(runtime, run_id, step, new))
 
     return app
 

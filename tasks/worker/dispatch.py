@@ -26,9 +26,9 @@ from enum import Enum
 from zoneinfo import ZoneInfo
 
 from journal import Client, ProcessIdentity
-from tasks.faults import before_publishing
+from tasks.job.faults import before_publishing
+from tasks.job.schedule import Schedule, run_ids_due
 from tasks.keys import DigestKeys, text
-from tasks.schedule import Schedule, run_ids_due
 
 MARKER_TTL_S = 400 * 24 * 3600  # longer than any look-back, short enough to expire
 CLAIM_TTL_S = 60  # a publish takes milliseconds; well inside the hourly catch-up

@@ -34,19 +34,14 @@ from journal.ops.actions import purge as purge_runs
 from journal.ops.actions import retry as retry_run
 from journal.ops.views import STATES, Cursor, RunView, inspect_run, list_runs, page_size
 from journal.testing.preflight import Verdict, check_runs, unended_runs
-from tasks import control
-from tasks.claims import MAYBE_SENT, STUCK, Held, holdings
 from tasks.config import Config, parse_duration
-from tasks.cost import dollars, is_call, usage_of
 from tasks.errors import BadInput, DigestError
-from tasks.feeds import is_url
-from tasks.items import load_items
-from tasks.model import OfflineSummarizer
-from tasks.prompts import PROMPTS
-from tasks.ratelimit import LimitState
-from tasks.runtime import Runtime, use_runtime
-from tasks.schedule import iso_week_run_id
-from tasks.workflow import (
+from tasks.job.claims import MAYBE_SENT, STUCK, Held, holdings
+from tasks.job.feeds import is_url
+from tasks.job.items import load_items
+from tasks.job.prompts import PROMPTS
+from tasks.job.schedule import iso_week_run_id
+from tasks.job.workflow import (
     DigestOptions,
     batch_lines,
     decide_send,
@@ -56,6 +51,11 @@ from tasks.workflow import (
     preview,
     receipt_line,
 )
+from tasks.llm.client import OfflineSummarizer
+from tasks.llm.cost import dollars, is_call, usage_of
+from tasks.llm.ratelimit import LimitState
+from tasks.ops import actions
+from tasks.runtime import Runtime, use_runtime
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BUSY = 0, 1, 2, 3
 RUN_ID_HELP = "the run, as listed (digest:2026-w42) or alone (2026-w42)"
@@ -375,7 +375,7 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
 
 def cmd_enqueue(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Hand the run to the workers; a duplicate enqueue is harmless (the lease and journal)."""
-    from tasks.celery_app import digest as task
+    from tasks.worker.app import digest as task
 
     result = task.delay(run_id)
     print(f"enqueued {digest.name}:{run_id} as task {result.id}; `celery -A tasks worker` runs it")
@@ -441,35 +441,35 @@ def _holds(count: int) -> str:
 def cmd_cancel(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Cancel a run: a held one stops before its next step, any other at once."""
     runtime = Runtime.build(config, allow_offline=True)
-    print(control.cancel(runtime, run_id, args.reason).line)
+    print(actions.cancel(runtime, run_id, args.reason).line)
     return EXIT_OK
 
 
 def cmd_release(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """End a failed run for good and hand the items it holds to the next run."""
     runtime = Runtime.build(config, allow_offline=True)
-    print(control.release(runtime, run_id).line)
+    print(actions.release(runtime, run_id).line)
     return EXIT_OK
 
 
 def cmd_mark_sent(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Settle a send that may have happened as done; the run finishes its bookkeeping."""
     runtime = Runtime.build(config, allow_offline=True)
-    print(control.mark_sent(runtime, run_id).line)
+    print(actions.mark_sent(runtime, run_id).line)
     return EXIT_OK
 
 
 def cmd_resend(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Settle a send that may have happened as not done; it is sent again."""
     runtime = Runtime.build(config, allow_offline=True)
-    print(control.resend(runtime, run_id).line)
+    print(actions.resend(runtime, run_id).line)
     return EXIT_OK
 
 
 def cmd_retry(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Hand a failed run to the workers now."""
     runtime = Runtime.build(config, allow_offline=True)
-    print(control.retry(runtime, run_id).line)
+    print(actions.retry(runtime, run_id).line)
     return EXIT_OK
 
 
@@ -478,13 +478,13 @@ def cmd_fork(config: Config, run_id: str, args: argparse.Namespace) -> int:
     runtime = Runtime.build(config, allow_offline=True)
     if args.dry_run:
         return fork_dry_run(runtime, run_id, args.step)
-    print(control.fork(runtime, run_id, args.step, args.new_run_id).line)
+    print(actions.fork(runtime, run_id, args.step, args.new_run_id).line)
     return EXIT_OK
 
 
 def fork_dry_run(runtime: Runtime, run_id: str, step: str) -> int:
     """Print the email a fork from ``step`` would send, as a diff against the run's own."""
-    from tasks.fork_preview import email_text, preview_fork
+    from tasks.ops.fork_preview import email_text, preview_fork
 
     use_runtime(runtime)  # the fork's steps run with this runtime, in memory
     fork = preview_fork(runtime, run_id, step)
@@ -559,13 +559,13 @@ def cmd_reject(config: Config, run_id: str, args: argparse.Namespace) -> int:
 
 def _decide(config: Config, run_id: str, decision: dict[str, Any]) -> int:
     runtime = Runtime.build(config, allow_offline=True)
-    print(control.decide(runtime, run_id, decision).line)
+    print(actions.decide(runtime, run_id, decision).line)
     return EXIT_OK
 
 
 def cmd_console(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Serve the web console until interrupted; the web stack is imported only here."""
-    from tasks import console
+    from tasks.ops import console
 
     token = console.check_binding(args.host)
     names = console.Names.bound(args.host, args.port, os.environ.get("DIGEST_CONSOLE_ORIGIN"))
@@ -582,7 +582,7 @@ def cmd_metrics(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """
     from prometheus_client import start_http_server
 
-    from tasks import metrics
+    from tasks.worker import metrics
 
     runtime = Runtime.build(config, allow_offline=True)
     try:
@@ -765,7 +765,7 @@ def _render(view: RunView, held: int = 0, limits: Sequence[LimitState] = ()) -> 
         f"cache    hit ratio {usage.cache_hit_ratio:.2f} ({usage.cache_read_tokens} prompt "
         f"tokens read from the cache, {usage.cache_write_tokens} written to it)"
     )
-    # Not the run's own: every process on the API key shares them (tasks.ratelimit).
+    # Not the run's own: every process on the API key shares them (tasks.llm.ratelimit).
     lines.extend(f"{'limits' if n == 0 else '':8} {state.line()}" for n, state in enumerate(limits))
     lines.append("")
     lines.append(f"{'step':22} {'finished':23} {'try':>3} {'usage':>13} {'cost':>9}  result")

@@ -26,7 +26,7 @@ ignore the mark, so none is sent. The shipped prompts are far shorter: their run
 
 The SDK is imported by the first model call, not with this module: importing it takes seconds,
 and ``digest --help``, ``show``, ``runs`` and the offline summarizer never call the model. A
-worker imports it once before forking its pool (``tasks.celery_app``), so children share it.
+worker imports it once before forking its pool (``tasks.worker.app``), so children share it.
 """
 
 from __future__ import annotations
@@ -43,17 +43,17 @@ from datetime import UTC
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from journal.events import emit
-from tasks.cost import OFFLINE_MODEL
 from tasks.errors import DigestError, ItemRefused, ModelAuthFailed, ModelRefused
-from tasks.items import Item
-from tasks.prompts import (
+from tasks.job.items import Item
+from tasks.job.prompts import (
     INTRO_SYSTEM,
     SUMMARY_SYSTEM,
     estimated_tokens,
     intro_prompt,
     summary_prompt,
 )
-from tasks.ratelimit import CapacityWait, RateLimiter
+from tasks.llm.cost import OFFLINE_MODEL
+from tasks.llm.ratelimit import CapacityWait, RateLimiter
 
 if TYPE_CHECKING:
     import anthropic

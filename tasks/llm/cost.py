@@ -197,7 +197,7 @@ class Usage:
         return self.cache_read_tokens / prompt if prompt else 0.0
 
 
-# The model name the offline summarizer's completions carry (``tasks.model``).
+# The model name the offline summarizer's completions carry (``tasks.llm.client``).
 OFFLINE_MODEL = "offline"
 
 

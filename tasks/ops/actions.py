@@ -15,13 +15,13 @@ from journal.batch import cancel_batches
 from journal.errors import ControlRefused, EffectUnderway, NothingToDecide
 from journal.ops import actions as control
 from journal.ops.views import inspect_run
-from tasks.batches import AnthropicBatches
-from tasks.claims import STUCK, holdings, let_go
 from tasks.errors import BadInput
-from tasks.mail import Receipt
+from tasks.job.claims import STUCK, holdings, let_go
+from tasks.job.schedule import is_week_id
+from tasks.job.workflow import decide_send, digest, draft_digest
+from tasks.llm.batches import AnthropicBatches
+from tasks.mail.smtp import Receipt
 from tasks.runtime import Runtime
-from tasks.schedule import is_week_id
-from tasks.workflow import decide_send, digest, draft_digest
 
 WORKFLOW = digest.name
 
@@ -36,7 +36,7 @@ class Answer:
 
 def enqueue(run_id: str, kwargs: dict[str, Any] | None = None) -> str:
     """Hand a run to the workers, its options checked first; returns the Celery task id."""
-    from tasks.celery_app import digest as task
+    from tasks.worker.app import digest as task
 
     return str(task.apply_async(args=[run_id], kwargs=kwargs or {}).id)
 
@@ -251,7 +251,7 @@ def decide(runtime: Runtime, run_id: str, decision: dict[str, Any]) -> Answer:
             f"{WORKFLOW}:{run_id} is not waiting for approval ({state}); nothing was decided: "
             "decide on a run `digest show` lists as awaiting approval"
         )
-    from tasks.celery_app import durable
+    from tasks.worker.app import durable
 
     digest = draft_digest(draft.result)
     decided = {**decision, "draft": digest}

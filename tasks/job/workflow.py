@@ -28,16 +28,23 @@ from journal.batch import BatchApi, BatchEntry, BatchPolicy
 from journal.batch import batches as batch_views
 from journal.events import emit
 from journal.ops.views import RunView
-from tasks import faults
-from tasks.batches import MAX_REQUESTS
-from tasks.budget import Reservation
-from tasks.claims import Held, held_elsewhere, let_go
-from tasks.cost import OFFLINE_MODEL, UnpricedAnswer, alias_of
 from tasks.errors import EveryItemRefused, ItemRefused, ModelUnavailable
-from tasks.items import Item, load_items
+from tasks.job import faults
+from tasks.job.claims import Held, held_elsewhere, let_go
+from tasks.job.items import Item, load_items
+from tasks.job.prompts import (
+    INTRO_PROMPT,
+    INTRO_SYSTEM,
+    SUMMARY_PROMPT,
+    SUMMARY_SYSTEM,
+    estimated_tokens,
+    intro_prompt,
+    summary_prompt,
+)
 from tasks.keys import text
-from tasks.mail import Email, Receipt
-from tasks.model import (
+from tasks.llm.batches import MAX_REQUESTS
+from tasks.llm.budget import Reservation
+from tasks.llm.client import (
     INTRO_OUTPUT,
     MAX_TOKENS,
     ApiError,
@@ -49,15 +56,8 @@ from tasks.model import (
     request_params,
     retry_after_seconds,
 )
-from tasks.prompts import (
-    INTRO_PROMPT,
-    INTRO_SYSTEM,
-    SUMMARY_PROMPT,
-    SUMMARY_SYSTEM,
-    estimated_tokens,
-    intro_prompt,
-    summary_prompt,
-)
+from tasks.llm.cost import OFFLINE_MODEL, UnpricedAnswer, alias_of
+from tasks.mail.smtp import Email, Receipt
 from tasks.runtime import Runtime, process_config, process_runtime
 from tasks.scripts import script
 
@@ -110,7 +110,7 @@ def digest(run: Run, options: DigestOptions) -> dict[str, Any]:
     """The weekly digest for one run id: ``digest.delay("2026-w42")`` or ``digest run``.
 
     Defined here, where Celery is not imported, so ``digest run`` runs it without Celery;
-    ``tasks.celery_app`` delivers this same workflow as the task ``tasks.digest``.
+    ``tasks.worker.app`` delivers this same workflow as the task ``tasks.digest``.
     """
     return run_digest(run, process_runtime(), options)
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks import feeds
 from tasks.errors import BadInput
+from tasks.job import feeds
 
 MAX_BODY_CHARS = 100_000
 MAX_TITLE_CHARS = 500
@@ -52,7 +52,7 @@ def load_items(source: str | Path, timeout: float = 10.0) -> list[Item]:
 
     Args:
         source: A JSON file holding a list of ``{"id", "title", "body"}`` objects, or an
-            https:// URL of such a list or of an Atom/RSS feed (``tasks.feeds``).
+            https:// URL of such a list or of an Atom/RSS feed (``tasks.job.feeds``).
         timeout: Seconds a URL may take to answer.
 
     Returns:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from journal import Client, Record, RunKeys
-from tasks.cost import BudgetExceeded, PriceTable, is_call
+from tasks.llm.cost import BudgetExceeded, PriceTable, is_call
 from tasks.scripts import script
 
 NANO = 1_000_000_000

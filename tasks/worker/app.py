@@ -39,10 +39,9 @@ from journal.errors import ClockSkewed, StoreEvicts
 from journal.integrations.celery import SWEEP_TASK, Durable, at_least_once_settings
 from journal.logs import log_with_run_context, redact_logging
 from journal.ops.actions import purge as purge_runs
-from tasks import workflow
 from tasks.config import Config
-from tasks.dispatch import dispatch_due
 from tasks.errors import BadInput
+from tasks.job import workflow
 from tasks.runtime import (
     broker_url,
     connect,
@@ -53,6 +52,7 @@ from tasks.runtime import (
     remove_dead_metrics,
     store_url,
 )
+from tasks.worker.dispatch import dispatch_due
 
 log = logging.getLogger("tasks.digest")
 
@@ -251,7 +251,7 @@ def serve_metrics(**_: Any) -> None:
     prepare_metrics(metrics_dir(config.state_dir, os.getpid()))
     from prometheus_client import start_http_server
 
-    from tasks import metrics
+    from tasks.worker import metrics
 
     start_http_server(config.metrics_port, registry=metrics.worker_registry())
     log.info("metrics on :%d/metrics", config.metrics_port)
@@ -269,7 +269,7 @@ def remove_own_metrics(**_: Any) -> None:
 def forget_child(pid: int | None = None, **_: Any) -> None:
     """A pool child's live gauges go with it; its counters stay in the sum."""
     if settings().metrics_port is not None:
-        from tasks import metrics
+        from tasks.worker import metrics
 
         metrics.child_exited(pid or os.getpid())
 
@@ -286,7 +286,7 @@ durable = Durable(
     max_countdown=lambda: settings().max_countdown,
 )
 
-# The workflow tasks.workflow defines (and the command line runs there), delivered as a task.
+# The workflow tasks.job.workflow defines (and the command line runs there), delivered as a task.
 digest = durable.deliver(workflow.digest, task_name="tasks.digest")
 
 

@@ -22,8 +22,8 @@ from typing import Any
 
 from journal.errors import ControlRefused
 from journal.testing import Frontier, Recording, RunOn, StopAtFrontier
+from tasks.job.workflow import digest, preview
 from tasks.runtime import Runtime
-from tasks.workflow import digest, preview
 
 
 @dataclass(frozen=True)

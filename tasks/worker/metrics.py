@@ -34,8 +34,8 @@ from prometheus_client.registry import Collector
 from journal import Journal
 from journal.events import listen, outcome_of
 from journal.ops.views import STATES, RunRow, inspect_run, list_runs
-from tasks.cost import usage_of
-from tasks.ratelimit import LimitState
+from tasks.llm.cost import usage_of
+from tasks.llm.ratelimit import LimitState
 
 LIVE = ("running", "waiting", "retrying")
 DONE_WEEK = ("sent", "nothing-new")
