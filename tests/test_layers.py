@@ -53,7 +53,7 @@ def test_an_app_module_importing_a_private_one_breaks_the_contract(tmp_path: Pat
         [LINT_IMPORTS, "--no-cache"], cwd=tmp_path, capture_output=True, text=True
     )
     assert kept.returncode == 0, kept.stdout
-    faults = tmp_path / "tasks" / "faults.py"
+    faults = tmp_path / "tasks" / "job" / "faults.py"
     faults.write_text(faults.read_text() + "\nfrom journal._run import Run as _planted\n")
     broken = subprocess.run(
         [LINT_IMPORTS, "--no-cache"], cwd=tmp_path, capture_output=True, text=True

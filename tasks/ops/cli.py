@@ -40,17 +40,9 @@ from tasks.job.claims import MAYBE_SENT, STUCK, Held, holdings
 from tasks.job.feeds import is_url
 from tasks.job.items import load_items
 from tasks.job.prompts import PROMPTS
+from tasks.job.report import batch_lines, decide_send, draft_digest, email_state, receipt_line
 from tasks.job.schedule import iso_week_run_id
-from tasks.job.workflow import (
-    DigestOptions,
-    batch_lines,
-    decide_send,
-    digest,
-    draft_digest,
-    email_state,
-    preview,
-    receipt_line,
-)
+from tasks.job.workflow import DigestOptions, digest, preview
 from tasks.llm.client import OfflineSummarizer
 from tasks.llm.cost import dollars, is_call, usage_of
 from tasks.llm.ratelimit import LimitState

@@ -49,7 +49,7 @@ from journal.ops.views import (
 from journal.testing import fixture
 from tasks.errors import BadInput, DigestError
 from tasks.job.claims import holdings
-from tasks.job.workflow import batch_lines, email_state
+from tasks.job.report import batch_lines, email_state
 from tasks.llm.cost import dollars, is_call, usage_of
 from tasks.ops import actions
 from tasks.runtime import Runtime, prepare_metrics

@@ -65,7 +65,7 @@ BUGS = (
         "a cancelled run's claims are handed over though its send was claimed",
         (
             (
-                "tasks/job/workflow.py",
+                "tasks/job/claims.py",
                 'if run_status(runtime, other) in ("cancelled", None) and not send_claimed('
                 "runtime, other)",
                 'if run_status(runtime, other) in ("cancelled", None)',

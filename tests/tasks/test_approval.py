@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 import pytest
 
 from journal._clock import millis
-from tasks.job.workflow import draft_digest
+from tasks.job.report import draft_digest
 from tasks.keys import DigestKeys
 from tests.support import Deployment, wait_until
 

@@ -24,7 +24,8 @@ from journal.ops.views import inspect_run
 from journal.testing import fixture, replay
 from tasks.config import Config
 from tasks.errors import ModelRefused
-from tasks.job.workflow import DigestOptions, batch_lines, digest, run_digest
+from tasks.job.report import batch_lines
+from tasks.job.workflow import DigestOptions, digest, run_digest
 from tasks.keys import DigestKeys
 from tasks.llm import client as model
 from tasks.llm.client import DEFAULT_INTRO_MODEL, DEFAULT_SUMMARY_MODEL, AnthropicSummarizer

@@ -24,8 +24,9 @@ from journal import Journal, Keyspace, Outcome, Run, Settings, StepEvent
 from journal.errors import CorruptJournal, LeaseBusy
 from tasks.config import Config
 from tasks.errors import EveryItemRefused, ModelAuthFailed, ModelRefused
+from tasks.job.claims import mark_seen, select_unseen
 from tasks.job.items import Item
-from tasks.job.workflow import DigestOptions, mark_seen, run_digest, select_unseen
+from tasks.job.workflow import DigestOptions, run_digest
 from tasks.keys import DigestKeys, text
 from tasks.llm.client import (
     DEFAULT_INTRO_MODEL,

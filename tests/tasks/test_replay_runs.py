@@ -68,7 +68,7 @@ def test_an_exported_run_replays_here_with_no_model_call_and_the_same_email(
     assert drafted.result["email"] == sent(deployment)
 
 
-COMPOSE = 'intro = run.step("compose", lambda: compose(runtime, run, kept, calls), retry=policy)'
+COMPOSE = 'return run.step("compose", lambda: compose(runtime, run, kept, calls), retry=policy)'
 RENAMED = COMPOSE.replace('"compose"', '"compose-intro"')
 GATED = COMPOSE.replace(
     '"compose"', '"compose-intro" if run.version("intro-step", 1) >= 1 else "compose"'
@@ -79,9 +79,9 @@ def edited(tmp_path: Path, find: str, replace: str) -> dict[str, str]:
     """The environment of a ``digest`` that runs an edited copy of the app's code."""
     copy = tmp_path / f"edited-{len(list(tmp_path.glob('edited-*')))}"
     shutil.copytree(ROOT / "tasks", copy / "tasks")
-    source = copy / "tasks" / "workflow.py"
+    source = copy / "tasks" / "job" / "summarize.py"
     text = source.read_text(encoding="utf-8")
-    assert text.count(find) == 1, f"tasks/job/workflow.py no longer holds {find!r}"
+    assert text.count(find) == 1, f"tasks/job/summarize.py no longer holds {find!r}"
     source.write_text(text.replace(find, replace), encoding="utf-8")
     return {"PYTHONPATH": str(copy)}  # found before the installed package
 
