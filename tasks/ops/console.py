@@ -238,7 +238,19 @@ def create_app(runtime: Runtime, names: Names, *, token: str | None = None) -> F
     app.secret_key = secrets.token_bytes(32)
     app.config.update(SESSION_COOKIE_SAMESITE="Strict", SESSION_COOKIE_HTTPONLY=True)
     csrf = secrets.token_urlsafe(32)
-    journal = runtime.journal
+    _guard(app, names, token, csrf)
+    _listing(app, runtime)
+    _run_pages(app, runtime)
+    _actions(app, runtime)
+    return app
+
+
+def _guard(app: Flask, names: Names, token: str | None, csrf: str) -> None:
+    """Every request: answered only by the console's own names, with the token, same-origin.
+
+    Every answer is hardened (no script, no framing, no caching), and every page shares the
+    form's CSRF value and the formatting helpers.
+    """
 
     @app.before_request
     def guard() -> Any:
@@ -277,6 +289,11 @@ def create_app(runtime: Runtime, names: Names, *, token: str | None = None) -> F
     @app.context_processor
     def shared() -> dict[str, Any]:
         return {"csrf": csrf, "when": when, "span": span, "states": STATES}
+
+
+def _listing(app: Flask, runtime: Runtime) -> None:
+    """``/``: the runs, a page at a time; ``/metrics``: the store's gauges for Prometheus."""
+    journal = runtime.journal
 
     @app.get("/")
     def runs() -> Any:
@@ -321,6 +338,11 @@ def create_app(runtime: Runtime, names: Names, *, token: str | None = None) -> F
             ),
             mimetype=CONTENT_TYPE_LATEST,
         )
+
+
+def _run_pages(app: Flask, runtime: Runtime) -> None:
+    """``/runs/<run_id>``: one run's page; ``/runs/<run_id>/export``: its journal as a fixture."""
+    journal = runtime.journal
 
     @app.get("/runs/<run_id>")
     def run(run_id: str) -> Any:
@@ -367,6 +389,10 @@ def create_app(runtime: Runtime, names: Names, *, token: str | None = None) -> F
             headers={"Content-Disposition": f'attachment; filename="{name}"'},
         )
 
+
+def _actions(app: Flask, runtime: Runtime) -> None:
+    """The operator's actions on a run, each a POST that flashes its answer and redirects."""
+
     def act(run_id: str, action: Callable[[], actions.Answer]) -> Any:
         _valid(run_id)
         try:
@@ -412,8 +438,6 @@ def create_app(runtime: Runtime, names: Names, *, token: str | None = None) -> F
         step = request.form.get("step", "")
         new = request.form.get("as", "").strip() or None
         return act(run_id, lambda: actions.fork(runtime, run_id, step, new))
-
-    return app
 
 
 def _masked(email: Any) -> dict[str, str]:
