@@ -12,7 +12,7 @@ import logging
 import os
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -26,11 +26,11 @@ from journal.contrib.embedded import embedded_broker_url, embedded_url
 from journal.errors import StoreUnavailable
 from tasks.config import Config
 from tasks.errors import ModelNotConfigured, is_transient_failure
-from tasks.job.items import Item
 from tasks.keys import DigestKeys
 from tasks.llm.batches import AnthropicBatches, NoBatches
 from tasks.llm.budget import Budget
 from tasks.llm.client import AnthropicSummarizer, Completion, OfflineSummarizer, Summarizer
+from tasks.llm.prompts import Update
 from tasks.llm.ratelimit import LimitState, RateLimiter, account_of
 from tasks.mail.resend import ResendMailer
 from tasks.mail.smtp import FileOutbox, Mailer, SmtpMailer
@@ -255,11 +255,11 @@ class MissingKey:
     name = "none (ANTHROPIC_API_KEY is not set)"
     remote = False
 
-    def summarize(self, item: Item) -> Completion:
+    def summarize(self, item: Update) -> Completion:
         """Refuse: a worker must not send offline summaries unless told to."""
         raise ModelNotConfigured()
 
-    def compose(self, pairs: list[tuple[Item, str]]) -> Completion:
+    def compose(self, pairs: Sequence[tuple[Update, str]]) -> Completion:
         """Refuse, as ``summarize`` does."""
         raise ModelNotConfigured()
 

@@ -17,17 +17,9 @@ from typing import Any
 from journal import RetryPolicy, Run
 from journal.batch import BatchApi, BatchEntry, BatchPolicy
 from journal.events import emit
+from tasks.config.prices import alias_of
 from tasks.errors import EveryItemRefused, ItemRefused, ModelUnavailable
 from tasks.job.items import Item
-from tasks.job.prompts import (
-    INTRO_PROMPT,
-    INTRO_SYSTEM,
-    SUMMARY_PROMPT,
-    SUMMARY_SYSTEM,
-    estimated_tokens,
-    intro_prompt,
-    summary_prompt,
-)
 from tasks.llm.batches import MAX_REQUESTS
 from tasks.llm.budget import Reservation
 from tasks.llm.client import (
@@ -42,7 +34,16 @@ from tasks.llm.client import (
     request_params,
     retry_after_seconds,
 )
-from tasks.llm.cost import OFFLINE_MODEL, UnpricedAnswer, alias_of
+from tasks.llm.cost import OFFLINE_MODEL, UnpricedAnswer
+from tasks.llm.prompts import (
+    INTRO_PROMPT,
+    INTRO_SYSTEM,
+    SUMMARY_PROMPT,
+    SUMMARY_SYSTEM,
+    estimated_tokens,
+    intro_prompt,
+    summary_prompt,
+)
 from tasks.runtime import Runtime
 
 

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from typing import cast
 
 from journal import Client, Record, RunKeys
-from tasks.llm.cost import BudgetExceeded, PriceTable, is_call
+from tasks.config.prices import PriceTable
+from tasks.llm.cost import BudgetExceeded, is_call
 from tasks.scripts import script
 
 NANO = 1_000_000_000

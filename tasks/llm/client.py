@@ -37,30 +37,29 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from journal.events import emit
+from tasks.config import DEFAULT_INTRO_MODEL, DEFAULT_SUMMARY_MODEL
 from tasks.errors import DigestError, ItemRefused, ModelAuthFailed, ModelRefused
-from tasks.job.items import Item
-from tasks.job.prompts import (
+from tasks.llm.cost import OFFLINE_MODEL
+from tasks.llm.prompts import (
     INTRO_SYSTEM,
     SUMMARY_SYSTEM,
+    Update,
     estimated_tokens,
     intro_prompt,
     summary_prompt,
 )
-from tasks.llm.cost import OFFLINE_MODEL
 from tasks.llm.ratelimit import CapacityWait, RateLimiter
 
 if TYPE_CHECKING:
     import anthropic
-    from anthropic.types import OutputConfigParam
+    from anthropic.types import Message, OutputConfigParam
 
-DEFAULT_SUMMARY_MODEL = "claude-haiku-5-5"
-DEFAULT_INTRO_MODEL = "claude-sonnet-5-5"
 MAX_TOKENS = 1024
 # Connecting is quick or not happening; a slow connect should not eat the whole budget.
 CONNECT_TIMEOUT_S = 5.0
@@ -189,11 +188,11 @@ class Summarizer(Protocol):
     name: str
     remote: bool
 
-    def summarize(self, item: Item) -> Completion:
+    def summarize(self, item: Update) -> Completion:
         """One item's summary; one attempt, which the step's retry policy may repeat."""
         ...
 
-    def compose(self, pairs: list[tuple[Item, str]]) -> Completion:
+    def compose(self, pairs: Sequence[tuple[Update, str]]) -> Completion:
         """The opening paragraph, from each item and its recorded summary."""
         ...
 
@@ -276,17 +275,17 @@ class AnthropicSummarizer:
                 self._client = self._connect()
             return self._client
 
-    def summary_request(self, item: Item) -> dict[str, Any]:
+    def summary_request(self, item: Update) -> dict[str, Any]:
         """The parameters of one item's summary request, as a batch asks for it."""
         return request_params(self._summary_model, SUMMARY_SYSTEM, summary_prompt(item))
 
-    def intro_request(self, pairs: list[tuple[Item, str]]) -> dict[str, Any]:
+    def intro_request(self, pairs: Sequence[tuple[Update, str]]) -> dict[str, Any]:
         """The parameters of the opening paragraph's request, as a batch asks for it."""
         return request_params(
             self._intro_model, INTRO_SYSTEM, intro_prompt(pairs), output_config=INTRO_OUTPUT
         )
 
-    def summarize(self, item: Item) -> Completion:
+    def summarize(self, item: Update) -> Completion:
         """One request to the summary model; API errors propagate for the step policy to judge.
 
         Raises:
@@ -299,7 +298,7 @@ class AnthropicSummarizer:
             self._summary_model, "DIGEST_SUMMARY_MODEL", SUMMARY_SYSTEM, summary_prompt(item)
         )
 
-    def compose(self, pairs: list[tuple[Item, str]]) -> Completion:
+    def compose(self, pairs: Sequence[tuple[Update, str]]) -> Completion:
         """One request to the intro model; errors as for ``summarize``."""
         return self._complete(
             self._intro_model,
@@ -357,21 +356,30 @@ class AnthropicSummarizer:
         if limiter and take:
             used = (message.usage.input_tokens, message.usage.output_tokens)
             limiter.settle(take, raw.headers, used=used)
-        if message.stop_reason == "refusal":
-            raise ItemRefused(
-                f"model {model} declined to answer (stop_reason refusal); the item stays unseen "
-                "for next week: reword or remove it"
-            )
-        text = "".join(block.text for block in message.content if block.type == "text")
-        usage = message.usage
-        return Completion(
-            text=text.strip(),
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            model=message.model,
-            cache_creation_input_tokens=usage.cache_creation_input_tokens or 0,
-            cache_read_input_tokens=usage.cache_read_input_tokens or 0,
+        return _answered(message, model)
+
+
+def _answered(message: Message, model: str) -> Completion:
+    """A synchronous call's answer as a completion.
+
+    Raises:
+        ItemRefused: the model declined to answer (``stop_reason`` refusal): the item only.
+    """
+    if message.stop_reason == "refusal":
+        raise ItemRefused(
+            f"model {model} declined to answer (stop_reason refusal); the item stays unseen "
+            "for next week: reword or remove it"
         )
+    text = "".join(block.text for block in message.content if block.type == "text")
+    usage = message.usage
+    return Completion(
+        text=text.strip(),
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        model=message.model,
+        cache_creation_input_tokens=usage.cache_creation_input_tokens or 0,
+        cache_read_input_tokens=usage.cache_read_input_tokens or 0,
+    )
 
 
 class OfflineSummarizer:
@@ -391,13 +399,13 @@ class OfflineSummarizer:
     def __init__(self) -> None:
         self.used = False
 
-    def summarize(self, item: Item) -> Completion:
+    def summarize(self, item: Update) -> Completion:
         """The body's first sentence, with its line breaks folded into spaces."""
         self.used = True
         first = _SENTENCE_END.split(" ".join(item.body.split()), maxsplit=1)[0]
         return Completion(text=first, input_tokens=0, output_tokens=0, model=self.name)
 
-    def compose(self, pairs: list[tuple[Item, str]]) -> Completion:
+    def compose(self, pairs: Sequence[tuple[Update, str]]) -> Completion:
         """A fixed sentence naming every title, in order."""
         self.used = True
         titles = [item.title for item, _ in pairs]

@@ -18,7 +18,7 @@ from journal.ops.views import inspect_run
 from tasks.errors import BadInput
 from tasks.job.claims import STUCK, holdings, let_go
 from tasks.job.report import decide_send, draft_digest
-from tasks.job.schedule import is_week_id
+from tasks.job.weeks import is_week_id
 from tasks.job.workflow import digest
 from tasks.llm.batches import AnthropicBatches
 from tasks.mail.smtp import Receipt

@@ -26,8 +26,9 @@ from enum import Enum
 from zoneinfo import ZoneInfo
 
 from journal import Client, ProcessIdentity
+from tasks.config.schedule import Schedule
 from tasks.job.faults import before_publishing
-from tasks.job.schedule import Schedule, run_ids_due
+from tasks.job.weeks import run_ids_due
 from tasks.keys import DigestKeys, text
 
 MARKER_TTL_S = 400 * 24 * 3600  # longer than any look-back, short enough to expire

@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from tasks.job.schedule import run_ids_due
+from tasks.job.weeks import run_ids_due
 from tasks.keys import DigestKeys
 from tests.support import ROOT, Deployment, as_bytes, wait_until
 

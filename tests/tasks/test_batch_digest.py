@@ -22,13 +22,13 @@ import redis
 from journal import Journal, Keyspace, Outcome, Settings
 from journal.ops.views import inspect_run
 from journal.testing import fixture, replay
-from tasks.config import Config
+from tasks.config import DEFAULT_INTRO_MODEL, DEFAULT_SUMMARY_MODEL, Config
 from tasks.errors import ModelRefused
 from tasks.job.report import batch_lines
 from tasks.job.workflow import DigestOptions, digest, run_digest
 from tasks.keys import DigestKeys
 from tasks.llm import client as model
-from tasks.llm.client import DEFAULT_INTRO_MODEL, DEFAULT_SUMMARY_MODEL, AnthropicSummarizer
+from tasks.llm.client import AnthropicSummarizer
 from tasks.llm.cost import usage_of
 from tasks.llm.ratelimit import RateLimiter
 from tasks.mail.smtp import FileOutbox

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from journal.integrations.celery import at_least_once_settings
-from tasks.config import SETTINGS, Config, settings_table
+from tasks.config import Config
+from tasks.config.table import settings_table
+from tasks.config.variables import SETTINGS
 from tasks.errors import BadInput
 from tests.support import ROOT, Deployment
 

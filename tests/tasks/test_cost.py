@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 
 from tasks.config import Config
+from tasks.config.prices import Price, PriceTable
 from tasks.errors import BadInput
 from tasks.job.items import Item
-from tasks.job.prompts import SUMMARY_SYSTEM, estimated_tokens, summary_prompt
 from tasks.llm.client import MAX_TOKENS
-from tasks.llm.cost import Price, PriceTable, is_call, usage_of
+from tasks.llm.cost import is_call, usage_of
+from tasks.llm.prompts import SUMMARY_SYSTEM, estimated_tokens, summary_prompt
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.support import CALLS, WEEK, Deployment
 

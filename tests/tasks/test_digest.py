@@ -13,7 +13,7 @@ import functools
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +22,14 @@ import redis
 
 from journal import Journal, Keyspace, Outcome, Run, Settings, StepEvent
 from journal.errors import CorruptJournal, LeaseBusy
-from tasks.config import Config
+from tasks.config import DEFAULT_INTRO_MODEL, DEFAULT_SUMMARY_MODEL, Config
 from tasks.errors import EveryItemRefused, ModelAuthFailed, ModelRefused
 from tasks.job.claims import mark_seen, select_unseen
 from tasks.job.items import Item
 from tasks.job.workflow import DigestOptions, run_digest
 from tasks.keys import DigestKeys, text
-from tasks.llm.client import (
-    DEFAULT_INTRO_MODEL,
-    DEFAULT_SUMMARY_MODEL,
-    AnthropicSummarizer,
-    Completion,
-    Summarizer,
-)
+from tasks.llm.client import AnthropicSummarizer, Completion, Summarizer
+from tasks.llm.prompts import Update
 from tasks.mail.smtp import Email, FileOutbox, Mailer, Receipt, SendEffect
 from tasks.ops.cli import main
 from tasks.runtime import Runtime
@@ -221,13 +216,14 @@ def test_a_step_whose_record_never_landed_runs_again(
         def __init__(self, inner: AnthropicSummarizer) -> None:
             self.inner = inner
 
-        def summarize(self, item: Item) -> Completion:
+        def summarize(self, item: Update) -> Completion:
+            assert isinstance(item, Item)  # the job hands its own items to the model
             completion = self.inner.summarize(item)
             if item.id == "b":
                 raise Crash("between the answer and its record")
             return completion
 
-        def compose(self, pairs: list[tuple[Item, str]]) -> Completion:
+        def compose(self, pairs: Sequence[tuple[Update, str]]) -> Completion:
             return self.inner.compose(pairs)
 
     sdk = AnthropicSummarizer(functools.partial(fake_anthropic.client, timeout=5.0), "m1", "m2")

@@ -21,7 +21,6 @@ import pytest
 from tasks.config import Config
 from tasks.errors import DigestError, ItemRefused, ModelAuthFailed, ModelRefused
 from tasks.job.items import Item
-from tasks.job.prompts import INTRO_SYSTEM, SUMMARY_SYSTEM, intro_prompt, summary_prompt
 from tasks.llm.client import (
     AnthropicSummarizer,
     Completion,
@@ -29,6 +28,7 @@ from tasks.llm.client import (
     is_transient,
     retry_after_seconds,
 )
+from tasks.llm.prompts import INTRO_SYSTEM, SUMMARY_SYSTEM, intro_prompt, summary_prompt
 from tasks.runtime import choose_summarizer
 from tests.fakes.anthropic_server import (
     CONTENT_FILTERED,

@@ -3,7 +3,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from tasks.job.items import Item
-from tasks.job.prompts import (
+from tasks.llm.prompts import (
     INTRO_PROMPT,
     INTRO_SYSTEM,
     SUMMARY_PROMPT,

@@ -18,10 +18,11 @@ import redis
 from prometheus_client import generate_latest
 
 from tasks.config import Config
+from tasks.config.limits import Overrides
 from tasks.errors import BadInput
 from tasks.keys import DigestKeys
 from tasks.llm.client import is_transient, retry_after_seconds
-from tasks.llm.ratelimit import CapacityWait, Overrides, RateLimiter, account_of
+from tasks.llm.ratelimit import CapacityWait, RateLimiter, account_of
 from tasks.worker.metrics import store_registry
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.support import ROOT, Deployment, wait_until

@@ -17,8 +17,8 @@ import redis
 
 from journal.testing import replay
 from journal.testing.fixture import Fixture
-from tasks.job.prompts import INTRO_PROMPT
 from tasks.job.workflow import digest, preview
+from tasks.llm.prompts import INTRO_PROMPT
 from tasks.runtime import storeless
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.support import ROOT, Deployment

@@ -19,10 +19,10 @@ import redis
 
 from journal import Journal, Keyspace, Settings
 from journal.ops.views import inspect_run
-from tasks.config import Config
+from tasks.config import DEFAULT_INTRO_MODEL, DEFAULT_SUMMARY_MODEL, Config
 from tasks.job.workflow import run_digest
 from tasks.keys import DigestKeys
-from tasks.llm.client import DEFAULT_INTRO_MODEL, DEFAULT_SUMMARY_MODEL, AnthropicSummarizer
+from tasks.llm.client import AnthropicSummarizer
 from tasks.mail.smtp import FileOutbox
 from tasks.runtime import Runtime
 from tests.fakes.anthropic_server import FakeAnthropic

@@ -4,7 +4,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from tasks.job.schedule import Schedule, iso_week_run_id, run_ids_due, scheduled_occurrences
+from tasks.config.schedule import Schedule
+from tasks.job.weeks import iso_week_run_id, run_ids_due, scheduled_occurrences
 
 AUCKLAND = ZoneInfo("Pacific/Auckland")
 LOS_ANGELES = ZoneInfo("America/Los_Angeles")

@@ -26,7 +26,7 @@ from journal.errors import (
 from journal.logs import redact, redact_logging
 from tasks.config import Config
 from tasks.errors import BadInput, DigestError
-from tasks.job.schedule import iso_week_run_id
+from tasks.job.weeks import iso_week_run_id
 from tasks.job.workflow import digest
 from tasks.ops.cli.commands import COMMANDS
 from tasks.ops.cli.parser import EXIT_BUSY, EXIT_FAILED, EXIT_USAGE, build_parser

@@ -22,7 +22,8 @@ from journal.ops.actions import purge as purge_runs
 from journal.ops.actions import retry as retry_run
 from journal.ops.views import Cursor, RunView, inspect_run, list_runs
 from journal.testing.preflight import check_runs, unended_runs
-from tasks.config import Config, parse_duration
+from tasks.config import Config
+from tasks.config.variables import parse_duration
 from tasks.errors import BadInput
 from tasks.job.claims import holdings
 from tasks.job.feeds import is_url

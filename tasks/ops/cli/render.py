@@ -17,9 +17,9 @@ from journal.logs import redact
 from journal.ops.views import RunView
 from journal.testing.preflight import Verdict
 from tasks.job.claims import MAYBE_SENT, STUCK, Held
-from tasks.job.prompts import PROMPTS
 from tasks.job.report import batch_lines, draft_digest, email_state, receipt_line, utc
 from tasks.llm.cost import Usage, dollars, is_call, usage_of
+from tasks.llm.prompts import PROMPTS
 from tasks.llm.ratelimit import LimitState
 from tasks.ops.cli.parser import SHOW_SCHEMA
 

@@ -10,8 +10,26 @@ from __future__ import annotations
 
 import hashlib
 import html
+from collections.abc import Sequence
+from typing import Protocol
 
-from tasks.job.items import Item
+
+class Update(Protocol):
+    """What the model is shown of one update: the job's items are these (``tasks.job.items``).
+
+    Named here, not imported, so the model API depends on nothing of the job that uses it.
+    """
+
+    @property
+    def title(self) -> str:
+        """The update's title, shown to the model as an attribute."""
+        ...
+
+    @property
+    def body(self) -> str:
+        """The update's text, shown to the model as content."""
+        ...
+
 
 SUMMARY_SYSTEM = (
     "You write one-sentence summaries of product updates for a weekly customer digest. "
@@ -48,12 +66,12 @@ PROMPTS = {version.split("@")[0]: version for version in (SUMMARY_PROMPT, INTRO_
 """The version of each prompt in this code, by name."""
 
 
-def summary_prompt(item: Item) -> str:
+def summary_prompt(item: Update) -> str:
     """The user message asking for one item's summary."""
     return SUMMARY_TEMPLATE.format(title=_attr(item.title), body=_text(item.body))
 
 
-def intro_prompt(pairs: list[tuple[Item, str]]) -> str:
+def intro_prompt(pairs: Sequence[tuple[Update, str]]) -> str:
     """The user message asking for the opening paragraph, from each item and its summary."""
     updates = "\n".join(
         INTRO_UPDATE.format(title=_attr(item.title), summary=_text(summary))
