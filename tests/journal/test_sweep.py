@@ -2,7 +2,7 @@
 
 Also the rule behind it: no countdown longer than a fraction of the broker's visibility
 timeout, since a Redis broker redelivers an unacked message after that timeout (the retries'
-countdowns are in ``test_durable.py``, the digest app's cap in ``tests/tasks/test_celery_app.py``).
+countdowns are in ``test_durable.py``, the digest app's cap in ``tests/tasks/worker/test_app.py``).
 """
 
 from __future__ import annotations

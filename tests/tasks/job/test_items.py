@@ -6,7 +6,7 @@ import pytest
 from tasks.errors import BadInput, DigestError
 from tasks.job.items import Item, load_items
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def write(tmp_path: Path, content: str | bytes, name: str = "items.json") -> Path:

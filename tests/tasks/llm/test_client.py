@@ -37,7 +37,7 @@ from tests.fakes.anthropic_server import (
     FakeAnthropic,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DARK = Item("i1", "Dark mode", "Dark mode is now available on web and mobile. It follows your OS.")
 SSO = Item("i4", "SSO for the Team plan", "Single sign-on is now in the Team plan.")
 

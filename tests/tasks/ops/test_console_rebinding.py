@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 import pytest
 
 from tests.support import RUN, Deployment
-from tests.tasks.test_console_browser import console, free_port
+from tests.tasks.ops.test_console_browser import console, free_port
 
 pytestmark = pytest.mark.slow
 

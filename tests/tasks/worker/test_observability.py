@@ -33,7 +33,7 @@ from tasks.runtime import Runtime
 from tasks.worker import metrics
 from tests.support import Deployment, wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(

@@ -26,7 +26,7 @@ from tasks.llm.ratelimit import CapacityWait, RateLimiter, account_of
 from tasks.worker.metrics import store_registry
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.support import ROOT, Deployment, wait_until
-from tests.tasks.test_metrics import free_port, scrape
+from tests.tasks.worker.test_metrics import free_port, scrape
 
 RATE = 4  # requests a second, a burst of 4
 ITEMS = 12
