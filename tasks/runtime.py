@@ -109,6 +109,29 @@ def connect(url: str) -> Client:
     )
 
 
+def checked_store(config: Config, logger: logging.Logger) -> Client:
+    """Connect to the journal store and refuse one the digest cannot rely on.
+
+    The one connect-and-check of every process: a command line building its runtime and a
+    worker starting alike refuse a store that evicts keys, a Redis Cluster serving as the
+    broker, and a clock off the store's (one clock for every process's deadlines).
+    ``logger`` says once what the store's persistence settings risk.
+
+    Raises:
+        redis.ConnectionError: the store did not answer (``redis.TimeoutError`` alike); each
+            caller decides what an outage means for it.
+        BadInput: the settings do not fit this store (``Config.check_store``).
+        StoreEvicts: the store may evict the journal's keys.
+        ClockSkewed: this machine's clock is off the store's.
+    """
+    url = store_url(config)
+    client = connect(url)  # asks the server whether it is a cluster node
+    config.check_store(cluster=isinstance(client, redis.RedisCluster))
+    check_persistence(client, logger=logger)
+    check_skew(client, SystemClock(), url)
+    return client
+
+
 @dataclass
 class Runtime:
     """The process's journal, store client, summarizer and mailer."""
@@ -156,15 +179,12 @@ class Runtime:
         """
         url = store_url(config)
         try:
-            client = connect(url)  # asks the server whether it is a cluster node
-            cluster = isinstance(client, redis.RedisCluster)
-            config.check_store(cluster=cluster)
-            check_persistence(client, logger=log)
-            check_skew(client, SystemClock(), url)  # one clock for every process's deadlines
+            client = checked_store(config, log)
         except (redis.ConnectionError, redis.TimeoutError) as down:
             raise StoreUnavailable(
                 url, str(down) or type(down).__name__, HINTS.store_down
             ) from None
+        cluster = isinstance(client, redis.RedisCluster)
         journal = Journal(
             client,
             keyspace=Keyspace(config.key_prefix, shards=config.journal_shards),

@@ -118,42 +118,53 @@ SEND_SECONDS = Histogram(
 )
 
 
+# What one event moves, given its label, its amount and its run's workflow.
+Measure = Callable[[str, float, str], None]
+
+
+def _step_ran(step: str, seconds: float, workflow: str) -> None:
+    STEPS.labels(workflow, step, "ran").inc()
+    STEP_SECONDS.labels(workflow, step).observe(seconds)
+
+
+def _run_finished(outcome: str, seconds: float, workflow: str) -> None:
+    RUNS_FINISHED.labels(workflow, outcome).inc()
+    RUN_SECONDS.labels(workflow, outcome).observe(seconds)
+
+
+def _tokens(kind: str) -> Measure:
+    return lambda model, amount, _: TOKENS.labels(model, kind).inc(amount)
+
+
+# The table from event (``journal.events``) to metric: an event not in it is counted nowhere.
+EVENTS: dict[str, Measure] = {
+    "step_ran": _step_ran,
+    "step_replayed": lambda step, n, workflow: STEPS.labels(workflow, step, "replayed").inc(n),
+    "run_finished": _run_finished,
+    "model_call": lambda model, n, _: CALLS.labels(model).inc(n),
+    "model_call_seconds": lambda model, seconds, _: CALL_SECONDS.labels(model).observe(seconds),
+    "batch_request": lambda model, n, _: BATCH_REQUESTS.labels(model).inc(n),
+    "input_tokens": _tokens("input"),
+    "output_tokens": _tokens("output"),
+    "cache_write_tokens": _tokens("cache_write"),
+    "cache_read_tokens": _tokens("cache_read"),
+    "cost_usd": lambda model, usd, _: COST.labels(model).inc(usd),
+    "send_seconds": lambda transport, seconds, _: SEND_SECONDS.labels(transport).observe(seconds),
+    "retry": lambda cause, n, _: RETRIES.labels(cause).inc(n),
+    "takeover": lambda _, n, workflow: TAKEOVERS.labels(workflow).inc(n),
+    "fenced": lambda _, n, workflow: FENCED.labels(workflow).inc(n),
+    "renewal_failed": lambda _, n, workflow: RENEWALS_FAILED.labels(workflow).inc(n),
+    "effect_ambiguous": lambda step, n, workflow: AMBIGUOUS.labels(workflow, step).inc(n),
+    "capacity_wait_seconds": lambda model, seconds, _: CAPACITY_WAIT.labels(model).inc(seconds),
+    "rate_limited": lambda model, n, _: RATE_LIMITED.labels(model).inc(n),
+}
+
+
 def count(event: str, label: str, amount: float, workflow: str) -> None:
-    """The ``journal.events`` listener: one event, one counter or histogram."""
-    if event == "step_ran":
-        STEPS.labels(workflow, label, "ran").inc()
-        STEP_SECONDS.labels(workflow, label).observe(amount)
-    elif event == "step_replayed":
-        STEPS.labels(workflow, label, "replayed").inc(amount)
-    elif event == "run_finished":
-        RUNS_FINISHED.labels(workflow, label).inc()
-        RUN_SECONDS.labels(workflow, label).observe(amount)
-    elif event == "model_call":
-        CALLS.labels(label).inc(amount)
-    elif event == "model_call_seconds":
-        CALL_SECONDS.labels(label).observe(amount)
-    elif event == "batch_request":
-        BATCH_REQUESTS.labels(label).inc(amount)
-    elif event in ("input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens"):
-        TOKENS.labels(label, event.removesuffix("_tokens")).inc(amount)
-    elif event == "cost_usd":
-        COST.labels(label).inc(amount)
-    elif event == "send_seconds":
-        SEND_SECONDS.labels(label).observe(amount)
-    elif event == "retry":
-        RETRIES.labels(label).inc(amount)
-    elif event == "takeover":
-        TAKEOVERS.labels(workflow).inc(amount)
-    elif event == "fenced":
-        FENCED.labels(workflow).inc(amount)
-    elif event == "renewal_failed":
-        RENEWALS_FAILED.labels(workflow).inc(amount)
-    elif event == "effect_ambiguous":
-        AMBIGUOUS.labels(workflow, label).inc(amount)
-    elif event == "capacity_wait_seconds":
-        CAPACITY_WAIT.labels(label).inc(amount)
-    elif event == "rate_limited":
-        RATE_LIMITED.labels(label).inc(amount)
+    """The ``journal.events`` listener: one event, the metrics ``EVENTS`` says it moves."""
+    measure = EVENTS.get(event)
+    if measure is not None:
+        measure(label, amount, workflow)
 
 
 listen(count)

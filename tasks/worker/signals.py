@@ -21,17 +21,14 @@ from celery.signals import (
     worker_shutdown,
 )
 
-from journal import SystemClock
-from journal.contrib.checks import check_persistence, check_skew
 from journal.errors import ClockSkewed, StoreEvicts
 from journal.logs import log_with_run_context, redact_logging
 from tasks.errors import BadInput
 from tasks.runtime import (
-    connect,
+    checked_store,
     metrics_dir,
     prepare_metrics,
     remove_dead_metrics,
-    store_url,
 )
 from tasks.worker.configuration import log, settings
 
@@ -65,12 +62,9 @@ def refuse_a_bad_store_or_clock(**_: Any) -> None:
     with a good clock could have run it. A store that is down is not refused here: the
     deliveries wait for it, as they do for any outage.
     """
-    url = store_url(settings())
+    config = settings()
     try:
-        client = connect(url)
-        settings().check_store(cluster=isinstance(client, redis.RedisCluster))
-        check_persistence(client, logger=log)
-        check_skew(client, SystemClock(), url)
+        checked_store(config, log)
     except (redis.ConnectionError, redis.TimeoutError):
         return
     except (ClockSkewed, StoreEvicts, BadInput) as refused:

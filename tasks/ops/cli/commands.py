@@ -11,7 +11,6 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
 
 from journal import Journal, StepEvent, Wait, validate_run_id
 from journal.errors import (
@@ -235,39 +234,22 @@ def _holds(count: int) -> str:
     return f"holds {count} items" if count else ""
 
 
-def cmd_cancel(config: Config, run_id: str, args: argparse.Namespace) -> int:
-    """Cancel a run: a held one stops before its next step, any other at once."""
-    runtime = Runtime.build(config, allow_offline=True)
-    print(actions.cancel(runtime, run_id, args.reason).line)
-    return EXIT_OK
+Command = Callable[[Config, str, argparse.Namespace], int]
+Action = Callable[[Runtime, str, argparse.Namespace], actions.Answer]
 
 
-def cmd_release(config: Config, run_id: str, args: argparse.Namespace) -> int:
-    """End a failed run for good and hand the items it holds to the next run."""
-    runtime = Runtime.build(config, allow_offline=True)
-    print(actions.release(runtime, run_id).line)
-    return EXIT_OK
+def acting(action: Action) -> Command:
+    """A command that takes one operator action on the run and prints its answer.
 
+    The action itself (``tasks.ops.actions``) refuses what it must, as the console's does.
+    """
 
-def cmd_mark_sent(config: Config, run_id: str, args: argparse.Namespace) -> int:
-    """Settle a send that may have happened as done; the run finishes its bookkeeping."""
-    runtime = Runtime.build(config, allow_offline=True)
-    print(actions.mark_sent(runtime, run_id).line)
-    return EXIT_OK
+    def command(config: Config, run_id: str, args: argparse.Namespace) -> int:
+        runtime = Runtime.build(config, allow_offline=True)
+        print(action(runtime, run_id, args).line)
+        return EXIT_OK
 
-
-def cmd_resend(config: Config, run_id: str, args: argparse.Namespace) -> int:
-    """Settle a send that may have happened as not done; it is sent again."""
-    runtime = Runtime.build(config, allow_offline=True)
-    print(actions.resend(runtime, run_id).line)
-    return EXIT_OK
-
-
-def cmd_retry(config: Config, run_id: str, args: argparse.Namespace) -> int:
-    """Hand a failed run to the workers now."""
-    runtime = Runtime.build(config, allow_offline=True)
-    print(actions.retry(runtime, run_id).line)
-    return EXIT_OK
+    return command
 
 
 def cmd_fork(config: Config, run_id: str, args: argparse.Namespace) -> int:
@@ -344,22 +326,6 @@ def cmd_purge(config: Config, run_id: str, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_approve(config: Config, run_id: str, args: argparse.Namespace) -> int:
-    """Approve a digest waiting at its approval gate."""
-    return _decide(config, run_id, {"approved": True})
-
-
-def cmd_reject(config: Config, run_id: str, args: argparse.Namespace) -> int:
-    """Reject a digest waiting at its approval gate; it ends without sending."""
-    return _decide(config, run_id, {"approved": False, "reason": args.reason})
-
-
-def _decide(config: Config, run_id: str, decision: dict[str, Any]) -> int:
-    runtime = Runtime.build(config, allow_offline=True)
-    print(actions.decide(runtime, run_id, decision).line)
-    return EXIT_OK
-
-
 def cmd_console(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Serve the web console until interrupted; the web stack is imported only here."""
     from tasks.ops import console
@@ -401,20 +367,26 @@ def cmd_metrics(config: Config, run_id: str, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS = {
+COMMANDS: dict[str, Command] = {
     "metrics": cmd_metrics,
     "console": cmd_console,
     "run": cmd_run,
     "enqueue": cmd_enqueue,
     "show": cmd_show,
     "runs": cmd_runs,
-    "approve": cmd_approve,
-    "reject": cmd_reject,
-    "cancel": cmd_cancel,
-    "retry": cmd_retry,
-    "release": cmd_release,
-    "mark-sent": cmd_mark_sent,
-    "resend": cmd_resend,
+    "approve": acting(
+        lambda runtime, run_id, _: actions.decide(runtime, run_id, {"approved": True})
+    ),
+    "reject": acting(
+        lambda runtime, run_id, args: actions.decide(
+            runtime, run_id, {"approved": False, "reason": args.reason}
+        )
+    ),
+    "cancel": acting(lambda runtime, run_id, args: actions.cancel(runtime, run_id, args.reason)),
+    "retry": acting(lambda runtime, run_id, _: actions.retry(runtime, run_id)),
+    "release": acting(lambda runtime, run_id, _: actions.release(runtime, run_id)),
+    "mark-sent": acting(lambda runtime, run_id, _: actions.mark_sent(runtime, run_id)),
+    "resend": acting(lambda runtime, run_id, _: actions.resend(runtime, run_id)),
     "fork": cmd_fork,
     "export": cmd_export,
     "check-replay": cmd_check_replay,
