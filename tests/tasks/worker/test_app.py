@@ -146,7 +146,7 @@ def test_digest_schedule_sets_beats_entry_and_the_dispatcher_and_a_bad_one_stops
     probe = (
         "from datetime import datetime, UTC\n"
         "from tasks.worker.app import app\n"
-        "from tasks.job.schedule import run_ids_due\n"
+        "from tasks.job.weeks import run_ids_due\n"
         "from tasks.runtime import process_config\n"
         "entry = app.conf.beat_schedule['digest-weekly']['schedule']\n"
         "print(entry._orig_minute, entry._orig_hour, entry._orig_day_of_week)\n"
