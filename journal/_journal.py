@@ -1,8 +1,8 @@
 """The journal: a handle on the runs kept in one Redis database, and what can be done to them.
 
-``Journal.execute`` is the one way a workflow body runs, whether a Celery worker or a command
-line calls it, so both take the same lease, replay the same journal and leave the same meta
-(the delivery itself is ``journal._delivery``'s). The rest acts on runs from outside: signals,
+Every start of a workflow (``Workflow.start``, a Celery worker's delivery) goes through
+``Journal._deliver``, so both take the same lease, replay the same journal and leave the same
+meta (the delivery itself is ``journal._delivery``'s). The rest acts on runs from outside: signals,
 the due sweep's claim, un-parking, deleting.
 """
 
@@ -79,10 +79,9 @@ class Journal:
         """The run's effects by step key: their states (``journal.ops.views.RunView.effects``)."""
         return decode_effects(self.call(self.backend.effects, keys))[0]
 
-    def execute(
+    def _deliver(
         self,
-        workflow: str,
-        run_id: str,
+        keys: RunKeys,
         body: Callable[[Run], R],
         *,
         args: dict[str, Any] | None = None,
@@ -91,27 +90,15 @@ class Journal:
     ) -> Outcome:
         """Run ``body`` for one run under its lease, replaying what the journal holds.
 
-        ``args`` are the run's inputs. The first start freezes them in the run's meta; every
-        later delivery, however it was enqueued (the due sweep, a duplicate ``delay`` without
-        options, a command line), gets the frozen ones as ``run.args``, so a resumed run
-        takes the same path as its first attempt. ``delivered`` counts the start in
-        ``meta.deliveries`` (a queue delivered it), in the same round trip as the opening.
+        The one path every start takes (``Workflow.start``, a worker's delivery); the body is
+        the workflow's, so a workflow is defined in one place (``journal.workflow``). ``args``
+        are frozen at the first start; ``delivered`` counts the start in ``meta.deliveries``.
 
         Opening (lease, fence, counters, status, arguments, both indexes, the journal read) is
         one script, closing (status, outcome, indexes, release) one more, each step one: a run
         of S new steps costs S + 2 round trips, plus a renewal every third of the lease TTL.
-
-        Raises:
-            LeaseBusy: another live holder has the run.
-            RunParked: the run kept dying at start and was set aside.
-            LeaseLost: the lease was lost mid-run; nothing more was written.
-            StoreUnavailable: Redis could not be reached.
-            RetryScheduled: ``body`` raised an error ``settings.run_retry`` calls transient;
-                the run stays due and the sweep starts it again (the error is the cause).
-            GaveUp: the same, once the retry deadline has passed: the run is failed for good.
-            Exception: whatever else ``body`` raised, after the run was marked failed.
         """
-        return self.runner.execute(self.keys(workflow, run_id), body, args, on_step, delivered)
+        return self.runner.execute(keys, body, args, on_step, delivered)
 
     # -- operations on runs from outside ---------------------------------------------------
 

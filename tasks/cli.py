@@ -308,7 +308,7 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
         batch=True if (args.batch or config.batch) and offline is None else None,
     )
     try:
-        outcome = workflow.run_here(run_id, options, on_step=_step_printer(offline))
+        outcome = workflow.start(run_id, options, on_step=_step_printer(offline))
     except RunParked as parked:
         print(f"failed: {parked}", file=sys.stderr)
         return EXIT_FAILED

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar
 
 from celery import Celery, Task
 from celery.exceptions import Reject, Retry
@@ -28,9 +28,9 @@ from journal._delivery import Outcome
 from journal._journal import Journal, jitter
 from journal._limits import redelivers_running
 from journal._redact import redact_exception
-from journal._run import Run, StepEvent
+from journal._run import StepEvent
 from journal._schema.keys import RunKeys
-from journal._workflow import Defaults, Observer, Workflow
+from journal._workflow import Workflow
 from journal.errors import (
     CorruptJournal,
     GaveUp,
@@ -188,66 +188,18 @@ class Durable:
             self._max_countdown = self._max_countdown()
         return self._max_countdown
 
-    @overload
-    def workflow(
-        self,
-        name: str,
-        *,
-        task_name: str,
-        options: type[Opts],
-        defaults: Defaults | None = None,
-        on_step: Observer | None = None,
-        **celery_options: Any,
-    ) -> Callable[[Callable[[Run, Opts], R]], DurableWorkflow[Opts, R]]: ...
-
-    @overload
-    def workflow(
-        self,
-        name: str,
-        *,
-        task_name: str,
-        options: None = None,
-        defaults: Defaults | None = None,
-        on_step: Observer | None = None,
-        **celery_options: Any,
-    ) -> Callable[[Callable[..., R]], DurableWorkflow[dict[str, Any], R]]: ...
-
-    def workflow(
-        self,
-        name: str,
-        *,
-        task_name: str,
-        options: type[Any] | None = None,
-        defaults: Defaults | None = None,
-        on_step: Observer | None = None,
-        **celery_options: Any,
-    ) -> Callable[[Callable[..., Any]], DurableWorkflow[Any, Any]]:
-        """Define ``fn`` as a workflow (``journal._workflow``) and deliver it as a Celery task.
-
-        The task is delivered as ``wf.delay(run_id, **options)``; the same object runs a run in
-        this process with ``wf.run_here(run_id, options)``. ``celery_options`` go to
-        ``app.task``.
-        """
-
-        def decorate(fn: Callable[..., Any]) -> DurableWorkflow[Any, Any]:
-            defined: Workflow[Any, Any] = Workflow(
-                name,
-                fn,
-                journal=self._journal,
-                options=options,
-                defaults=defaults,
-                on_step=on_step,
-            )
-            return self.deliver(defined, task_name=task_name, **celery_options)
-
-        return decorate
-
-    def deliver(
-        self, workflow: Workflow[Opts, R], *, task_name: str, **celery_options: Any
+    def register(
+        self, workflow: Workflow[Opts, R], *, task_name: str | None = None, **celery_options: Any
     ) -> DurableWorkflow[Opts, R]:
-        """Register ``workflow`` as the Celery task ``task_name``, delivered with this journal.
+        """Make ``workflow`` a Celery task delivered with this journal; once per workflow.
 
-        For a workflow defined where Celery is not imported (a command line runs it there).
+        The workflow is defined where Celery is not imported (``journal.workflow``), so a
+        command line that runs it in process stays light; this is what a worker adds.
+
+        Args:
+            workflow: the workflow, as ``@journal.workflow`` defined it.
+            task_name: the Celery task's name; the workflow's own by default.
+            celery_options: passed to ``app.task``.
         """
 
         def deliver(task: Task, run_id: str, **kwargs: Any) -> dict[str, Any]:
@@ -259,7 +211,7 @@ class Durable:
 
         deliver.__doc__ = workflow.__doc__
         task: Task = self.app.task(
-            name=task_name,
+            name=task_name or workflow.name,
             bind=True,
             acks_late=True,
             reject_on_worker_lost=True,
@@ -278,7 +230,7 @@ class Durable:
     ) -> dict[str, Any]:
         name = workflow.name
         try:
-            outcome = workflow.execute(
+            outcome = workflow._start(
                 run_id, kwargs, journal=self._journal(), on_step=self._on_step, delivered=True
             )
         except (InvalidRunId, InvalidArguments) as invalid:
@@ -432,10 +384,11 @@ class Durable:
 class DurableWorkflow(Generic[Opts, R]):
     """A workflow and the Celery task that delivers it: one object, registered once.
 
-    ``delay`` and ``apply_async`` check the options before the message is sent, so a bad one
-    is refused to the caller in one line (``InvalidArguments``) instead of in a worker's log;
-    a worker still checks what it is delivered (a message from elsewhere, an older client).
-    ``run_here`` runs a run in this process, the way a delivery does.
+    ``start`` sends a run to a worker with typed options, as ``Workflow.start`` runs one here;
+    ``delay`` and ``apply_async`` are Celery's own verbs, with the options as keywords. Each
+    checks the options before the message is sent, so a bad one is refused to the caller in
+    one line (``InvalidArguments``) instead of in a worker's log; a worker still checks what it
+    is delivered (a message from elsewhere, an older client).
 
     Attributes:
         workflow: the definition (``journal._workflow.Workflow``).
@@ -481,18 +434,11 @@ class DurableWorkflow(Generic[Opts, R]):
         checked = self.workflow.check(run_id, kwargs or {})
         return self.task.apply_async(args=[run_id], kwargs=checked, **celery_options)
 
-    def send(self, run_id: str, options: Opts | None = None, **celery_options: Any) -> Any:
-        """``apply_async`` with typed options."""
+    def start(self, run_id: str, options: Opts | None = None, **celery_options: Any) -> Any:
+        """Send one delivery of ``run_id`` with typed options; Celery's ``AsyncResult`` back.
+
+        Raises:
+            InvalidRunId, InvalidArguments: nothing was sent.
+        """
         kwargs = self.workflow.encode(options)
         return self.apply_async(args=[run_id], kwargs=kwargs, **celery_options)
-
-    def run_here(
-        self,
-        run_id: str,
-        options: Opts | None = None,
-        *,
-        on_step: Observer | None = None,
-        journal: Journal | None = None,
-    ) -> Outcome:
-        """Run (or resume) one run in this process (``Workflow.run_here``)."""
-        return self.workflow.run_here(run_id, options, on_step=on_step, journal=journal)

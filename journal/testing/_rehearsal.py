@@ -263,7 +263,7 @@ def rehearse(
     run.args = dict(args)
     status, result, wait = "done", None, None
     try:
-        result = workflow.start(run)
+        result = workflow.invoke(run)
     except Suspend as suspend:
         status, wait = "waiting", suspend.wait
     seen = set(replayed)

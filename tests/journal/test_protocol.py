@@ -43,7 +43,7 @@ from journal.errors import (
     UnknownScriptStatus,
 )
 from tests.conftest import MakeJournal
-from tests.support import Relay, as_bytes, wait_until
+from tests.support import Relay, as_bytes, execute, wait_until
 
 T0 = 1_800_000_000.0
 TTL_MS = 5_000
@@ -127,11 +127,11 @@ def test_only_the_holder_proved_dead_is_taken_over(journal: Journal, keys: RunKe
 def test_an_opening_that_finds_the_run_ended_takes_it_out_of_the_due_index(
     journal: Journal, keys: RunKeys
 ) -> None:
-    journal.execute("wf", "r1", lambda run: "done once")
+    execute(journal, "wf", "r1", lambda run: "done once")
     journal.client.zadd(journal.keyspace.due, {keys.run: 1})  # put back by hand
     fence = journal.client.get(keys.fence)
 
-    outcome = journal.execute("wf", "r1", lambda run: "never again")
+    outcome = execute(journal, "wf", "r1", lambda run: "never again")
 
     assert (outcome.status, outcome.result) == ("already-done", "done once")
     assert journal.client.zscore(journal.keyspace.due, keys.run) is None
@@ -141,7 +141,7 @@ def test_an_opening_that_finds_the_run_ended_takes_it_out_of_the_due_index(
 def test_an_opening_refuses_an_unreadable_wait_and_writes_nothing(
     journal: Journal, keys: RunKeys
 ) -> None:
-    journal.execute("wf", "r1", lambda run: run.sleep("nap", 60))
+    execute(journal, "wf", "r1", lambda run: run.sleep("nap", 60))
     journal.client.hset(keys.meta, "wait", b'{"kind": "sleep"}')  # no step
     before = journal.client.hgetall(keys.meta)
     opening = journal.runner._opening(None)
@@ -191,10 +191,10 @@ def test_a_run_that_keeps_dying_at_start_is_parked_until_reset(
     journal = make_journal(clock=ManualClock(T0), max_stalled_starts=2)
     for _ in range(2):  # two starts die; each leaves its lease to expire
         with pytest.raises(SystemExit):
-            journal.execute("wf", "r1", crash)
+            execute(journal, "wf", "r1", crash)
         journal.client.delete(keys.lease)
     with pytest.raises(RunParked) as parked:
-        journal.execute("wf", "r1", crash)
+        execute(journal, "wf", "r1", crash)
     assert parked.value.starts == 2
     meta = journal.meta(keys)
     assert (meta["status"], meta["parked"], meta["starts_without_progress"]) == ("failed", "1", "2")
@@ -203,14 +203,14 @@ def test_a_run_that_keeps_dying_at_start_is_parked_until_reset(
     assert journal.client.zscore(journal.keyspace.due, keys.run) is None
 
     with pytest.raises(RunParked, match="after 2 starts"):
-        journal.execute("wf", "r1", crash)
+        execute(journal, "wf", "r1", crash)
     assert journal.client.get(keys.fence) == b"3"  # refused before taking the lease
 
     assert journal.reset("wf", "r1")
     meta = journal.meta(keys)
     assert ("parked" in meta, "last_error" in meta) == (False, False)
     assert meta["starts_without_progress"] == "0"
-    outcome = journal.execute("wf", "r1", lambda run: run.step("a", lambda: "A"))
+    outcome = execute(journal, "wf", "r1", lambda run: run.step("a", lambda: "A"))
     assert (outcome.status, outcome.result) == ("done", "A")
     assert journal.meta(keys)["starts_without_progress"] == "0"
     assert not journal.reset("wf", "r1")  # not parked: left as it is
@@ -224,18 +224,18 @@ def test_a_start_that_suspends_or_fails_clears_the_stall_count(
 ) -> None:
     journal = make_journal(clock=ManualClock(T0), max_stalled_starts=2)
     for _ in range(4):  # woken early each time: the sleep replays and suspends, recording nothing
-        assert journal.execute("wf", "r1", lambda run: run.sleep("nap", 10)).status == "waiting"
+        assert execute(journal, "wf", "r1", lambda run: run.sleep("nap", 10)).status == "waiting"
         assert journal.meta(keys)["starts_without_progress"] == "0"
     failing = journal.keys("wf", "r2")
     for _ in range(4):  # a start that dies, then one that fails: the failure is progress
         with pytest.raises(SystemExit):
-            journal.execute("wf", "r2", crash)
+            execute(journal, "wf", "r2", crash)
         journal.client.delete(failing.lease)
         with pytest.raises(ZeroDivisionError):
-            journal.execute("wf", "r2", lambda run: run.step("a", lambda: 1 / 0))
+            execute(journal, "wf", "r2", lambda run: run.step("a", lambda: 1 / 0))
         assert journal.meta(failing)["starts_without_progress"] == "0"
     with pytest.raises(SystemExit):
-        journal.execute("wf", "r1", crash)
+        execute(journal, "wf", "r1", crash)
     assert journal.meta(keys)["starts_without_progress"] == "1"
 
 
@@ -269,7 +269,7 @@ def test_a_step_recorded_meanwhile_is_adopted_and_not_overwritten(
         # Another thread of this holder records the step while this one computes it.
         return run.step("a", lambda: journal.client.hset(keys.steps, "a", record_of("won")) and 1)
 
-    outcome = journal.execute("wf", "r1", racing, on_step=events.append)
+    outcome = execute(journal, "wf", "r1", racing, on_step=events.append)
     assert outcome.result == "won"
     assert journal.client.hget(keys.steps, "a") == record_of("won")
     assert events == [StepEvent("a", True, "step", 1)]
@@ -283,7 +283,7 @@ def test_a_step_finished_after_the_lease_expired_is_not_recorded(
         run.step("b", lambda: journal.client.delete(keys.lease) and "B")
 
     with pytest.raises(LeaseLost) as lost:
-        journal.execute("wf", "r1", body)
+        execute(journal, "wf", "r1", body)
     assert type(lost.value) is LeaseLost
     assert "the lease expired before 'b' could be recorded" in str(lost.value)
     assert journal.client.hkeys(keys.steps) == [b"a"]
@@ -297,7 +297,7 @@ def test_a_step_finished_after_another_holder_took_over_is_fenced(
         run.step("b", lambda: journal.client.set(keys.lease, "2:winner") and "B")
 
     with pytest.raises(Fenced, match="'b' refused: the run is now held by 2:winner"):
-        journal.execute("wf", "r1", body)
+        execute(journal, "wf", "r1", body)
     assert journal.client.hlen(keys.steps) == 0
     assert journal.client.get(keys.lease) == b"2:winner"
 
@@ -318,7 +318,7 @@ def test_a_retry_after_a_back_off_checks_the_lease_before_it_runs_again(
     # A 0.2 s back-off: past half the TTL, so the boundary asks Redis before the next attempt.
     policy = RetryPolicy(base_delay=0.2, retryable=lambda e: True, retry_after=lambda e: 0.2)
     with pytest.raises(LeaseLost) as lost:
-        journal.execute("wf", "r1", lambda run: run.step("a", flaky, retry=policy))
+        execute(journal, "wf", "r1", lambda run: run.step("a", flaky, retry=policy))
     assert type(lost.value) is LeaseLost  # stopped at the boundary, not refused at the record
     assert attempts == [1]
 
@@ -424,7 +424,7 @@ def test_a_run_that_lost_its_lease_before_saving_its_status_saves_nothing(
     journal: Journal, keys: RunKeys
 ) -> None:
     with pytest.raises(LeaseLost, match="lost before the run's status could be saved"):
-        journal.execute("wf", "r1", lambda run: journal.client.delete(keys.lease) and "done")
+        execute(journal, "wf", "r1", lambda run: journal.client.delete(keys.lease) and "done")
     meta = journal.meta(keys)
     assert (meta["status"], "outcome" in meta) == ("running", False)
 
@@ -437,7 +437,7 @@ def test_a_run_taken_over_before_saving_its_status_leaves_the_new_holder_alone(
         raise RuntimeError("the body failed after the takeover")
 
     with pytest.raises(RuntimeError):
-        journal.execute("wf", "r1", body)
+        execute(journal, "wf", "r1", body)
     meta = journal.meta(keys)
     assert (meta["status"], "last_error" in meta) == ("running", False)
     assert journal.client.get(keys.lease) == b"2:winner"
@@ -520,14 +520,14 @@ def test_an_effect_whose_lease_is_gone_is_never_called(journal: Journal, keys: R
         run.effect("send", lambda effect: called.append("send"), timeout=5)
 
     with pytest.raises(Fenced, match="effect 'send' refused"):
-        journal.execute("wf", "r1", body)
+        execute(journal, "wf", "r1", body)
 
     def expired(run: Run) -> None:
         journal.client.delete(journal.keys("wf", "r2").lease)
         run.effect("send", lambda effect: called.append("send"), timeout=5)
 
     with pytest.raises(LeaseLost, match="expired before effect 'send' could be claimed"):
-        journal.execute("wf", "r2", expired)
+        execute(journal, "wf", "r2", expired)
     assert called == []
     assert journal.client.hlen(keys.effects) == 0
 
@@ -542,7 +542,7 @@ def test_a_receipt_after_a_takeover_is_saved_and_the_run_woken(
         return "sent"
 
     with pytest.raises(LeaseLost, match="lost while effect 'send' ran"):
-        journal.execute("wf", "r1", lambda run: run.effect("send", act, timeout=5))
+        execute(journal, "wf", "r1", lambda run: run.effect("send", act, timeout=5))
     # The claimant knows it acted, and says so: the next holder hands the receipt over.
     assert journal.client.hget(keys.effects, "send:receipt") == b'{"id":7}'
     assert as_bytes(journal.client.hget(keys.effects, "send")).endswith(b":done")
@@ -573,7 +573,7 @@ def test_a_script_answering_an_unknown_status_stops_the_run(
 
     journal.backend.scripts = dataclasses.replace(journal.backend.scripts, record=foreign)
     with pytest.raises(UnknownScriptStatus, match="script record returned unknown status"):
-        journal.execute("wf", "r1", lambda run: run.step("a", lambda: "A"))
+        execute(journal, "wf", "r1", lambda run: run.step("a", lambda: "A"))
     assert journal.client.hlen(keys.steps) == 0
 
 
@@ -625,13 +625,13 @@ def test_redis_lost_mid_step_is_store_unavailable_and_fails_nothing(
         return [run.step("a", lambda: "A"), run.step("b", lambda: (cuts and cuts.pop()()) or "B")]
 
     with pytest.raises(StoreUnavailable, match="cannot reach the journal store"):
-        journal.execute("wf", "r1", body)
+        execute(journal, "wf", "r1", body)
     outage.restore()
     meta = journal.meta(keys)
     assert (meta["status"], "last_error" in meta) == ("running", False)
     assert journal.client.hkeys(keys.steps) == [b"a"]
     journal.client.delete(keys.lease)  # it expires: nobody could give it back
-    outcome = journal.execute("wf", "r1", body)
+    outcome = execute(journal, "wf", "r1", body)
     assert (outcome.result, outcome.ran, outcome.replayed) == (["A", "B"], 1, 1)
 
 

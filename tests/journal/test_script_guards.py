@@ -29,7 +29,7 @@ from journal._redis.backend import (
 from journal._schema.keys import RunKeys
 from journal.errors import CorruptJournal
 from tests.conftest import MakeJournal
-from tests.support import as_text
+from tests.support import as_text, execute
 
 LIVE = 9_999_999_999_999  # a deadline no test outlives
 PAST = 1  # a deadline long gone
@@ -93,7 +93,7 @@ def test_a_delivery_counter_that_is_not_an_integer_is_refused_before_anything_st
     ran: list[str] = []
 
     with pytest.raises(CorruptJournal) as refused:
-        journal.execute("wf", "r", lambda run: ran.append("body"), delivered=True)
+        execute(journal, "wf", "r", lambda run: ran.append("body"), delivered=True)
 
     assert refused.value.field == "meta.deliveries"
     assert ran == []

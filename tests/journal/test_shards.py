@@ -13,6 +13,7 @@ import pytest
 
 from journal import Journal, Keyspace, ManualClock, Run
 from journal.ops.views import list_runs
+from tests.support import execute
 
 T0 = 1_800_000_000.0
 
@@ -66,7 +67,7 @@ def test_sharded_on_one_server_the_sweep_and_the_listing_see_every_shard() -> No
 
     runs = [f"r{n}" for n in range(20)]
     for run_id in runs:
-        journal.execute("wf", run_id, napper)
+        execute(journal, "wf", run_id, napper)
         clock.advance(1)
     assert len({journal.keys("wf", run_id).shard for run_id in runs}) == 4
     assert [row.run_id for row in list_runs(journal)] == runs[::-1]
@@ -75,5 +76,5 @@ def test_sharded_on_one_server_the_sweep_and_the_listing_see_every_shard() -> No
     assert Counter(keys.run_id for keys in claimed) == Counter(runs)
     assert journal.claim_due() == []
     for keys in claimed:
-        assert journal.execute("wf", keys.run_id, napper).status == "done"
+        assert execute(journal, "wf", keys.run_id, napper).status == "done"
     assert {row.state for row in list_runs(journal)} == {"done"}

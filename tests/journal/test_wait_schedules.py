@@ -49,7 +49,7 @@ from journal._schema.status import RunStatus, may_follow
 from journal._waits import Wait
 from journal.contrib.embedded import valkey_server_binary
 from journal.errors import LeaseBusy, LeaseLost, StoreUnavailable
-from tests.support import as_bytes, as_text, schedule_profiles, wait_until
+from tests.support import as_bytes, as_text, execute, schedule_profiles, wait_until
 
 PROFILE = schedule_profiles("waits", ci=(150, 20), long=(5_000, 40))
 
@@ -297,7 +297,7 @@ class WaitSchedules(RuleBasedStateMachine):
     def deliver(self) -> str:
         """One delivery to its end; how it ended."""
         try:
-            return self.journal().execute(WORKFLOW, RUN_ID, self.body).status
+            return execute(self.journal(), WORKFLOW, RUN_ID, self.body).status
         except LeaseBusy:
             return "busy"
         except LeaseLost:

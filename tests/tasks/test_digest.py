@@ -38,7 +38,7 @@ from tasks.model import (
 from tasks.runtime import Runtime
 from tasks.workflow import DigestOptions, mark_seen, run_digest, select_unseen
 from tests.fakes.anthropic_server import CREDIT_TOO_LOW, PROMPT_TOO_LONG, FakeAnthropic
-from tests.support import wait_until, watched_client
+from tests.support import execute, wait_until, watched_client
 
 # Renewed every third of it by the heartbeat thread: at 0.5 s a loaded two-core machine missed
 # the renewals long enough for a live run to lose its lease mid-map. The expiry waits cost
@@ -121,7 +121,8 @@ class LocalDigest:
         **options: Any,
     ) -> Outcome:
         active = runtime or self.runtime()
-        return self.journal.execute(
+        return execute(
+            self.journal,
             "digest",
             run_id,
             lambda run: run_digest(run, active, DigestOptions(**options)),
@@ -176,9 +177,9 @@ def test_a_step_runs_once_and_later_attempts_replay_its_saved_result(digest: Loc
         return value
 
     with pytest.raises(RuntimeError):
-        digest.journal.execute("steps", "r1", body)
+        execute(digest.journal, "steps", "r1", body)
     events: list[StepEvent] = []
-    second = digest.journal.execute("steps", "r1", body, on_step=events.append)
+    second = execute(digest.journal, "steps", "r1", body, on_step=events.append)
     assert second.result == 1
     assert runs == [1]
     assert events == [StepEvent("x", True, "step", 1)]
@@ -373,8 +374,11 @@ def test_a_week_selecting_while_another_marks_its_items_seen_never_takes_them(
     first = digest.runtime()
     ids = [item["id"] for item in ITEMS]
     source = first.config.items_path
-    digest.journal.execute(
-        "digest", "2026-w42", lambda run: select_unseen(first, source, "digest:2026-w42")
+    execute(
+        digest.journal,
+        "digest",
+        "2026-w42",
+        lambda run: select_unseen(first, source, "digest:2026-w42"),
     )
     trips: list[bytes] = []
 

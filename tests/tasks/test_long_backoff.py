@@ -13,7 +13,7 @@ import uuid
 import pytest
 from celery import Celery
 
-from journal import Journal, ManualClock, Run
+from journal import Journal, ManualClock, Run, workflow
 from journal._clock import millis
 from journal._waits import Wait
 from journal.integrations.celery import Durable
@@ -22,7 +22,7 @@ from tasks.model import AnthropicSummarizer
 from tasks.runtime import Runtime
 from tasks.workflow import DigestOptions, run_digest
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.support import RUN, TITLES, Deployment
+from tests.support import RUN, TITLES, Deployment, execute
 
 # The deployment's embedded server is a process of its own.
 pytestmark = pytest.mark.slow
@@ -69,9 +69,11 @@ def sweeper(runtime: Runtime) -> Durable:
     # Below the 120 s wait, so the sweep alone wakes the run (an eager app ignores countdowns).
     durable = Durable(app, lambda: runtime.journal, max_countdown=60)
 
-    @durable.workflow("digest", task_name="t.digest", options=DigestOptions)
+    @workflow("digest", options=DigestOptions)
     def digest(run: Run, options: DigestOptions) -> dict[str, object]:
         return run_digest(run, runtime, options)
+
+    durable.register(digest, task_name="t.digest")
 
     return durable
 
@@ -89,8 +91,8 @@ def test_a_long_retry_after_suspends_the_run_and_the_sweep_retries_it_later(
     )
 
     started = time.monotonic()
-    first = journal.execute(
-        "digest", RUN, lambda run: run_digest(run, runtime, DigestOptions(**run.args))
+    first = execute(
+        journal, "digest", RUN, lambda run: run_digest(run, runtime, DigestOptions(**run.args))
     )
     # Returned without sleeping out the retry-after (the first call also imports the SDK).
     assert time.monotonic() - started < RETRY_AFTER / 4
@@ -146,8 +148,8 @@ def test_an_enormous_retry_after_is_capped_at_max_retry_after(
         429, headers={"retry-after": retry_after}, contains='<update title="Faster search">'
     )
 
-    first = journal.execute(
-        "digest", RUN, lambda run: run_digest(run, runtime, DigestOptions(**run.args))
+    first = execute(
+        journal, "digest", RUN, lambda run: run_digest(run, runtime, DigestOptions(**run.args))
     )
 
     assert first.status == "waiting"
