@@ -159,6 +159,12 @@ def test_a_worker_killed_mid_batch_is_resumed_by_a_new_one_without_redoing_a_rec
     batches.wait_done("b1", 40)
     resumed_in = time.monotonic() - killed
 
+    fences = {
+        step.key.removeprefix("record:"): step.fence
+        for step in inspect_run(batches.config.runtime().journal, "records", "b1").steps
+    }
+    assert {rid: fences[rid] for rid in before} == dict.fromkeys(before, 1)  # the dead holder's
+    assert set(fences.values()) == {1, 2}  # the rest recorded by the new worker, fenced anew
     calls = batches.sink("b1").calls()
     assert sorted(calls) == sorted(BAD + GOOD)
     assert {rid: calls[rid] for rid in before} == dict.fromkeys(before, 1)  # never redone
@@ -170,8 +176,10 @@ def test_a_worker_killed_mid_batch_is_resumed_by_a_new_one_without_redoing_a_rec
     done = batches.report("b1")
     assert (done.records, done.done, done.pending) == (RECORDS, RECORDS - len(BAD), 0)
     assert done.failed == {rid: ERROR.format(rid) for rid in BAD}
-    print(f"recorded before the kill: {len(before)}, processed twice: {len(twice)}, "
-          f"resumed and finished {resumed_in:.1f}s after the kill")
+    print(
+        f"recorded before the kill: {len(before)}, processed twice: {len(twice)}, "
+        f"resumed and finished {resumed_in:.1f}s after the kill"
+    )
 
 
 def test_the_failed_ids_are_retried_only_deliberately_and_only_they(batches: Batches) -> None:
