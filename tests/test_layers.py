@@ -46,7 +46,7 @@ def test_the_contract_forbids_every_private_module_of_the_library() -> None:
 
 @pytest.mark.slow
 def test_an_app_module_importing_a_private_one_breaks_the_contract(tmp_path: Path) -> None:
-    for part in ("journal", "tasks"):
+    for part in ("journal", "tasks", "examples"):
         shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     kept = subprocess.run(
