@@ -27,8 +27,9 @@ from journal._redis.scripts import Client, Script
 from journal._retry import RetryPolicy, RunRetry
 from journal._run import Run, StepEvent
 from journal._schema.keys import Keyspace, RunKeys, validate_run_id
+from journal._schema.meta import Wait
 from journal._schema.records import Record
-from journal._waits import SignalResult, Wait
+from journal._waits import SignalResult
 from journal._workflow import Workflow, workflow
 from journal.errors import Hints
 

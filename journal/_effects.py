@@ -47,7 +47,15 @@ from journal._lease import Guard
 from journal._redis.backend import Confirmed, EffectClaimed, EffectTerms, Settled, StepStore
 from journal._schema import codec
 from journal._schema.keys import RunKeys
-from journal.errors import EffectAmbiguous, EffectLate, Fenced, LeaseLost, ReceiptUnsaved
+from journal.errors import (
+    EffectAmbiguous,
+    EffectLate,
+    Fenced,
+    LeaseLost,
+    ReceiptUnsaved,
+    StoreUnavailable,
+    one_line,
+)
 from journal.events import emit
 
 log = logging.getLogger(__name__)
@@ -198,8 +206,9 @@ class Effect:
         """
         try:
             self._settle("done", codec.dumps(receipt))
-        except redis.RedisError as error:
-            cause = f"{type(error).__name__}: {_one_line(error)}"
+        except (redis.RedisError, StoreUnavailable) as error:
+            refused = error.__cause__ if isinstance(error, StoreUnavailable) else error
+            cause = f"{type(refused).__name__}: {one_line(refused or error)}"
             raise ReceiptUnsaved(self._keys.run, self.key, receipt, cause) from None
 
     def ambiguous(self, detail: str) -> None:
@@ -210,7 +219,10 @@ class Effect:
         """
         try:
             self._settle("ambiguous", detail.encode())
-        except redis.RedisError:  # the claim stays confirmed, which reads the same
+        except (
+            redis.RedisError,
+            StoreUnavailable,
+        ):  # the claim stays confirmed, which reads the same
             log.info("run %s: effect %r left confirmed", self._keys.run, self.key)
 
     def release(self) -> None:
@@ -221,7 +233,10 @@ class Effect:
         """
         try:
             self._settle("released", b"")
-        except redis.RedisError:  # the claim stays: the next holder waits out its deadline
+        except (
+            redis.RedisError,
+            StoreUnavailable,
+        ):  # the claim stays: the next holder waits out its deadline
             log.info("run %s: effect %r left claimed", self._keys.run, self.key)
 
     def _settle(self, state: str, value: bytes) -> None:
@@ -276,13 +291,9 @@ def run_effect(effect: Effect, fn: Callable[[Effect], Any]) -> Any:
             if known:
                 effect.release()
             else:
-                effect.ambiguous(_one_line(error))
+                effect.ambiguous(one_line(error))
         except LeaseLost as lost:
             raise lost from error
         if effect.outcome != "ambiguous" or effect.repeatable or isinstance(error, LeaseLost):
             raise
-        raise EffectAmbiguous(effect.run, effect.key, _one_line(error)) from error
-
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split()) or type(error).__name__
+        raise EffectAmbiguous(effect.run, effect.key, one_line(error)) from error

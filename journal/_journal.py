@@ -12,21 +12,21 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import redis
 
 from journal._clock import Clock, SystemClock, millis
-from journal._delivery import Outcome, Runner, Settings, decode_meta, frozen_args
+from journal._delivery import Outcome, Runner, Settings
 from journal._redis.backend import RedisBackend, Snapshot
 from journal._redis.scripts import Client
 from journal._run import Run, StepEvent
 from journal._schema import codec
 from journal._schema.keys import Keyspace, RunKeys
+from journal._schema.meta import RunMeta
 from journal._schema.records import decode_effects
 from journal._schema.status import RunStatus
-from journal._waits import Wait
-from journal.errors import Hints, StoreUnavailable
+from journal.errors import Hints
 
 log = logging.getLogger(__name__)
 
@@ -52,32 +52,32 @@ class Journal:
     def __post_init__(self) -> None:
         if isinstance(self.client, redis.RedisCluster) and not self.keyspace.cluster:
             self.keyspace = replace(self.keyspace, cluster=True)
-        self.backend = RedisBackend(self.client, self.keyspace)
-        self.runner = Runner(self)
+        self.backend = RedisBackend(self.client, self.keyspace, self.url, self.hints)
+        self.runner = Runner(self.backend, self.settings, self.clock, self.hints)
         if self.settings.fsync_records:
-            self.call(self.backend.require_waitaof, self.url)
+            self.backend.require_waitaof(self.url)
         if self.settings.wait_replicas:
-            self.call(self.backend.require_replicas, self.url, self.settings.wait_replicas)
+            self.backend.require_replicas(self.url, self.settings.wait_replicas)
 
     def keys(self, workflow: str, run_id: str) -> RunKeys:
         """The validated keys of one run."""
         return self.keyspace.run(workflow, run_id)
 
-    def meta(self, keys: RunKeys) -> dict[str, str]:
-        """The run's meta hash, decoded."""
-        return decode_meta(keys.run, self.call(self.backend.meta, keys))
+    def meta(self, keys: RunKeys) -> RunMeta:
+        """The run's meta hash, parsed (``RunMeta``: its fields as text, typed readers)."""
+        return RunMeta.parse(keys.run, self.backend.meta(keys))
 
     def snapshot(self, keys: RunKeys) -> Snapshot:
         """One consistent read of a run: meta, steps, lease, signals and effects together."""
-        return cast(Snapshot, self.call(self.backend.snapshot, keys))
+        return self.backend.snapshot(keys)
 
     def oldest_due(self) -> float | None:
         """When the oldest entry of the due index fell due (epoch ms), or None when empty."""
-        return cast("float | None", self.call(self.backend.oldest_due))
+        return self.backend.oldest_due()
 
     def effect_states(self, keys: RunKeys) -> dict[str, str]:
         """The run's effects by step key: their states (``journal.ops.views.RunView.effects``)."""
-        return decode_effects(self.call(self.backend.effects, keys))[0]
+        return decode_effects(self.backend.effects(keys))[0]
 
     def _deliver(
         self,
@@ -113,12 +113,12 @@ class Journal:
         """
         keys = self.keys(workflow, run_id)
 
-        return bool(self.call(self.backend.un_park, keys))
+        return bool(self.backend.un_park(keys))
 
     def delete(self, workflow: str, run_id: str) -> int:
         """Remove every key of one run and its index entries (a dry run's scratch journal)."""
         keys = self.keys(workflow, run_id)
-        return int(self.call(self.backend.delete, keys))
+        return int(self.backend.delete(keys))
 
     def send_signal(
         self,
@@ -140,23 +140,19 @@ class Journal:
             True if this payload was stored; False if a signal of that name was already there.
         """
         keys = self.keys(workflow, run_id)
-        stored = bool(self.call(self.backend.store_signal, keys, name, codec.dumps(payload)))
+        stored = bool(self.backend.store_signal(keys, name, codec.dumps(payload)))
         meta = self.meta(keys)
-        wait = meta.get("wait")
-        if meta.get("status") == RunStatus.WAITING and wait:
-            waiting_for = Wait.from_meta(keys.run, wait)
-            if waiting_for.signal == name:
-                self.call(self.backend.make_due, keys, millis(self.clock.now()))
-                if on_wake is not None:
-                    on_wake(keys)
+        waiting = meta.wait if meta.status == RunStatus.WAITING else None
+        if waiting is not None and waiting.signal == name:
+            self.backend.make_due(keys, millis(self.clock.now()))
+            if on_wake is not None:
+                on_wake(keys)
         return stored
 
     def claim_due(self, limit: int = 100) -> list[RunKeys]:
         """Claim runs whose wake-up or lease-expiry time has passed (atomic across sweepers)."""
         now = self.clock.now()
-        reply = self.call(
-            self.backend.claim_due, millis(now), limit, millis(now + self.settings.rearm_after)
-        )
+        reply = self.backend.claim_due(millis(now), limit, millis(now + self.settings.rearm_after))
         claimed: list[RunKeys] = []
         for raw in reply:
             try:
@@ -168,16 +164,7 @@ class Journal:
 
     def run_args(self, keys: RunKeys) -> dict[str, Any]:
         """The arguments a run was delivered with, for re-enqueueing it."""
-        return frozen_args(keys, self.meta(keys)) or {}
-
-    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Call a Redis operation, turning a lost connection into ``StoreUnavailable``."""
-        try:
-            return fn(*args, **kwargs)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise StoreUnavailable(
-                self.url, str(exc) or type(exc).__name__, self.hints.store_down
-            ) from exc
+        return self.meta(keys).args or {}
 
 
 def jitter(seconds: float, spread: float = 0.2) -> float:

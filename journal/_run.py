@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from journal._batch import BatchApi, BatchEntry, BatchPolicy, run_batch
 from journal._clock import Clock, millis
 from journal._effects import Effect, run_effect
 from journal._lease import Guard
@@ -26,8 +27,8 @@ from journal._retry import RetryPolicy
 from journal._retry import attempt as retry_loop
 from journal._schema import codec, records
 from journal._schema.keys import RunKeys
-from journal._waits import SignalResult, Suspend, Wait
-from journal.batch import BatchApi, BatchEntry, BatchPolicy, run_batch
+from journal._schema.meta import Wait
+from journal._waits import SignalResult, Suspend
 from journal.errors import (
     EffectAmbiguous,
     Fenced,

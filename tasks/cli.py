@@ -14,7 +14,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
 from typing import Any, NoReturn
@@ -679,7 +679,7 @@ def _usage(value: Any) -> str:
     return ""
 
 
-def _fate(meta: dict[str, str]) -> str:
+def _fate(meta: Mapping[str, str]) -> str:
     """What becomes of a run that failed, or waits on an operator.
 
     A run that failed for a transient cause: its next retry, or none; one whose email may have
@@ -703,7 +703,7 @@ def _fate(meta: dict[str, str]) -> str:
     return ""
 
 
-def _outcome(meta: dict[str, str]) -> str:
+def _outcome(meta: Mapping[str, str]) -> str:
     """A finished run's outcome in words: ``sent: 8 items, email sent (...)``, ``rejected``."""
     if meta.get("status") != "done" or "outcome" not in meta:
         return ""
@@ -716,7 +716,7 @@ def _outcome(meta: dict[str, str]) -> str:
     return f"{result['status']} ({reason})" if reason else str(result["status"])
 
 
-def _when_ms(meta: dict[str, str], name: str) -> str:
+def _when_ms(meta: Mapping[str, str], name: str) -> str:
     raw = meta.get(name, "")
     return _when(int(raw) / 1000) if raw.isdigit() else f"unknown ({name}={raw!r})"
 

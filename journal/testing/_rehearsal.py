@@ -34,7 +34,8 @@ from journal._redis.backend import (
 )
 from journal._run import Run, StepEvent, StepPolicy
 from journal._schema.keys import Keyspace, RunKeys
-from journal._waits import Suspend, Wait
+from journal._schema.meta import Wait
+from journal._waits import Suspend
 from journal._workflow import Workflow
 
 R = TypeVar("R")

@@ -38,10 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from journal._delivery import frozen_args
 from journal._journal import Journal
 from journal._redact import redact
 from journal._schema import codec, records
+from journal._schema.meta import RunMeta
 from journal._schema.records import Record
 from journal.errors import BadFixture, ControlRefused, CorruptJournal
 from journal.ops.views import inspect_run
@@ -206,7 +206,7 @@ def export(journal: Journal, workflow: str, run_id: str) -> Fixture:
     if not view.meta:
         raise ControlRefused(view.run, "no such run")
     keys = journal.keys(workflow, run_id)
-    args = frozen_args(keys, view.meta) or {}
+    args = RunMeta(keys.run, view.meta).args or {}
     steps = tuple(
         dataclasses.replace(record, key=_masked(record.key), result=_masked(record.result))
         for record in view.steps

@@ -10,7 +10,7 @@ Each failed attempt counts one ``retry`` event. Found by mutation testing (docs/
 from __future__ import annotations
 
 from journal import ManualClock, RetryPolicy, Run, StepEvent
-from journal._waits import Wait
+from journal._schema.meta import Wait
 from tests.conftest import MakeJournal
 from tests.support import execute, recorded_events
 

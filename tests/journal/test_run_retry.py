@@ -8,7 +8,7 @@ succeeds or the retry deadline passes and it is failed for good, logged at ERROR
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import pytest
 
@@ -54,7 +54,7 @@ def flaky(fails: list[BaseException], ran: list[str]) -> Callable[[Run], str]:
     return body
 
 
-def streak(meta: dict[str, str]) -> dict[str, str]:
+def streak(meta: Mapping[str, str]) -> dict[str, str]:
     """The meta fields that record a streak of transient failures."""
     return {name: value for name, value in meta.items() if name in STREAK}
 

@@ -16,8 +16,8 @@ import redis
 from journal import Effect, ManualClock, Run, StepEvent
 from journal._cancel import CANCEL_FIELD
 from journal._clock import millis
-from journal._delivery import decode_meta
 from journal._journal import jitter
+from journal._schema.meta import RunMeta
 from journal.errors import CorruptJournal, LeaseLost, RunParked, StoreUnavailable
 from journal.ops.actions import cancel
 from tests.conftest import MakeJournal
@@ -359,21 +359,28 @@ def test_frozen_args_that_are_not_an_object_are_refused_saying_so(
     [(redis.ConnectionError("refused"), "refused"), (redis.TimeoutError(), "TimeoutError")],
     ids=["with-a-message", "without"],
 )
-def test_call_turns_a_lost_connection_into_store_unavailable_with_its_reason(
+def test_the_store_turns_a_lost_connection_into_store_unavailable_with_its_reason(
     make_journal: MakeJournal, error: Exception, detail: str
 ) -> None:
     journal = make_journal()
+    execute(journal, "wf", "r1", nap)
 
-    def down() -> None:
+    def down(*args: object, **kwargs: object) -> None:
         raise error
 
+    journal.client.hgetall = down  # type: ignore[method-assign,assignment]
+    journal.client.zrevrange = down  # type: ignore[method-assign,assignment]
     with pytest.raises(StoreUnavailable) as caught:
-        journal.call(down)
+        journal.meta(journal.keys("wf", "r1"))
+    assert (caught.value.url, caught.value.detail) == ("redis", detail)
+    # A listing is read a page at a time, as its reader asks: each page is translated too.
+    with pytest.raises(StoreUnavailable) as caught:
+        list(journal.backend.runs_newest(10))
     assert (caught.value.url, caught.value.detail) == ("redis", detail)
 
 
 def test_a_meta_field_name_that_is_not_utf8_is_read_with_a_replacement_character() -> None:
-    assert decode_meta("wf:r1", {b"\xffx": b"v", b"status": b"done"}) == {
+    assert dict(RunMeta.parse("wf:r1", {b"\xffx": b"v", b"status": b"done"})) == {
         "\ufffdx": "v",
         "status": "done",
     }

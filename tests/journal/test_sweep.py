@@ -20,7 +20,7 @@ from celery import Celery
 
 from journal import Journal, ManualClock, Outcome, Run, workflow
 from journal._clock import millis
-from journal._waits import Wait
+from journal._schema.meta import Wait
 from journal.integrations.celery import Durable
 from tests.conftest import MakeJournal
 from tests.support import execute

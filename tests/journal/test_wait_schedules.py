@@ -44,9 +44,9 @@ from hypothesis.stateful import (
 from journal import Effect, Journal, Keyspace, ManualClock, Run, Settings
 from journal._clock import millis
 from journal._schema import codec
+from journal._schema.meta import Wait
 from journal._schema.records import decode_fields
 from journal._schema.status import RunStatus, may_follow
-from journal._waits import Wait
 from journal.contrib.embedded import valkey_server_binary
 from journal.errors import LeaseBusy, LeaseLost, StoreUnavailable
 from tests.support import as_bytes, as_text, execute, schedule_profiles, wait_until

@@ -19,7 +19,8 @@ from journal._clock import millis
 from journal._delivery import Runner
 from journal._redis.backend import Closed
 from journal._schema.keys import RunKeys
-from journal._waits import Suspend, Wait
+from journal._schema.meta import Wait
+from journal._waits import Suspend
 from journal.ops.views import inspect_run
 from tests.conftest import MakeJournal
 from tests.support import execute
@@ -309,6 +310,10 @@ def test_a_signal_between_the_check_and_the_suspension_is_taken_at_once(
 
 class SignalAfterWaitIsRecorded(Runner):
     """Delivers the signal right after the wait is recorded and the lease given back."""
+
+    def __init__(self, journal: Journal) -> None:
+        super().__init__(journal.backend, journal.settings, journal.clock, journal.hints)
+        self.journal = journal
 
     def _close(
         self,

@@ -13,7 +13,7 @@ import functools
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +139,7 @@ class LocalDigest:
     def seen(self) -> set[str]:
         return {text(m) for m in self.client.smembers(DigestKeys(self.prefix).seen)}
 
-    def meta(self, run_id: str) -> dict[str, str]:
+    def meta(self, run_id: str) -> Mapping[str, str]:
         return self.journal.meta(self.journal.keys("digest", run_id))
 
     def wait_for_lease_expiry(self, run_id: str) -> None:

@@ -15,7 +15,7 @@ from celery import Celery
 
 from journal import Journal, ManualClock, Run, workflow
 from journal._clock import millis
-from journal._waits import Wait
+from journal._schema.meta import Wait
 from journal.integrations.celery import Durable
 from journal.ops.views import inspect_run
 from tasks.model import AnthropicSummarizer
