@@ -16,11 +16,13 @@ import pytest
 from tests.support import ROOT
 from tests.test_layers import LINT_IMPORTS, contract, private_modules
 
-CONTRACT = "examples import no private module of journal, and nothing of tasks"
+PRIVATE = "tasks and examples import no private module of journal"
 
 
-def test_the_contract_forbids_the_app_and_every_private_module_of_the_library() -> None:
-    assert set(contract(CONTRACT)["forbidden_modules"]) == private_modules() | {"tasks"}
+def test_the_contracts_forbid_the_app_and_every_private_module_of_the_library() -> None:
+    assert contract(PRIVATE)["source_modules"] == ["tasks", "examples"]
+    assert set(contract(PRIVATE)["forbidden_modules"]) == private_modules()
+    assert contract("examples import nothing of tasks")["forbidden_modules"] == ["tasks"]
 
 
 @pytest.mark.slow
