@@ -27,8 +27,9 @@ from journal._redis.scripts import Client, Script
 from journal._retry import RetryPolicy, RunRetry
 from journal._run import Run, StepEvent
 from journal._schema.keys import Keyspace, RunKeys, validate_run_id
-from journal._schema.meta import Wait
+from journal._schema.meta import RunMeta, Wait
 from journal._schema.records import Record
+from journal._schema.steps import StepKey
 from journal._waits import SignalResult
 from journal._workflow import Workflow, workflow
 from journal.errors import Hints
@@ -47,11 +48,13 @@ __all__ = [
     "RetryPolicy",
     "Run",
     "RunKeys",
+    "RunMeta",
     "RunRetry",
     "Script",
     "Settings",
     "SignalResult",
     "StepEvent",
+    "StepKey",
     "SystemClock",
     "Wait",
     "Workflow",

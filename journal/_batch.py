@@ -22,6 +22,7 @@ from journal._retry import RetryPolicy
 from journal._retry import attempt as retry_loop
 from journal._schema.keys import RunKeys
 from journal._schema.meta import Wait
+from journal._schema.steps import StepKey
 from journal._waits import Suspend
 from journal.errors import one_line
 
@@ -544,7 +545,7 @@ class _Batch(Generic[X, T]):
     def _sleep(self, key: str, seconds: float) -> None:
         """``Run.sleep`` in the batch's group: the wake time recorded once, then suspended."""
         run = self.run
-        step = f"sleep:{key}"
+        step = StepKey.sleep(key)
         recorded = run._cursor.take(step)
         if recorded is not None:
             wake_at = float(run._replay(step, recorded))

@@ -79,18 +79,6 @@ class Lease:
     token: str = field(default_factory=lambda: secrets.token_hex(8))
     due_after_ms: Callable[[], int] | None = None
 
-    def acquire(self, now_ms: int) -> Grant:
-        """Take the lease alone, or learn how long the current holder still has.
-
-        A live lease whose holder this process can prove dead is taken over at once.
-
-        Raises:
-            LeaseBusy: another holder's lease is live; carries its remaining milliseconds.
-        """
-        grant = self._take(now_ms, None)
-        assert isinstance(grant, Grant)  # without an opening the script never finds a run
-        return grant
-
     def open(self, now_ms: int, opening: Opening) -> Grant | Found:
         """Take the lease and open the run in one round trip (see ``open.lua``).
 

@@ -28,6 +28,7 @@ from journal._retry import attempt as retry_loop
 from journal._schema import codec, records
 from journal._schema.keys import RunKeys
 from journal._schema.meta import Wait
+from journal._schema.steps import StepKey
 from journal._waits import SignalResult, Suspend
 from journal.errors import (
     EffectAmbiguous,
@@ -158,10 +159,6 @@ class Run:
         base = f"{self.keys.workflow}-{self.keys.run_id}"
         return base if step is None else f"{base}-{step}"
 
-    def has(self, key: str) -> bool:
-        """Whether the journal holds ``key`` (recorded in an earlier attempt or this one)."""
-        return self._cursor.has(key)
-
     def step(self, key: str, fn: Callable[[], T], *, retry: RetryPolicy | None = None) -> T:
         """Run ``fn`` once for this run: replay its recorded result, or call and record it.
 
@@ -251,26 +248,16 @@ class Run:
 
         Whatever order the calls finish in, each result is recorded the moment its call
         returns, so a crash loses only the calls in flight, never an answer already paid for;
-        the steps are reported (and numbered) in item order, so the transcript and a crash
-        point after item N are the same at any concurrency, though a crash after item N may
-        find later items recorded too. The group counts as one position for drift detection.
-        When one item fails, items already running finish and are recorded (their cost is not
-        thrown away), items not started are cancelled, and the first error is raised.
+        the steps are reported (and numbered) in item order, so a transcript is the same at any
+        concurrency. The group counts as one position for drift detection. When one item fails,
+        items already running finish and are recorded, the others are not started, and the
+        first error is raised.
         """
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        keys = [f"{prefix}:{key(item)}" for item in items]
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"map {prefix!r}: item keys are not unique")
+        keys = _item_keys("map", prefix, items, key)
         results: list[Any] = [None] * len(items)
-        with self._lock:
-            recorded = [self._cursor.consume(k) for k in keys]
-            if keys and not any(recorded):
-                self._cursor.check_drift(keys[0])
-            todo = [index for index, record in enumerate(recorded) if record is None]
-            self._cursor.open_group(prefix)
-        first_seq = self._cursor.next_seq(len(todo)) if todo else 0
-        seqs = {index: first_seq + offset for offset, index in enumerate(todo)}
+        recorded, seqs = self._open_group(prefix, keys)
         order = _ItemOrder()
         stop = threading.Event()
 
@@ -295,36 +282,18 @@ class Run:
         pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=prefix)
         # Each call in its own copy of this context: its log lines name the run's delivery.
         futures: dict[Future[T], int] = {
-            pool.submit(contextvars.copy_context().run, one, i): i for i in todo
+            pool.submit(contextvars.copy_context().run, one, i): i for i in seqs
         }
         try:
-            for index, record in enumerate(recorded):
-                if record is not None:
-                    results[index] = record["result"]
-                    order.done(index, functools.partial(self._replay, keys[index], record))
+            self._replayed_in_order(keys, recorded, results, order)
             wait(futures)
         except BaseException:
-            # The process is stopping (a pool child's SIGTERM raises SystemExit here): leave
-            # the calls in flight behind rather than wait out their timeouts. Whatever they
-            # still record is fenced; the next holder replays it or makes the call again.
-            stop.set()
-            pool.shutdown(wait=False, cancel_futures=True)
+            _abandon(pool, stop)
             raise
         finally:
             self._cursor.close_group(prefix)
         pool.shutdown()
-        first_error: BaseException | None = None
-        for future, index in futures.items():
-            error = future.exception()
-            if error is None:
-                results[index] = future.result()
-            elif isinstance(error, _NotStarted):
-                continue
-            elif first_error is None or isinstance(first_error, Suspend):
-                first_error = error
-        if first_error is not None:
-            raise first_error
-        return results
+        return _collected(futures, results)
 
     def batch(
         self,
@@ -374,19 +343,11 @@ class Run:
 
     def now(self, key: str) -> float:
         """The wall time, recorded once: a replay sees the time of the first attempt."""
-        recorded = self._cursor.take(f"now:{key}")
-        if recorded is not None:
-            return float(self._replay(f"now:{key}", recorded))
-        return self._execute(f"now:{key}", self.clock.now, None, kind="now", group=None)
+        return float(self._once(StepKey.now(key), self.clock.now, "now"))
 
     def uuid(self, key: str) -> str:
         """A random id, recorded once, for values that must not change on replay."""
-        recorded = self._cursor.take(f"uuid:{key}")
-        if recorded is not None:
-            return str(self._replay(f"uuid:{key}", recorded))
-        return self._execute(
-            f"uuid:{key}", lambda: str(uuid_module.uuid4()), None, kind="uuid", group=None
-        )
+        return str(self._once(StepKey.uuid(key), lambda: str(uuid_module.uuid4()), "uuid"))
 
     def version(self, key: str, current: int) -> int:
         """The code version this run started under, for branching safely after a deploy.
@@ -395,12 +356,10 @@ class Run:
         recorded before the gate existed gets 0 and records nothing, so it keeps the old path
         to its end; new steps go behind ``if run.version(key, N) >= N``.
         """
-        recorded = self._cursor.take(f"version:{key}", drift_check=False)
-        if recorded is not None:
-            return int(self._replay(f"version:{key}", recorded))
-        if self._cursor.older_history():
+        step = StepKey.version(key)
+        if not self._cursor.has(step) and self._cursor.older_history():
             return 0
-        return self._execute(f"version:{key}", lambda: current, None, kind="version", group=None)
+        return int(self._once(step, lambda: current, "version", drift_check=False))
 
     def sleep(self, key: str, seconds: float) -> None:
         """Wait durably: the wake time is recorded once, and the run suspends until then.
@@ -408,14 +367,8 @@ class Run:
         A replay never extends the sleep; a run woken early suspends again until the
         recorded time.
         """
-        step = f"sleep:{key}"
-        recorded = self._cursor.take(step)
-        if recorded is not None:
-            wake_at = float(self._replay(step, recorded))
-        else:
-            wake_at = self._execute(
-                step, lambda: self.clock.now() + seconds, None, kind="sleep", group=None
-            )
+        step = StepKey.sleep(key)
+        wake_at = float(self._once(step, lambda: self.clock.now() + seconds, "sleep"))
         if self.clock.now() < wake_at:
             raise Suspend(Wait(kind="sleep", step=step, until=wake_at))
 
@@ -425,19 +378,12 @@ class Run:
         The deadline is recorded on first execution; the outcome is recorded when it is known,
         so a later signal of the same name never changes a wait that already returned.
         """
-        deadline_step = f"wait:{name}"
-        outcome_step = f"signal:{name}"
-        recorded = self._cursor.take(deadline_step)
-        if recorded is not None:
-            deadline = self._replay(deadline_step, recorded)
-        else:
-            deadline = self._execute(
-                deadline_step,
-                lambda: None if timeout is None else self.clock.now() + timeout,
-                None,
-                kind="wait",
-                group=None,
-            )
+        deadline = self._once(
+            StepKey.deadline(name),
+            lambda: None if timeout is None else self.clock.now() + timeout,
+            "wait",
+        )
+        outcome_step = StepKey.signal(name)
         recorded = self._cursor.take(outcome_step)
         if recorded is not None:
             outcome = self._replay(outcome_step, recorded)
@@ -464,6 +410,35 @@ class Run:
         self._guard.ensure()
 
     # -- internals ---------------------------------------------------------------------
+
+    def _open_group(self, prefix: str, keys: list[str]) -> tuple[list[Any], dict[int, int]]:
+        """A map's recorded items taken, and a sequence number for each one left to run."""
+        with self._lock:
+            recorded = [self._cursor.consume(k) for k in keys]
+            if keys and not any(recorded):
+                self._cursor.check_drift(keys[0])
+            todo = [index for index, record in enumerate(recorded) if record is None]
+            self._cursor.open_group(prefix)
+        first_seq = self._cursor.next_seq(len(todo)) if todo else 0
+        return recorded, {index: first_seq + offset for offset, index in enumerate(todo)}
+
+    def _replayed_in_order(
+        self, keys: list[str], recorded: list[Any], results: list[Any], order: _ItemOrder
+    ) -> None:
+        """A map's recorded items as results, each reported in its turn among the new ones."""
+        for index, record in enumerate(recorded):
+            if record is not None:
+                results[index] = record["result"]
+                order.done(index, functools.partial(self._replay, keys[index], record))
+
+    def _once(
+        self, step: str, fn: Callable[[], Any], kind: str, *, drift_check: bool = True
+    ) -> Any:
+        """What every helper is: the recorded value replayed, else ``fn`` called and recorded."""
+        recorded = self._cursor.take(step, drift_check=drift_check)
+        if recorded is not None:
+            return self._replay(step, recorded)
+        return self._execute(step, fn, None, kind=kind, group=None)
 
     def _replay(self, key: str, record: dict[str, Any]) -> Any:
         emit("step_replayed", step_name(key), workflow=self.keys.workflow)
@@ -545,3 +520,37 @@ class Run:
     def _report(self, event: StepEvent) -> None:
         if self._on_step is not None:
             self._on_step(event)
+
+
+def _item_keys(kind: str, prefix: str, items: Sequence[X], key: Callable[[X], str]) -> list[str]:
+    """Each item's step key; items must be told apart, or one would replay another's result."""
+    keys = [f"{prefix}:{key(item)}" for item in items]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"{kind} {prefix!r}: item keys are not unique")
+    return keys
+
+
+def _abandon(pool: ThreadPoolExecutor, stop: threading.Event) -> None:
+    """The process is stopping (a pool child's SIGTERM raises SystemExit in the map).
+
+    The calls in flight are left behind rather than waited out to their timeouts: whatever
+    they still record is fenced, and the next holder replays it or makes the call again.
+    """
+    stop.set()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _collected(futures: Mapping[Future[T], int], results: list[Any]) -> list[T]:
+    """A map's results in item order; else its first error (a wait only if nothing failed)."""
+    first_error: BaseException | None = None
+    for future, index in futures.items():
+        error = future.exception()
+        if error is None:
+            results[index] = future.result()
+        elif isinstance(error, _NotStarted):
+            continue
+        elif first_error is None or isinstance(first_error, Suspend):
+            first_error = error
+    if first_error is not None:
+        raise first_error
+    return results

@@ -70,6 +70,7 @@ from journal._batch import (
 from journal._journal import Journal
 from journal._schema.meta import Wait
 from journal._schema.records import Record, decode_journal, ordered
+from journal._schema.steps import StepKey
 from journal.errors import one_line
 
 __all__ = [
@@ -143,7 +144,7 @@ def batches(
                 if look.result.get("then") in ("results", "give-up"):
                     outcome = str(look.result["then"])
             k += 1
-        sleeping = f"sleep:{look_key(prefix, n, k)}"
+        sleeping = StepKey.sleep(look_key(prefix, n, k))
         next_look = wait.until if wait is not None and wait.step == sleeping else None
         views.append(
             BatchView(

@@ -18,12 +18,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import redis
 
 from journal import Journal, Outcome, Run, StepEvent
+from journal._lease import Grant, Lease
+from journal._schema.keys import Index, Keyspace
 from journal.contrib.embedded import embedded_url, stop_embedded, valkey_server_binary
 from journal.events import listen
 from journal.ops.views import RunView, inspect_run
@@ -112,6 +114,30 @@ def execute(
     """
     keys = journal.keys(workflow, run_id)
     return journal._deliver(keys, body, args=args, on_step=on_step, delivered=delivered)
+
+
+def acquire(lease: Lease, now_ms: int) -> Grant:
+    """Take ``lease`` alone, opening no run: the protocol's tests hold a run by hand.
+
+    Raises:
+        LeaseBusy: another holder's lease is live.
+    """
+    grant = lease._take(now_ms, None)
+    assert isinstance(grant, Grant)  # without an opening the script never finds a run
+    return grant
+
+
+class HasKeyspace(Protocol):
+    """A journal, or a test's own holder of its keyspace."""
+
+    @property
+    def keyspace(self) -> Keyspace: ...
+
+
+def only_index(holder: HasKeyspace) -> Index:
+    """The runs and due indexes of an unsharded keyspace (a sharded one has one per shard)."""
+    (index,) = holder.keyspace.indexes()
+    return index
 
 
 def returning(value: T) -> Callable[[], T]:

@@ -245,13 +245,7 @@ class Durable:
             log.info("%s; retrying this delivery in %.1fs", busy, countdown)
             raise task.retry(countdown=countdown, max_retries=None) from None
         except StoreUnavailable as down:
-            # Never given up: a digest must outlive a Redis outage. The retry count is shared
-            # with busy-lease retries, so the back-off is capped rather than counted down.
-            attempt = min(task.request.retries, 16)
-            cap = min(self.store_backoff_cap, self.max_countdown)
-            countdown = min(jitter(2.0**attempt), cap)
-            log.warning("%s; retrying this delivery in %.1fs", down, countdown)
-            raise self._retry_outliving_the_broker(task, down, countdown) from None
+            raise self._retry_outliving_the_store(task, down) from None
         except RunParked as parked:
             log.error("%s", parked)
             return {"run": f"{name}:{run_id}", "status": "parked", "error": str(parked)}
@@ -290,6 +284,18 @@ class Durable:
             "ran": outcome.ran,
             "replayed": outcome.replayed,
         }
+
+    def _retry_outliving_the_store(self, task: Task, down: StoreUnavailable) -> Retry:
+        """Never given up: a run must outlive a Redis outage.
+
+        The retry count is shared with busy-lease retries, so the back-off is capped rather
+        than counted down.
+        """
+        attempt = min(task.request.retries, 16)
+        cap = min(self.store_backoff_cap, self.max_countdown)
+        countdown = min(jitter(2.0**attempt), cap)
+        log.warning("%s; retrying this delivery in %.1fs", down, countdown)
+        return self._retry_outliving_the_broker(task, down, countdown)
 
     @staticmethod
     def _retry_outliving_the_broker(task: Task, down: StoreUnavailable, countdown: float) -> Retry:

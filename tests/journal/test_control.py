@@ -21,7 +21,7 @@ from journal.errors import ControlRefused, EffectUnderway
 from journal.ops.actions import cancel, fork, retry, unsettled_effects
 from journal.ops.views import inspect_run
 from tests.conftest import MakeJournal
-from tests.support import execute
+from tests.support import acquire, execute, only_index
 
 
 @pytest.fixture
@@ -115,7 +115,7 @@ def test_a_running_run_finishes_its_step_in_flight_and_starts_no_other(journal: 
         None,
     )
     assert steps_of(journal, "r") == ["a"]
-    assert journal.client.zscore(journal.keyspace.due, "wf:r") is None
+    assert journal.client.zscore(only_index(journal).due, "wf:r") is None
     assert execute(journal, "wf", "r", body).status == "cancelled"
     assert calls == ["a"]
 
@@ -126,13 +126,13 @@ def test_a_waiting_run_is_cancelled_at_once_and_never_woken(journal: Journal) ->
         return run.wait_for_signal("go", timeout=600).payload
 
     assert execute(journal, "wf", "r", body).status == "waiting"
-    assert journal.client.zscore(journal.keyspace.due, "wf:r") is not None
+    assert journal.client.zscore(only_index(journal).due, "wf:r") is not None
 
     assert cancel(journal, "wf", "r").immediate is True
 
     view = inspect_run(journal, "wf", "r")
     assert (view.status, view.wait) == ("cancelled", None)
-    assert journal.client.zscore(journal.keyspace.due, "wf:r") is None
+    assert journal.client.zscore(only_index(journal).due, "wf:r") is None
     journal.send_signal("wf", "r", "go", 1)
     assert execute(journal, "wf", "r", body).status == "cancelled"
     assert steps_of(journal, "r") == ["a", "wait:go"]
@@ -153,7 +153,7 @@ def test_a_run_about_to_wait_is_cancelled_instead(journal: Journal) -> None:
 def test_a_dead_holders_successor_cancels_before_its_first_step(journal: Journal) -> None:
     keys = journal.keys("wf", "r")
     journal.client.hset(keys.meta, mapping={"status": "running"})
-    Lease(keys, journal.backend, 60_000).acquire(0)  # a holder that will never come back
+    acquire(Lease(keys, journal.backend, 60_000), 0)  # a holder that will never come back
 
     assert cancel(journal, "wf", "r").immediate is False
     journal.client.delete(keys.lease)  # its lease expires

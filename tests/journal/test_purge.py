@@ -19,7 +19,7 @@ from journal._redis.backend import Purging
 from journal._schema.keys import RunKeys
 from journal.ops.actions import PURGEABLE
 from tests.conftest import MakeJournal
-from tests.support import as_text, execute
+from tests.support import acquire, as_text, execute
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ def test_a_held_run_is_kept_though_its_meta_is_as_read_and_ended(
 ) -> None:
     keys = failed_run(journal)
     # A delivery takes the lease to start the run again; the purge reads the meta after.
-    Lease(keys, journal.backend, 60_000).acquire(millis(journal.clock.now()))
+    acquire(Lease(keys, journal.backend, 60_000), millis(journal.clock.now()))
     meta = journal.meta(keys)
     assert (meta["status"], store.exists(keys.lease)) == ("failed", 1)
     before = stored(store, keys)
@@ -87,7 +87,7 @@ def test_a_run_updated_since_its_meta_was_read_is_kept(
     keys = failed_run(journal)
     read = journal.meta(keys)
     # Meanwhile a delivery took the lease (writing the run's meta) and its lease lapsed.
-    Lease(keys, journal.backend, 60_000).acquire(int(read["updated_at"]) + 1)
+    acquire(Lease(keys, journal.backend, 60_000), int(read["updated_at"]) + 1)
     store.delete(keys.lease)
     assert journal.meta(keys)["status"] == "failed"  # ended still, unheld: only newer
     before = stored(store, keys)

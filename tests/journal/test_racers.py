@@ -24,7 +24,7 @@ from journal._redis.scripts import Scripts
 from journal._schema.keys import RunKeys
 from journal._schema.records import Record
 from journal.errors import LeaseBusy
-from tests.support import execute, returning
+from tests.support import acquire, execute, returning
 
 RACERS = 20
 TTL_S = 10.0
@@ -150,7 +150,7 @@ def test_processes_with_one_holder_record_one_value_and_all_get_it_back(
     journal: Journal, shared_redis_url: str
 ) -> None:
     keys = journal.keys("wf", "r1")
-    grant = Lease(keys, journal.backend, 10_000).acquire(0)
+    grant = acquire(Lease(keys, journal.backend, 10_000), 0)
     journal.client.script_load(journal.backend.scripts.record.script)  # no racer pays a NOSCRIPT
     barrier = PROCESSES.Barrier(RACERS)
     results = PROCESSES.Queue()

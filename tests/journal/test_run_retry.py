@@ -18,7 +18,7 @@ from journal._delivery import STREAK
 from journal.errors import GaveUp, RetryScheduled
 from journal.ops.views import inspect_run
 from tests.conftest import MakeJournal
-from tests.support import execute
+from tests.support import execute, only_index
 
 T0 = 1_800_000_000.0
 
@@ -60,7 +60,7 @@ def streak(meta: Mapping[str, str]) -> dict[str, str]:
 
 
 def due_at(journal: Journal, run: str = "wf:r1") -> float | None:
-    score = journal.client.zscore(journal.keyspace.due, run)
+    score = journal.client.zscore(only_index(journal).due, run)
     return None if score is None else score / 1000
 
 

@@ -25,7 +25,6 @@ def test_one_shard_on_one_server_keeps_the_layout_it_always_had() -> None:
     assert keys.steps == "journal:{digest:2026-w42}:steps"
     assert keys.lease == "journal:{digest:2026-w42}:lease"
     assert (keys.index.runs, keys.index.due) == ("journal:runs", "journal:due")
-    assert (keyspace.runs, keyspace.due) == ("journal:runs", "journal:due")
     assert [(i.runs, i.due) for i in keyspace.indexes()] == [("journal:runs", "journal:due")]
 
 
@@ -39,8 +38,6 @@ def test_a_sharded_run_carries_its_shards_hash_tag_as_its_indexes_do(keyspace: K
     assert (keys.index.runs, keys.index.due) == (f"{tag}:runs", f"{tag}:due")
     assert keys.index in keyspace.indexes()
     assert keyspace.parse_run("digest:2026-w42") == keys
-    with pytest.raises(ValueError, match="sharded"):
-        keyspace.due  # noqa: B018 - a sharded keyspace has no one due index
 
 
 def test_runs_spread_over_every_shard_and_stay_where_they_were_put() -> None:

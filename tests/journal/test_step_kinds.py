@@ -19,7 +19,7 @@ from journal._clock import millis
 from journal._lease import Lease
 from journal.errors import CorruptJournal, Fenced, LeaseLost, UnserializableResult
 from tests.conftest import MakeJournal
-from tests.support import execute, recorded_events
+from tests.support import acquire, execute, recorded_events
 
 T0 = 1_800_000_000.0
 
@@ -230,7 +230,7 @@ def test_a_record_refused_for_an_expired_or_moved_lease_names_the_run(
 
     def moved(run: Run) -> int:
         journal.client.delete(lease_key)
-        taker = Lease(journal.keys("wf", "r1"), journal.backend, 60_000).acquire(0)
+        taker = acquire(Lease(journal.keys("wf", "r1"), journal.backend, 60_000), 0)
         moved_to.append(taker.holder)
         return run.step("b", lambda: 2)
 

@@ -21,7 +21,7 @@ from journal._schema.meta import RunMeta
 from journal.errors import CorruptJournal, LeaseLost, RunParked, StoreUnavailable
 from journal.ops.actions import cancel
 from tests.conftest import MakeJournal
-from tests.support import execute
+from tests.support import execute, only_index
 
 T0 = 1_800_000_000.0
 
@@ -94,7 +94,7 @@ def test_a_cancel_pending_when_the_run_suspends_cancels_it_instead_of_waiting(
     assert (outcome.run, outcome.status, outcome.wait) == ("wf:r1", "cancelled", None)
     assert journal.meta(keys)["status"] == "cancelled"
     assert "wait" not in journal.meta(keys)
-    assert journal.client.zscore(journal.keyspace.due, keys.run) is None
+    assert journal.client.zscore(only_index(journal).due, keys.run) is None
 
 
 def test_a_suspension_records_when_it_was_written(make_journal: MakeJournal) -> None:
@@ -180,7 +180,7 @@ def test_jitter_adds_up_to_a_fifth_of_the_delay_and_never_less_than_a_fifth_of_a
 
 def test_the_sweep_claims_a_hundred_runs_at_a_time_by_default(make_journal: MakeJournal) -> None:
     journal = make_journal(clock=ManualClock(T0))
-    journal.client.zadd(journal.keyspace.due, {f"wf:r{n}": millis(T0) - n for n in range(101)})
+    journal.client.zadd(only_index(journal).due, {f"wf:r{n}": millis(T0) - n for n in range(101)})
     claimed = journal.claim_due()
     assert len(claimed) == 100
     assert claimed[0].run == "wf:r100"  # the longest overdue first
@@ -190,14 +190,16 @@ def test_an_unreadable_due_entry_is_logged_and_removed_and_the_rest_claimed(
     make_journal: MakeJournal, caplog: pytest.LogCaptureFixture
 ) -> None:
     journal = make_journal(clock=ManualClock(T0))
-    journal.client.zadd(journal.keyspace.due, {"no-colon": millis(T0) - 2, "wf:ok": millis(T0) - 1})
+    journal.client.zadd(
+        only_index(journal).due, {"no-colon": millis(T0) - 2, "wf:ok": millis(T0) - 1}
+    )
     with caplog.at_level("ERROR", logger="journal._journal"):
         claimed = journal.claim_due()
     assert [keys.run for keys in claimed] == ["wf:ok"]
     assert [r.getMessage() for r in caplog.records] == [
         "due index holds an unreadable run b'no-colon'; removing it"
     ]
-    assert journal.client.zscore(journal.keyspace.due, "no-colon") is None
+    assert journal.client.zscore(only_index(journal).due, "no-colon") is None
 
 
 def test_a_failed_run_records_when_it_failed_and_clears_its_wait(make_journal: MakeJournal) -> None:
@@ -270,10 +272,10 @@ def test_each_renewal_pushes_the_runs_due_time_to_its_new_lease_deadline(
     due: list[float | None] = []
 
     def send(effect: Effect) -> str:
-        due.append(journal.client.zscore(journal.keyspace.due, keys.run))
+        due.append(journal.client.zscore(only_index(journal).due, keys.run))
         clock.advance(100)
         effect.confirm()  # a synchronous renewal
-        due.append(journal.client.zscore(journal.keyspace.due, keys.run))
+        due.append(journal.client.zscore(only_index(journal).due, keys.run))
         return "sent"
 
     execute(journal, "wf", "r1", lambda run: run.effect("send", send, timeout=60))

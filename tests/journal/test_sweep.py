@@ -23,7 +23,7 @@ from journal._clock import millis
 from journal._schema.meta import Wait
 from journal.integrations.celery import Durable
 from tests.conftest import MakeJournal
-from tests.support import execute
+from tests.support import execute, only_index
 
 T0 = 1_800_000_000.0
 SWEEPERS = 20
@@ -75,9 +75,9 @@ def test_racing_sweepers_claim_each_due_run_exactly_once(make_journal: MakeJourn
     assert Counter(claimed) == Counter(f"wf:{run_id}" for run_id in due)
     rearmed = millis(T0 + 10 + journal.settings.rearm_after)
     for run_id in due:
-        assert journal.client.zscore(journal.keyspace.due, f"wf:{run_id}") == rearmed
+        assert journal.client.zscore(only_index(journal).due, f"wf:{run_id}") == rearmed
     for run_id in later:
-        assert journal.client.zscore(journal.keyspace.due, f"wf:{run_id}") == millis(T0 + 1000)
+        assert journal.client.zscore(only_index(journal).due, f"wf:{run_id}") == millis(T0 + 1000)
 
 
 def test_a_claimed_run_whose_message_was_lost_is_claimed_again_later(
@@ -109,7 +109,7 @@ def test_a_running_run_is_due_at_its_lease_expiry_so_a_dead_worker_is_recovered(
 
     def dies(run: Run) -> None:
         run.step("a", lambda: 1)
-        seen.append(journal.client.zscore(journal.keyspace.due, "wf:r1"))
+        seen.append(journal.client.zscore(only_index(journal).due, "wf:r1"))
         raise SystemExit("the worker process ends mid-run")
 
     with pytest.raises(SystemExit):
@@ -195,7 +195,7 @@ def test_a_run_whose_state_cannot_be_read_is_skipped_and_the_rest_of_the_batch_e
     assert "run wf:r2" in skipped[0] and "'meta.args' is corrupt" in skipped[0]
     assert "run wf:r4" in skipped[1] and "'meta.holder' is corrupt" in skipped[1]
     for run_id in ["r2", "r4"]:  # still due: named again by every later sweep until repaired
-        assert journal.client.zscore(journal.keyspace.due, f"wf:{run_id}") is not None
+        assert journal.client.zscore(only_index(journal).due, f"wf:{run_id}") is not None
 
 
 # -- no long countdowns -----------------------------------------------------------------------

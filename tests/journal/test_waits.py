@@ -23,7 +23,7 @@ from journal._schema.meta import Wait
 from journal._waits import Suspend
 from journal.ops.views import inspect_run
 from tests.conftest import MakeJournal
-from tests.support import execute
+from tests.support import execute, only_index
 
 T0 = 1_800_000_000.0
 X = TypeVar("X")
@@ -41,7 +41,7 @@ def journal(make_journal: MakeJournal, clock: ManualClock) -> Journal:
 
 def due_ms(journal: Journal, keys: RunKeys) -> float | None:
     """The run's score in the due index, or None when nothing will wake it."""
-    score = journal.client.zscore(journal.keyspace.due, keys.run)
+    score = journal.client.zscore(only_index(journal).due, keys.run)
     return None if score is None else float(score)
 
 
@@ -370,7 +370,7 @@ def test_signals_racing_suspensions_are_never_lost(journal: Journal) -> None:
         sender.start()
 
         def racing_body(run: Run, barrier: threading.Barrier = barrier) -> object:
-            if not run.has("draft"):
+            if not run._cursor.has("draft"):
                 barrier.wait(timeout=5)
             return body(run)
 
