@@ -254,7 +254,7 @@ def cancel_key(prefix: str, n: int) -> str:
     return f"cancel:{prefix}-{n}"
 
 
-class _Batch(Generic[X, T]):
+class BatchStep(Generic[X, T]):
     """One ``Run.batch`` call: its batches one after another, then the synchronous rest."""
 
     def __init__(
@@ -263,6 +263,7 @@ class _Batch(Generic[X, T]):
         prefix: str,
         items: Sequence[X],
         request: Callable[[X], Mapping[str, Any]],
+        *,
         key: Callable[[X], str],
         api: BatchApi,
         settle: Callable[[X, BatchEntry], T],
@@ -545,7 +546,7 @@ class _Batch(Generic[X, T]):
     def _sleep(self, key: str, seconds: float) -> None:
         """``Run.sleep`` in the batch's group: the wake time recorded once, then suspended."""
         run = self.run
-        step = StepKey.sleep(key)
+        step = StepKey.SLEEP.of(key)
         recorded = run._cursor.take(step)
         if recorded is not None:
             wake_at = float(run._replay(step, recorded))
@@ -568,36 +569,3 @@ class _Batch(Generic[X, T]):
                 why,
                 one_line(error),
             )
-
-
-def run_batch(
-    run: BatchRun,
-    prefix: str,
-    items: Sequence[X],
-    request: Callable[[X], Mapping[str, Any]],
-    *,
-    key: Callable[[X], str],
-    api: BatchApi,
-    settle: Callable[[X, BatchEntry], T],
-    fallback: Callable[[X], T],
-    policy: BatchPolicy,
-    retry: RetryPolicy | None,
-    concurrency: int,
-    reserve: Callable[[str, Sequence[X]], None] | None,
-) -> list[T]:
-    """``Run.batch``'s body (see the module)."""
-    step = _Batch(
-        run,
-        prefix,
-        items,
-        request,
-        key,
-        api,
-        settle,
-        fallback,
-        policy,
-        retry,
-        concurrency,
-        reserve,
-    )
-    return step()

@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from journal._batch import BatchApi, BatchEntry, BatchPolicy, run_batch
+from journal._batch import BatchApi, BatchEntry, BatchPolicy, BatchStep
 from journal._clock import Clock, millis
 from journal._effects import Effect, run_effect
 from journal._lease import Guard
@@ -326,7 +326,7 @@ class Run:
             Suspend: the run waits for the next look.
             ValueError: two item keys are the same.
         """
-        return run_batch(
+        step = BatchStep(
             self,
             prefix,
             items,
@@ -340,14 +340,15 @@ class Run:
             concurrency=concurrency,
             reserve=reserve,
         )
+        return step()
 
     def now(self, key: str) -> float:
         """The wall time, recorded once: a replay sees the time of the first attempt."""
-        return float(self._once(StepKey.now(key), self.clock.now, "now"))
+        return float(self._once(StepKey.NOW.of(key), self.clock.now, "now"))
 
     def uuid(self, key: str) -> str:
         """A random id, recorded once, for values that must not change on replay."""
-        return str(self._once(StepKey.uuid(key), lambda: str(uuid_module.uuid4()), "uuid"))
+        return str(self._once(StepKey.UUID.of(key), lambda: str(uuid_module.uuid4()), "uuid"))
 
     def version(self, key: str, current: int) -> int:
         """The code version this run started under, for branching safely after a deploy.
@@ -356,7 +357,7 @@ class Run:
         recorded before the gate existed gets 0 and records nothing, so it keeps the old path
         to its end; new steps go behind ``if run.version(key, N) >= N``.
         """
-        step = StepKey.version(key)
+        step = StepKey.VERSION.of(key)
         if not self._cursor.has(step) and self._cursor.older_history():
             return 0
         return int(self._once(step, lambda: current, "version", drift_check=False))
@@ -367,7 +368,7 @@ class Run:
         A replay never extends the sleep; a run woken early suspends again until the
         recorded time.
         """
-        step = StepKey.sleep(key)
+        step = StepKey.SLEEP.of(key)
         wake_at = float(self._once(step, lambda: self.clock.now() + seconds, "sleep"))
         if self.clock.now() < wake_at:
             raise Suspend(Wait(kind="sleep", step=step, until=wake_at))
@@ -379,11 +380,11 @@ class Run:
         so a later signal of the same name never changes a wait that already returned.
         """
         deadline = self._once(
-            StepKey.deadline(name),
+            StepKey.DEADLINE.of(name),
             lambda: None if timeout is None else self.clock.now() + timeout,
             "wait",
         )
-        outcome_step = StepKey.signal(name)
+        outcome_step = StepKey.SIGNAL.of(name)
         recorded = self._cursor.take(outcome_step)
         if recorded is not None:
             outcome = self._replay(outcome_step, recorded)

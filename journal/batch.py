@@ -144,7 +144,7 @@ def batches(
                 if look.result.get("then") in ("results", "give-up"):
                     outcome = str(look.result["then"])
             k += 1
-        sleeping = StepKey.sleep(look_key(prefix, n, k))
+        sleeping = StepKey.SLEEP.of(look_key(prefix, n, k))
         next_look = wait.until if wait is not None and wait.step == sleeping else None
         views.append(
             BatchView(

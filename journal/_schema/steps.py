@@ -9,9 +9,17 @@ prefixes itself, so the journal's format is written down once.
 
 from __future__ import annotations
 
+from enum import StrEnum
 
-class StepKey:
-    """The key each helper of ``Run`` records under, from the name the workflow gave it."""
+
+class StepKey(StrEnum):
+    """The prefix of each helper of ``Run``; ``StepKey.SLEEP.of("nap")`` is its step key.
+
+    ``NOW``: ``run.now``'s wall time; ``UUID``: ``run.uuid``'s id; ``VERSION``: the code
+    version a run passed ``run.version``'s gate under; ``SLEEP``: ``run.sleep``'s wake-up
+    time; ``DEADLINE`` and ``SIGNAL``: when ``run.wait_for_signal`` times out, and what it
+    ended with.
+    """
 
     NOW = "now:"
     UUID = "uuid:"
@@ -20,32 +28,6 @@ class StepKey:
     DEADLINE = "wait:"
     SIGNAL = "signal:"
 
-    @classmethod
-    def now(cls, key: str) -> str:
-        """``run.now(key)``: the wall time recorded once."""
-        return cls.NOW + key
-
-    @classmethod
-    def uuid(cls, key: str) -> str:
-        """``run.uuid(key)``: the random id recorded once."""
-        return cls.UUID + key
-
-    @classmethod
-    def version(cls, key: str) -> str:
-        """``run.version(key, n)``: the code version the run passed the gate under."""
-        return cls.VERSION + key
-
-    @classmethod
-    def sleep(cls, key: str) -> str:
-        """``run.sleep(key, s)``: the wake-up time."""
-        return cls.SLEEP + key
-
-    @classmethod
-    def deadline(cls, name: str) -> str:
-        """``run.wait_for_signal(name, timeout)``: when the wait times out (None: never)."""
-        return cls.DEADLINE + name
-
-    @classmethod
-    def signal(cls, name: str) -> str:
-        """``run.wait_for_signal(name, ...)``: what the wait ended with, payload or timeout."""
-        return cls.SIGNAL + name
+    def of(self, name: str) -> str:
+        """The step key this helper records under for ``name``."""
+        return self.value + name
