@@ -118,3 +118,20 @@ def test_a_finished_run_costs_one_round_trip(journal: Journal) -> None:
     execute(journal, "wf", "r1", steps(STEPS))
     sent = round_trips(journal.client, lambda: execute(journal, "wf", "r1", steps(STEPS)))
     assert len(sent) == 1, sent
+
+
+def test_a_new_process_on_a_server_without_the_scripts_loads_them_in_one_round_trip(
+    own_client: redis.Redis, prefix: str
+) -> None:
+    own_client.script_flush()  # this suite's own server: a restart, or a failover, forgets them
+
+    def first_run() -> None:
+        journal = Journal(own_client, keyspace=Keyspace(prefix))
+        execute(journal, "wf", "r1", steps(STEPS))
+
+    sent = round_trips(own_client, first_run)
+    # The first script misses, every script is loaded in one transaction and the first is sent
+    # again: two round trips once, then the warm run's S + 2, with no EVAL of a source.
+    assert len(sent) == STEPS + 4, sent
+    assert sent[0].startswith("EVALSHA") and sent[1] == "MULTI" and sent[2].startswith("EVALSHA")
+    assert not any(command.startswith("EVAL ") for command in sent)
