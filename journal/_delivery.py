@@ -19,7 +19,7 @@ import redis
 from journal import logs
 from journal._cancel import Cancelled
 from journal._clock import Clock, millis
-from journal._lease import Found, Grant, Heartbeat, Lease
+from journal._lease import Found, Grant, Heartbeat, Holding, Lease
 from journal._redact import redact
 from journal._redis.backend import DELETE, Closed, Opened, Opening, RecordWait, RedisBackend
 from journal._retry import RunRetry
@@ -206,14 +206,10 @@ class Runner:
         flat = iter(grant.steps)  # one pass, one dict: a journal may hold 10,000 steps
         recorded = {field.decode(): value for field, value in zip(flat, flat, strict=True)}
         heartbeat = Heartbeat(lease, holder, grant.confirmed_at)
+        holding = Holding(self.backend, keys, holder, grant.fence, heartbeat, self.clock)
         run = Run(
-            backend=self.backend,
-            keys=keys,
-            holder=holder,
-            fence=grant.fence,
-            clock=self.clock,
+            holding=holding,
             recorded=recorded,
-            guard=heartbeat,
             retry_state=wait if wait is not None and wait.kind == "retry" else None,
             on_step=on_step,
             record_wait=self.settings.record_wait,

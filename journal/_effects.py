@@ -41,12 +41,11 @@ from typing import Any
 
 import redis
 
-from journal._clock import Clock, millis
+from journal._clock import millis
 from journal._holder import ProcessIdentity
-from journal._lease import Guard
-from journal._redis.backend import Confirmed, EffectClaimed, EffectTerms, Settled, StepStore
+from journal._lease import Holding
+from journal._redis.backend import Confirmed, EffectClaimed, EffectTerms, Settled
 from journal._schema import codec
-from journal._schema.keys import RunKeys
 from journal.errors import (
     EffectAmbiguous,
     EffectLate,
@@ -91,31 +90,26 @@ class Effect:
 
     def __init__(
         self,
+        holding: Holding,
         *,
-        backend: StepStore,
-        keys: RunKeys,
-        holder: str,
-        fence: int,
-        guard: Guard,
-        clock: Clock,
         key: str,
         timeout: float,
         repeatable: bool = False,
         revocable: bool = False,
     ) -> None:
-        self.run = keys.run
+        self.run = holding.keys.run
         self.key = key
         self.timeout = timeout
         self.repeatable = repeatable
         self.revocable = revocable
         self.resumed = False
         self.earlier: Any = None
-        self._backend = backend
-        self._keys = keys
-        self._holder = holder
-        self._fence = fence
-        self._guard = guard
-        self._clock = clock
+        self._backend = holding.backend
+        self._keys = holding.keys
+        self._holder = holding.holder
+        self._fence = holding.fence
+        self._guard = holding.guard
+        self._clock = holding.clock
         self._claimed_at = 0.0
         self.confirmed = False
         self.outcome: str | None = None

@@ -18,15 +18,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from journal._batch import BatchApi, BatchEntry, BatchPolicy, BatchStep
-from journal._clock import Clock, millis
+from journal._clock import millis
 from journal._effects import Effect, run_effect
-from journal._lease import Guard
-from journal._redis.backend import NO_WAIT, Recorded, RecordWait, StepStore
+from journal._lease import Holding
+from journal._redis.backend import NO_WAIT, Recorded, RecordWait
 from journal._replay import ReplayCursor
 from journal._retry import RetryPolicy
 from journal._retry import attempt as retry_loop
 from journal._schema import codec, records
-from journal._schema.keys import RunKeys
 from journal._schema.meta import Wait
 from journal._schema.steps import StepKey
 from journal._waits import SignalResult, Suspend
@@ -108,26 +107,22 @@ class Run:
     def __init__(
         self,
         *,
-        backend: StepStore,
-        keys: RunKeys,
-        holder: str,
-        fence: int,
-        clock: Clock,
+        holding: Holding,
         recorded: dict[str, bytes],
-        guard: Guard,
         retry_state: Wait | None = None,
         on_step: Callable[[StepEvent], None] | None = None,
         record_wait: RecordWait = NO_WAIT,
         policy: StepPolicy | None = None,
     ) -> None:
-        self.keys = keys
-        self.holder = holder
-        self.fence = fence
-        self.clock = clock
-        self._backend = backend
-        self._cursor = ReplayCursor(keys.run, recorded, policy.exempt if policy else None)
+        self.keys = holding.keys
+        self.holder = holding.holder
+        self.fence = holding.fence
+        self.clock = holding.clock
+        self._holding = holding
+        self._backend = holding.backend
+        self._cursor = ReplayCursor(holding.keys.run, recorded, policy.exempt if policy else None)
         self._policy = policy
-        self._guard = guard
+        self._guard = holding.guard
         self._retry_state = retry_state
         self._on_step = on_step
         self._record_wait = record_wait
@@ -216,12 +211,7 @@ class Run:
         self.check_lease()
         started = millis(self.clock.now())
         handle = Effect(
-            backend=self._backend,
-            keys=self.keys,
-            holder=self.holder,
-            fence=self.fence,
-            guard=self._guard,
-            clock=self.clock,
+            self._holding,
             key=key,
             timeout=timeout,
             repeatable=repeatable,

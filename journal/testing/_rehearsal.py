@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol, TypeVar
 
 from journal._clock import Clock
+from journal._lease import Holding
 from journal._redis.backend import (
     NO_WAIT,
     Confirmed,
@@ -242,13 +243,8 @@ def rehearse(
     steps = _Steps(on_step)
     run = _GatedRun(
         gates if gates is not None else {},
-        backend=MemoryStore(signals, policy),
-        keys=keys,
-        holder="rehearsal",
-        fence=0,
-        clock=clock,
+        holding=Holding(MemoryStore(signals, policy), keys, "rehearsal", 0, _Held(), clock),
         recorded=dict(recorded),
-        guard=_Held(),
         on_step=steps.observe,
         policy=policy,
     )
