@@ -5,6 +5,7 @@ The public face is the names below and these modules, each named by its role:
 - ``journal.errors``: every exception, under one root (``JournalError``);
 - ``journal.events``: what a run reports as it goes (for logs and metrics);
 - ``journal.logs``: run context on log records, and the redaction of secrets;
+- ``journal.tracing``: OpenTelemetry spans of deliveries and steps, when configured;
 - ``journal.batch``: a provider batch as a step (its adapter, its policy, its views);
 - ``journal.integrations.celery``: deliveries through Celery, at least once;
 - ``journal.ops``: what operators read (``views``) and do (``actions``);

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from journal import logs
+from journal import logs, tracing
 from journal._cancel import Cancelled
 from journal._clock import Clock, millis
 from journal._lease import Found, Grant, Heartbeat, Holding, Lease
@@ -134,9 +134,24 @@ class Runner:
         on_step: Callable[[StepEvent], None] | None,
         delivered: bool,
     ) -> Outcome:
-        """One delivery of ``keys``'s run (see ``Journal.execute``)."""
+        """One delivery of ``keys``'s run (see ``Journal.execute``), in its span when traced."""
+        with tracing.delivery(keys.workflow, keys.run_id) as traced:
+            outcome = self._execute(keys, body, args, on_step, delivered, traced)
+            status = outcome_of(outcome.result) if outcome.status == "done" else ""
+            traced.ended(outcome.status, status, outcome.ran, outcome.replayed)
+            return outcome
+
+    def _execute(
+        self,
+        keys: RunKeys,
+        body: Callable[[Run], R],
+        args: dict[str, Any] | None,
+        on_step: Callable[[StepEvent], None] | None,
+        delivered: bool,
+        traced: tracing.Delivery,
+    ) -> Outcome:
         lease = self._lease(keys)
-        opening = self._opening(args, delivered)
+        opening = self._opening(args, delivered, traced.context)
         taken = lease.open(millis(self.clock.now()), opening)
         if isinstance(taken, Found):
             return self._found(keys, taken)
@@ -144,6 +159,12 @@ class Runner:
         logs.set_fence(grant.fence)
         try:
             current = RunMeta.from_flat(keys.run, grant.meta)
+            traced.opened(
+                fence=grant.fence,
+                attempt=current.count("starts") + 1,  # as it was before this start counted
+                delivery=current.count("deliveries") if delivered else 0,
+                first=current.get("trace"),
+            )
             created = current.created(self.clock.now())
             if grant.status is Opened.STALLED:
                 self._park(keys, grant.holder, grant.starts_without_progress - 1, created)
@@ -166,13 +187,16 @@ class Runner:
         ttl = millis(self.settings.lease_ttl)
         return Lease(keys, self.backend, ttl, due_after_ms=self._due_ms)
 
-    def _opening(self, args: dict[str, Any] | None, delivered: bool = False) -> Opening:
+    def _opening(
+        self, args: dict[str, Any] | None, delivered: bool = False, trace: str = ""
+    ) -> Opening:
         """What ``open.lua`` does besides taking the lease, for these arguments."""
         return Opening(
             max_stalled_starts=self.settings.max_stalled_starts,
             due_at_ms=self._due_ms(),
             args=b"" if args is None else codec.dumps(args),
             count_delivery=delivered,
+            trace=trace,
         )
 
     def _found(self, keys: RunKeys, found: Found) -> Outcome:

@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from journal import tracing
 from journal._batch import BatchApi, BatchEntry, BatchPolicy, BatchStep
 from journal._clock import millis
 from journal._effects import Effect, run_effect
@@ -170,6 +171,8 @@ class Run:
                 return self._execute(key, fn, retry, kind="step", group=None)
         if self._on_step is not None:
             self._replay(key, recorded)
+        elif tracing.enabled():
+            self._trace(_replayed(key, recorded))
         return recorded["result"]  # type: ignore[no-any-return]
 
     def effect(
@@ -433,10 +436,22 @@ class Run:
 
     def _replay(self, key: str, record: dict[str, Any]) -> Any:
         emit("step_replayed", step_name(key), workflow=self.keys.workflow)
+        event = _replayed(key, record)
+        self._trace(event)
         if self._on_step is not None:
-            kind = record.get("kind", "step")
-            self._on_step(StepEvent(key, True, kind, record.get("attempt", 1)))
+            self._on_step(event)
         return record["result"]
+
+    @staticmethod
+    def _trace(event: StepEvent, seconds: float = 0.0) -> None:
+        """The step's span, under the delivery's (``journal.tracing``); a replay takes no time."""
+        tracing.step(
+            event.key,
+            kind=event.kind,
+            replayed=event.replayed,
+            attempt=event.attempt,
+            seconds=seconds,
+        )
 
     def _execute(
         self,
@@ -499,18 +514,24 @@ class Run:
         with self._lock:
             self._cursor.recorded(key, record)
             self.ran += 1
+        seconds = (finished - started) / 1000
         if status is Recorded.ALREADY:  # another holder's record: replayed, as reported below
             emit("step_replayed", step_name(key), workflow=self.keys.workflow)
         else:
-            seconds = (finished - started) / 1000
             emit("step_ran", step_name(key), seconds, workflow=self.keys.workflow)
         event = StepEvent(key, status is Recorded.ALREADY, kind, record.get("attempt", 1))
+        self._trace(event, seconds)
         (report or self._report)(event)
         return record["result"]
 
     def _report(self, event: StepEvent) -> None:
         if self._on_step is not None:
             self._on_step(event)
+
+
+def _replayed(key: str, record: Mapping[str, Any]) -> StepEvent:
+    """The report of a step taken from the journal, as its record describes it."""
+    return StepEvent(key, True, record.get("kind", "step"), record.get("attempt", 1))
 
 
 def _item_keys(kind: str, prefix: str, items: Sequence[X], key: Callable[[X], str]) -> list[str]:

@@ -246,12 +246,15 @@ class Opening:
         due_at_ms: when the run is due again should this holder die (lease expiry + grace).
         args: the run's arguments as JSON, frozen unless an earlier start froze some.
         count_delivery: count this start in ``meta.deliveries`` (a queue delivered it).
+        trace: this delivery's trace context (``journal.tracing``), kept in ``meta.trace``
+            by the first delivery traced; "" when tracing is off (nothing is written).
     """
 
     max_stalled_starts: int
     due_at_ms: int
     args: bytes
     count_delivery: bool = False
+    trace: str = ""
 
 
 @dataclass(frozen=True)
@@ -483,7 +486,7 @@ class RedisBackend:
             run_keys += [keys.index.runs, keys.index.due]
             args += [opening.max_stalled_starts, opening.due_at_ms, keys.run]
             args += [keys.workflow, keys.run_id, opening.args]
-            args.append("1" if opening.count_delivery else "")
+            args += ["1" if opening.count_delivery else "", opening.trace]
         reply = self.scripts.open(keys=run_keys, args=args)
         status = code("open", reply, Opened)
         if status is Opened.BUSY:

@@ -11,6 +11,11 @@ Settings this relies on (see ``at_least_once_settings``): late acks and reject-o
 so a killed child's message is redelivered, prefetch 1 so a dead worker strands one message at
 most, JSON only, and no countdown longer than a fraction of the broker's visibility timeout:
 long waits go to the due index instead of the broker.
+
+Traces (``journal.tracing``, when on): every message this module publishes carries the
+publisher's trace context in its headers (``traceparent``), and a worker continues it, so a
+delivery's span is the child of whatever sent it: ``start``, ``delay``, ``apply_async``, the
+sweep, a signal's wake, a delivery's own retry or wake-up.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any, Generic, TypeVar
 from celery import Celery, Task
 from celery.exceptions import Reject, Retry
 
-from journal import logs
+from journal import logs, tracing
 from journal._clock import SystemClock
 from journal._delivery import Outcome
 from journal._journal import Journal, jitter
@@ -204,8 +209,11 @@ class Durable:
 
         def deliver(task: Task, run_id: str, **kwargs: Any) -> dict[str, Any]:
             request = task.request
-            with logs.bound(
-                f"{workflow.name}:{run_id}", task_id=request.id, attempt=request.retries + 1
+            with (
+                logs.bound(
+                    f"{workflow.name}:{run_id}", task_id=request.id, attempt=request.retries + 1
+                ),
+                tracing.extracted(_carried(request)),
             ):
                 return self._deliver(task, workflow, run_id, kwargs)
 
@@ -243,7 +251,7 @@ class Durable:
         except LeaseBusy as busy:
             countdown = min(jitter(busy.remaining_ms / 1000), self.max_countdown)
             log.info("%s; retrying this delivery in %.1fs", busy, countdown)
-            raise task.retry(countdown=countdown, max_retries=None) from None
+            raise task.retry(countdown=countdown, max_retries=None, **_traced()) from None
         except StoreUnavailable as down:
             raise self._retry_outliving_the_store(task, down) from None
         except RunParked as parked:
@@ -313,6 +321,7 @@ class Durable:
                 max_retries=None,
                 retry=True,
                 retry_policy=_OUTLIVE_THE_BROKER,
+                **_traced(),
             )
         except Reject as unpublished:
             raise Reject(unpublished.reason, requeue=True) from None
@@ -323,7 +332,7 @@ class Durable:
             return
         delay = outcome.wait.until - SystemClock().now()
         if 0 < delay <= self.max_countdown:
-            task.apply_async(args=[run_id], kwargs=kwargs, countdown=delay)
+            task.apply_async(args=[run_id], kwargs=kwargs, countdown=delay, **_traced())
 
     def send_signal(
         self,
@@ -347,7 +356,7 @@ class Durable:
 
         def enqueue(keys: RunKeys) -> None:
             try:
-                task.apply_async(args=[keys.run_id], kwargs=journal.run_args(keys))
+                task.apply_async(args=[keys.run_id], kwargs=journal.run_args(keys), **_traced())
             except Exception as down:  # the broker: the signal is stored, the sweep wakes it
                 log.warning(
                     "%s woken but not enqueued (%s); the due sweep resumes it", keys.run, down
@@ -380,7 +389,7 @@ class Durable:
             except JournalError as unreadable:
                 log.error("due sweep skipped run %s: %s", keys.run, unreadable)
                 continue
-            task.apply_async(args=[keys.run_id], kwargs=args)
+            task.apply_async(args=[keys.run_id], kwargs=args, **_traced())
             enqueued += 1
         if enqueued:
             log.info("due sweep enqueued %d run(s)", enqueued)
@@ -438,7 +447,8 @@ class DurableWorkflow(Generic[Opts, R]):
             raise InvalidRunId("", f'{given} ({self.name.split(".")[-1]}.delay("2026-w42"))')
         (run_id,) = args
         checked = self.workflow.check(run_id, kwargs or {})
-        return self.task.apply_async(args=[run_id], kwargs=checked, **celery_options)
+        options = _traced(celery_options)
+        return self.task.apply_async(args=[run_id], kwargs=checked, **options)
 
     def start(self, run_id: str, options: Opts | None = None, **celery_options: Any) -> Any:
         """Send one delivery of ``run_id`` with typed options; Celery's ``AsyncResult`` back.
@@ -448,3 +458,27 @@ class DurableWorkflow(Generic[Opts, R]):
         """
         kwargs = self.workflow.encode(options)
         return self.apply_async(args=[run_id], kwargs=kwargs, **celery_options)
+
+
+def _traced(options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Celery's publishing options with the current trace context added to the headers.
+
+    Unchanged when tracing is off: no ``headers`` option is added to a message that had none.
+    """
+    traced = dict(options or {})
+    headers = tracing.inject(dict(traced.get("headers") or {}))
+    if headers:
+        traced["headers"] = headers
+    return traced
+
+
+def _carried(request: Any) -> dict[str, Any]:
+    """The trace context a delivery's message carried: its custom headers, as Celery gives them.
+
+    Celery puts a message's headers on the task's request, each an attribute of its own.
+    """
+    return {
+        name: value
+        for name in ("traceparent", "tracestate")
+        if isinstance(value := getattr(request, name, None), str)
+    }
