@@ -634,7 +634,7 @@ MUTANTS = (
     python(
         "_journal",
         "a signal does not wake the run that waits for it",
-        "if waiting_for.signal == name:",
+        "if waiting is not None and waiting.signal == name:",
         "if False:",
         tests=WAIT_TESTS,
     ),

@@ -41,7 +41,8 @@ def contract(name: str) -> dict[str, Any]:
 
 
 def test_the_contract_forbids_every_private_module_of_the_library() -> None:
-    forbidden = contract("tasks imports no private module of journal")["forbidden_modules"]
+    private = contract("tasks and examples import no private module of journal")
+    forbidden = private["forbidden_modules"]
     assert set(forbidden) == private_modules()
 
 
@@ -58,7 +59,7 @@ def planted_import_breaks(tmp_path: Path, module: Path, line: str) -> str:
 
     The copy is checked clean first, so what breaks is the planted line alone.
     """
-    for part in ("journal", "tasks"):
+    for part in ("journal", "tasks", "examples"):
         shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     kept = subprocess.run(

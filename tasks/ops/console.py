@@ -25,7 +25,7 @@ import hmac
 import json
 import os
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -92,7 +92,7 @@ def preview(result: Any, width: int = 160) -> str:
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
-def detail(meta: dict[str, str], wait: dict[str, Any] | None) -> str:
+def detail(meta: Mapping[str, str], wait: dict[str, Any] | None) -> str:
     """What a run's state means now: what it waits for until when, when it retries."""
     state = state_of(meta)
     if state == "waiting" and wait:

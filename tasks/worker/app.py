@@ -43,7 +43,7 @@ durable = Durable(
 )
 
 # The workflow tasks.job.workflow defines (and the command line runs there), delivered as a task.
-digest = durable.deliver(workflow.digest, task_name="tasks.digest")
+digest = durable.register(workflow.digest, task_name="tasks.digest")
 
 
 @app.task(name="tasks.dispatch_weekly", ignore_result=True)

@@ -118,7 +118,7 @@ BUGS = (
         (
             (
                 "journal/_effects.py",
-                "            else:\n                effect.ambiguous(_one_line(error))",
+                "            else:\n                effect.ambiguous(one_line(error))",
                 "            else:\n                effect.release()",
             ),
         ),

@@ -93,7 +93,7 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
     workflow = preview if args.dry_run else digest
     options = _run_options(config, args, inspect_run(journal, workflow.name, run_id), offline)
     try:
-        outcome = workflow.run_here(run_id, options, on_step=_step_printer(offline))
+        outcome = workflow.start(run_id, options, on_step=_step_printer(offline))
     except RunParked as parked:
         print(f"failed: {parked}", file=sys.stderr)
         return EXIT_FAILED

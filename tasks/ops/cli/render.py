@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -72,7 +72,7 @@ def _usage(value: Any) -> str:
     return ""
 
 
-def fate(meta: dict[str, str]) -> str:
+def fate(meta: Mapping[str, str]) -> str:
     """What becomes of a run that failed, or waits on an operator.
 
     A run that failed for a transient cause: its next retry, or none; one whose email may have
@@ -96,7 +96,7 @@ def fate(meta: dict[str, str]) -> str:
     return ""
 
 
-def outcome_line(meta: dict[str, str]) -> str:
+def outcome_line(meta: Mapping[str, str]) -> str:
     """A finished run's outcome in words: ``sent: 8 items, email sent (...)``, ``rejected``."""
     if meta.get("status") != "done" or "outcome" not in meta:
         return ""
@@ -109,7 +109,7 @@ def outcome_line(meta: dict[str, str]) -> str:
     return f"{result['status']} ({reason})" if reason else str(result["status"])
 
 
-def _when_ms(meta: dict[str, str], name: str) -> str:
+def _when_ms(meta: Mapping[str, str], name: str) -> str:
     raw = meta.get(name, "")
     return utc(int(raw) / 1000) if raw.isdigit() else f"unknown ({name}={raw!r})"
 

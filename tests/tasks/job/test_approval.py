@@ -16,7 +16,7 @@ import pytest
 from journal._clock import millis
 from tasks.job.report import draft_digest
 from tasks.keys import DigestKeys
-from tests.support import Deployment, wait_until
+from tests.support import Deployment, only_index, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -92,7 +92,7 @@ def test_an_approved_digest_is_sent_once_and_a_second_decision_is_refused(
     assert "* Keyboard shortcuts: Press ? anywhere to see every keyboard shortcut." in shown
     view = deployment.view(RUN)
     assert (view.status, view.lease_holder) == ("waiting", None)
-    due = deployment.runtime().journal.keyspace.due
+    due = only_index(deployment.runtime().journal).due
     assert deployment.client().zscore(due, f"digest:{RUN}") == millis(until)
 
     approved = digest(deployment, "approve", RUN)

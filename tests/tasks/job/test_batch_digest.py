@@ -35,7 +35,7 @@ from tasks.mail.smtp import FileOutbox
 from tasks.ops.console import Names, create_app
 from tasks.runtime import Runtime, storeless
 from tests.fakes.anthropic_server import CREDIT_TOO_LOW, PROMPT_TOO_LONG, FakeAnthropic
-from tests.support import as_text
+from tests.support import as_text, execute
 
 ITEMS = [{"id": i, "title": f"Item {i}", "body": f"Body {i}."} for i in ("a", "b", "c")]
 PROCESSING = 0.3  # seconds the fake takes over a batch
@@ -82,7 +82,8 @@ class BatchDigest:
     def finish(self, run_id: str, runtime: Runtime, *, batch: bool = True) -> Outcome:
         """Execute until the run ends, waking it at each wake-up time, as beat would."""
         for _ in range(60):
-            outcome = self.journal.execute(
+            outcome = execute(
+                self.journal,
                 "digest",
                 run_id,
                 lambda run: run_digest(run, runtime, DigestOptions(batch=batch)),
@@ -152,7 +153,8 @@ def test_a_waiting_batch_run_says_its_batch_its_counts_and_its_next_look(
     deployed: BatchDigest, fake_anthropic: FakeAnthropic
 ) -> None:
     runtime = deployed.runtime()
-    outcome = deployed.journal.execute(
+    outcome = execute(
+        deployed.journal,
         "digest",
         "w1",
         lambda run: run_digest(run, runtime, DigestOptions(batch=True)),
@@ -171,7 +173,8 @@ def test_the_console_shows_a_waiting_runs_batch_on_both_pages(
     deployed: BatchDigest, fake_anthropic: FakeAnthropic
 ) -> None:
     runtime = deployed.runtime()
-    deployed.journal.execute(
+    execute(
+        deployed.journal,
         "digest",
         "w1",
         lambda run: run_digest(run, runtime, DigestOptions(batch=True)),

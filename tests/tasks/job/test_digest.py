@@ -13,7 +13,7 @@ import functools
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from tasks.mail.smtp import Email, FileOutbox, Mailer, Receipt, SendEffect
 from tasks.ops.cli import main
 from tasks.runtime import Runtime
 from tests.fakes.anthropic_server import CREDIT_TOO_LOW, PROMPT_TOO_LONG, FakeAnthropic
-from tests.support import wait_until, watched_client
+from tests.support import execute, wait_until, watched_client
 
 # Renewed every third of it by the heartbeat thread: at 0.5 s a loaded two-core machine missed
 # the renewals long enough for a live run to lose its lease mid-map. The expiry waits cost
@@ -117,7 +117,8 @@ class LocalDigest:
         **options: Any,
     ) -> Outcome:
         active = runtime or self.runtime()
-        return self.journal.execute(
+        return execute(
+            self.journal,
             "digest",
             run_id,
             lambda run: run_digest(run, active, DigestOptions(**options)),
@@ -134,7 +135,7 @@ class LocalDigest:
     def seen(self) -> set[str]:
         return {text(m) for m in self.client.smembers(DigestKeys(self.prefix).seen)}
 
-    def meta(self, run_id: str) -> dict[str, str]:
+    def meta(self, run_id: str) -> Mapping[str, str]:
         return self.journal.meta(self.journal.keys("digest", run_id))
 
     def wait_for_lease_expiry(self, run_id: str) -> None:
@@ -172,9 +173,9 @@ def test_a_step_runs_once_and_later_attempts_replay_its_saved_result(digest: Loc
         return value
 
     with pytest.raises(RuntimeError):
-        digest.journal.execute("steps", "r1", body)
+        execute(digest.journal, "steps", "r1", body)
     events: list[StepEvent] = []
-    second = digest.journal.execute("steps", "r1", body, on_step=events.append)
+    second = execute(digest.journal, "steps", "r1", body, on_step=events.append)
     assert second.result == 1
     assert runs == [1]
     assert events == [StepEvent("x", True, "step", 1)]
@@ -370,8 +371,11 @@ def test_a_week_selecting_while_another_marks_its_items_seen_never_takes_them(
     first = digest.runtime()
     ids = [item["id"] for item in ITEMS]
     source = first.config.items_path
-    digest.journal.execute(
-        "digest", "2026-w42", lambda run: select_unseen(first, source, "digest:2026-w42")
+    execute(
+        digest.journal,
+        "digest",
+        "2026-w42",
+        lambda run: select_unseen(first, source, "digest:2026-w42"),
     )
     trips: list[bytes] = []
 

@@ -13,16 +13,16 @@ import uuid
 import pytest
 from celery import Celery
 
-from journal import Journal, ManualClock, Run
+from journal import Journal, ManualClock, Run, workflow
 from journal._clock import millis
-from journal._waits import Wait
+from journal._schema.meta import Wait
 from journal.integrations.celery import Durable
 from journal.ops.views import inspect_run
 from tasks.job.workflow import DigestOptions, run_digest
 from tasks.llm.client import AnthropicSummarizer
 from tasks.runtime import Runtime
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.support import RUN, TITLES, Deployment
+from tests.support import RUN, TITLES, Deployment, execute, only_index
 
 # The deployment's embedded server is a process of its own.
 pytestmark = pytest.mark.slow
@@ -69,9 +69,11 @@ def sweeper(runtime: Runtime) -> Durable:
     # Below the 120 s wait, so the sweep alone wakes the run (an eager app ignores countdowns).
     durable = Durable(app, lambda: runtime.journal, max_countdown=60)
 
-    @durable.workflow("digest", task_name="t.digest", options=DigestOptions)
+    @workflow("digest", options=DigestOptions)
     def digest(run: Run, options: DigestOptions) -> dict[str, object]:
         return run_digest(run, runtime, options)
+
+    durable.register(digest, task_name="t.digest")
 
     return durable
 
@@ -89,8 +91,8 @@ def test_a_long_retry_after_suspends_the_run_and_the_sweep_retries_it_later(
     )
 
     started = time.monotonic()
-    first = journal.execute(
-        "digest", RUN, lambda run: run_digest(run, runtime, DigestOptions(**run.args))
+    first = execute(
+        journal, "digest", RUN, lambda run: run_digest(run, runtime, DigestOptions(**run.args))
     )
     # Returned without sleeping out the retry-after (the first call also imports the SDK).
     assert time.monotonic() - started < RETRY_AFTER / 4
@@ -107,7 +109,7 @@ def test_a_long_retry_after_suspends_the_run_and_the_sweep_retries_it_later(
     assert clock.slept == []
     view = inspect_run(journal, "digest", RUN)
     assert (view.status, view.lease_holder, view.wait) == ("waiting", None, first.wait)
-    assert journal.client.zscore(journal.keyspace.due, keys.run) == millis(t0 + RETRY_AFTER)
+    assert journal.client.zscore(only_index(journal).due, keys.run) == millis(t0 + RETRY_AFTER)
     # One summary at a time: i1 was recorded, i2 was told to wait, i3..i8 never started.
     assert [s.key for s in view.steps] == ["select", "summarize:i1"]
     assert summary_calls(fake_anthropic) == [1, 1, 0, 0, 0, 0, 0, 0]
@@ -129,7 +131,7 @@ def test_a_long_retry_after_suspends_the_run_and_the_sweep_retries_it_later(
     assert summary_calls(fake_anthropic) == [2 if t == "Faster search" else 1 for t in TITLES]
     assert fake_anthropic.calls == 10  # 8 summaries, the one retry, the opening
     assert len(deployment.outbox()) == 1
-    assert journal.client.zscore(journal.keyspace.due, keys.run) is None
+    assert journal.client.zscore(only_index(journal).due, keys.run) is None
 
 
 @pytest.mark.parametrize(
@@ -146,8 +148,8 @@ def test_an_enormous_retry_after_is_capped_at_max_retry_after(
         429, headers={"retry-after": retry_after}, contains='<update title="Faster search">'
     )
 
-    first = journal.execute(
-        "digest", RUN, lambda run: run_digest(run, runtime, DigestOptions(**run.args))
+    first = execute(
+        journal, "digest", RUN, lambda run: run_digest(run, runtime, DigestOptions(**run.args))
     )
 
     assert first.status == "waiting"
@@ -157,7 +159,7 @@ def test_an_enormous_retry_after_is_capped_at_max_retry_after(
     # but for the back-offs slept, should an earlier attempt of the call have failed.)
     assert first.wait.until == clock.now() + 3600
     keys = journal.keys("digest", RUN)
-    assert journal.client.zscore(journal.keyspace.due, keys.run) == millis(clock.now() + 3600)
+    assert journal.client.zscore(only_index(journal).due, keys.run) == millis(clock.now() + 3600)
 
 
 def test_a_delivery_before_the_back_off_ends_waits_again_without_calling_the_model(

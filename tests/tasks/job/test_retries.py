@@ -26,7 +26,7 @@ from tasks.llm.client import AnthropicSummarizer
 from tasks.mail.smtp import FileOutbox
 from tasks.runtime import Runtime
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.support import Deployment
+from tests.support import Deployment, execute
 
 ITEMS = [{"id": i, "title": f"Item {i}", "body": f"Body {i}."} for i in ("a", "b", "c")]
 
@@ -91,7 +91,7 @@ def test_a_transient_error_is_retried_within_the_step(
     seen = arrivals(fake_anthropic, monkeypatch)
     fake_anthropic.fail_next(status, times=2, headers=headers, contains="Body b.")
 
-    outcome = journal.execute("digest", "w1", lambda run: run_digest(run, runtime))
+    outcome = execute(journal, "digest", "w1", lambda run: run_digest(run, runtime))
     assert outcome.result["status"] == "sent"
     assert outcome.result["model_calls"] == 6  # a, b three times, c, compose
     assert fake_anthropic.calls == 6

@@ -12,7 +12,7 @@ from tasks.errors import BadInput, MailFailed, MailUnavailable, is_transient_fai
 from tasks.mail.smtp import Email, FileOutbox, Receipt, SmtpMailer
 from tests.conftest import MakeJournal
 from tests.fakes.smtp import Inbox, start_server
-from tests.support import HeldPort
+from tests.support import HeldPort, execute
 
 DIGEST = Email(to="team@example.com", subject="Your weekly digest (2026-w42)", body="Hello.\n")
 
@@ -153,7 +153,7 @@ def send_in_run(
 
         return run.effect("send", act, timeout=5)
 
-    receipt: dict[str, Any] = journal.execute("digest", run_id, body).result
+    receipt: dict[str, Any] = execute(journal, "digest", run_id, body).result
     return receipt
 
 
@@ -208,7 +208,7 @@ def test_a_holder_that_lost_its_lease_quits_before_data_and_delivers_nothing(
 
     mailer = smtp_mailer(url)
     with pytest.raises(LeaseLost):
-        journal.execute("digest", "2026-w42", body)
+        execute(journal, "digest", "2026-w42", body)
     assert handler.messages == []
     assert handler.recipients == ["team@example.com"]  # it got as far as RCPT
 
@@ -255,15 +255,15 @@ def test_a_send_that_may_have_happened_waits_for_a_decision_and_follows_it(
     handler, url = inbox
     journal = make_journal()
     body = body_dying_before_the_receipt(smtp_mailer(url))
-    waiting = journal.execute("digest", "2026-w42", body)
+    waiting = execute(journal, "digest", "2026-w42", body)
     assert (waiting.status, waiting.wait and waiting.wait.kind) == ("waiting", "decision")
     assert journal.effect_states(journal.keys("digest", "2026-w42")) == {"send": "ambiguous"}
-    assert journal.execute("digest", "2026-w42", body).status == "waiting"  # never unasked
+    assert execute(journal, "digest", "2026-w42", body).status == "waiting"  # never unasked
     assert len(handler.messages) == 1
 
     marked = Receipt(id="digest-2026-w42", sent=True).to_json()
     control.decide(journal, "digest", "2026-w42", "send", happened=happened, receipt=marked)
-    finished = journal.execute("digest", "2026-w42", body)
+    finished = execute(journal, "digest", "2026-w42", body)
     assert finished.status == "done"
     if happened:
         assert finished.result == {"id": "digest-2026-w42", "sent": False}  # not sent again
@@ -296,8 +296,8 @@ def test_a_relay_that_drops_repeats_of_its_header_delivers_once(
             return run.effect("send", act, timeout=5, repeatable=mailer.deduplicates)
 
         with pytest.raises(Died):  # delivered, died before the receipt: may have happened
-            journal.execute("digest", "2026-w42", body)
-        assert journal.execute("digest", "2026-w42", body).result["sent"] is True  # repeated
+            execute(journal, "digest", "2026-w42", body)
+        assert execute(journal, "digest", "2026-w42", body).result["sent"] is True  # repeated
         assert len(handler.messages) == 1
         assert [m["Resend-Idempotency-Key"] for m in handler.dropped] == ["digest-2026-w42"]
     finally:
@@ -319,7 +319,7 @@ def test_an_unanswered_end_of_data_is_ambiguous_never_released(
             timeout=5,
         )
 
-    waiting = journal.execute("digest", "2026-w42", body)
+    waiting = execute(journal, "digest", "2026-w42", body)
     assert waiting.wait is not None and waiting.wait.kind == "decision"
     assert waiting.wait.reason == (
         f"SMTP {url.removeprefix('smtp://')} did not answer the end of the message within 1s; "
@@ -348,7 +348,7 @@ def test_a_claim_that_ran_out_before_the_marker_drops_the_session_and_delivers_n
         )
 
     with pytest.raises(EffectLate):
-        journal.execute("digest", "2026-w42", body)
+        execute(journal, "digest", "2026-w42", body)
     assert handler.messages == []
     assert handler.recipients == ["team@example.com"]  # DATA was under way, then dropped
     assert journal.effect_states(journal.keys("digest", "2026-w42")) == {"send": "released"}

@@ -18,7 +18,7 @@ import pytest
 
 from tasks.keys import DigestKeys
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.support import CALLS, JOURNAL, Deployment, wait_until
+from tests.support import CALLS, JOURNAL, Deployment, only_index, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -95,7 +95,7 @@ def test_a_waiting_digest_is_cancelled_at_once_and_stays_cancelled(deployment: D
     assert [line.split()[0] for line in listed] == [f"digest:{RUN}"]
     assert [line.split()[1] for line in listed] == ["cancelled"]
     assert (
-        deployment.client().zscore(deployment.runtime().journal.keyspace.due, f"digest:{RUN}")
+        deployment.client().zscore(only_index(deployment.runtime().journal).due, f"digest:{RUN}")
         is None
     )
     again = digest(deployment, "run", RUN)

@@ -21,7 +21,7 @@ import pytest
 from journal import Run
 from journal.ops.views import inspect_run
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.support import BIN, TITLES, Deployment, as_bytes, wait_until
+from tests.support import BIN, TITLES, Deployment, as_bytes, execute, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -259,7 +259,7 @@ def test_a_run_leased_by_a_live_worker_exits_3(
         finish.wait(30)
         return {}
 
-    holder = threading.Thread(target=journal.execute, args=("digest", RUN, body))
+    holder = threading.Thread(target=execute, args=(journal, "digest", RUN, body))
     holder.start()
     try:
         assert entered.wait(10)

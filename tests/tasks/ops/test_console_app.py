@@ -27,6 +27,7 @@ from tasks.llm.client import OfflineSummarizer
 from tasks.mail.smtp import FileOutbox
 from tasks.ops.console import Names, check_binding, create_app
 from tasks.runtime import Runtime
+from tests.support import execute
 
 # The test client's requests name ``localhost`` on the default port.
 LOCAL = Names.bound("127.0.0.1", 80)
@@ -63,7 +64,7 @@ def hostile_run(run: Run) -> None:
 
 def test_model_output_is_escaped_and_secrets_masked(runtime: Runtime) -> None:
     add_secret("sk-secret-123")
-    runtime.journal.execute("digest", "w1", hostile_run)
+    execute(runtime.journal, "digest", "w1", hostile_run)
     client = create_app(runtime, LOCAL).test_client()
 
     page = client.get("/runs/w1").get_data(as_text=True)
@@ -81,7 +82,7 @@ def test_model_output_is_escaped_and_secrets_masked(runtime: Runtime) -> None:
 def test_an_action_without_the_pages_token_or_from_another_site_is_refused(
     runtime: Runtime,
 ) -> None:
-    runtime.journal.execute("digest", "w1", hostile_run)
+    execute(runtime.journal, "digest", "w1", hostile_run)
     client = create_app(runtime, LOCAL).test_client()
     token = re.search(r'name="csrf" value="([^"]+)"', client.get("/runs/w1").get_data(as_text=True))
     assert token is not None
@@ -128,7 +129,7 @@ def test_the_console_serves_the_journals_gauges_at_metrics(
     runtime: Runtime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
-    runtime.journal.execute("digest", "w1", hostile_run)
+    execute(runtime.journal, "digest", "w1", hostile_run)
 
     page = create_app(runtime, LOCAL).test_client().get("/metrics").get_data(as_text=True)
 
@@ -154,7 +155,7 @@ def test_a_console_answers_to_its_bound_address_and_its_configured_origin_only()
 
 
 def test_a_foreign_host_is_refused_before_anything_is_read(runtime: Runtime) -> None:
-    runtime.journal.execute("digest", "w1", hostile_run)
+    execute(runtime.journal, "digest", "w1", hostile_run)
     client = create_app(runtime, LOCAL).test_client()
     refused = client.get("/runs/w1", headers={"Host": "rebound.example"})
     assert refused.status_code == 421
@@ -165,7 +166,7 @@ def test_a_foreign_host_is_refused_before_anything_is_read(runtime: Runtime) -> 
 def test_a_fork_as_a_weeks_id_is_refused_in_the_console_too_and_nothing_is_written(
     runtime: Runtime,
 ) -> None:
-    runtime.journal.execute("digest", "w1", hostile_run)
+    execute(runtime.journal, "digest", "w1", hostile_run)
     client = create_app(runtime, LOCAL).test_client()
     token = re.search(r'name="csrf" value="([^"]+)"', client.get("/runs/w1").get_data(as_text=True))
     assert token is not None
@@ -181,7 +182,7 @@ def test_a_fork_as_a_weeks_id_is_refused_in_the_console_too_and_nothing_is_writt
 
 def test_a_runs_page_links_its_export_the_fixture_digest_export_writes(runtime: Runtime) -> None:
     add_secret("sk-secret-123")
-    runtime.journal.execute("digest", "w1", hostile_run)
+    execute(runtime.journal, "digest", "w1", hostile_run)
     client = create_app(runtime, LOCAL).test_client()
 
     page = client.get("/runs/w1").get_data(as_text=True)
@@ -199,8 +200,8 @@ def test_a_runs_page_links_its_export_the_fixture_digest_export_writes(runtime: 
 
 def test_the_runs_page_pages_through_every_run_once_newest_first(runtime: Runtime) -> None:
     for n in range(5):
-        runtime.journal.execute("digest", f"w{n}", lambda run: run.step("select", lambda: True))
-    runtime.journal.execute("digest", "waits", hostile_run)
+        execute(runtime.journal, "digest", f"w{n}", lambda run: run.step("select", lambda: True))
+    execute(runtime.journal, "digest", "waits", hostile_run)
     client = create_app(runtime, LOCAL).test_client()
 
     seen: list[list[str]] = []
@@ -236,8 +237,8 @@ def maybe_sent_run(run: Run) -> None:
 def test_a_send_that_may_have_happened_offers_mark_sent_and_resend_not_release(
     runtime: Runtime,
 ) -> None:
-    assert runtime.journal.execute("digest", "w1", maybe_sent_run).status == "waiting"
-    runtime.journal.execute("digest", "w2", hostile_run)
+    assert execute(runtime.journal, "digest", "w1", maybe_sent_run).status == "waiting"
+    execute(runtime.journal, "digest", "w2", hostile_run)
     client = create_app(runtime, LOCAL).test_client()
 
     page = client.get("/runs/w1").get_data(as_text=True)

@@ -31,7 +31,7 @@ from tasks.llm.client import OfflineSummarizer
 from tasks.mail.smtp import FileOutbox
 from tasks.runtime import Runtime
 from tasks.worker import metrics
-from tests.support import Deployment, wait_until
+from tests.support import Deployment, execute, wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
@@ -157,7 +157,7 @@ def finished(run: Run) -> dict[str, Any]:
 def test_the_exporter_counts_every_run_of_the_index(deployment: Deployment) -> None:
     journal = deployment.runtime().journal
     for n in range(1050):  # past the thousand the old gauges stopped at
-        journal.execute("digest", f"2026-b{n}", finished)
+        execute(journal, "digest", f"2026-b{n}", finished)
     port = _free_port()
     exporter = subprocess.Popen(
         [str(ROOT / ".venv" / "bin" / "digest"), "metrics", "--port", str(port)],

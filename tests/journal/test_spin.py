@@ -1,4 +1,4 @@
-"""The run protocol, model-checked: every interleaving of journal/model/protocol.pml, with SPIN.
+"""The run protocol, model-checked: every interleaving of spec/protocol.pml, with SPIN.
 
 The model checks safety (assertions, every reachable state) and liveness (an LTL property
 under weak fairness), of the run and its fenced effect, and of beat's weekly dispatcher. A
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-MODEL = Path(__file__).resolve().parents[2] / "journal" / "model" / "protocol.pml"
+MODEL = Path(__file__).resolve().parents[2] / "spec" / "protocol.pml"
 CC = shutil.which("gcc") or shutil.which("cc")
 
 pytestmark = [
