@@ -249,7 +249,7 @@ def _guard(app: Flask, names: Names, token: str | None, csrf: str) -> None:
     """Every request: answered only by the console's own names, with the token, same-origin.
 
     Every answer is hardened (no script, no framing, no caching), and every page shares the
-    form's CSRF value and the formatting helpers.
+    form's CSRF value and the formatting functions.
     """
 
     @app.before_request
