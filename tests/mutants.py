@@ -775,6 +775,7 @@ LUA_TESTS: dict[str, tuple[str, ...]] = {
         "tests/journal/test_store_meta.py",
         "tests/journal/test_script_guards.py",
         "tests/journal/test_protocol.py",
+        "tests/journal/test_tracing.py",
     ),
     "journal/lua/purge.lua": (
         "tests/journal/test_purge.py",
