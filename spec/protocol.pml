@@ -1,5 +1,5 @@
 /*
- * The run protocol of journal/, and beat's weekly dispatcher (tasks/dispatch.py), checked
+ * The run protocol of journal/, and beat's weekly dispatcher (tasks/worker/dispatch.py), checked
  * exhaustively with SPIN.
  *
  * One run, WORKERS deliveries that keep arriving (Celery redelivers at least once), two due
@@ -31,7 +31,7 @@
  *   one ends the delivery as the next fenced script, which checks the lease again, does: the
  *   heartbeat is no step of its own there.
  *
- * The fenced effect (journal/effects.py, the scripts effect_claim/confirm/settle/decide.lua):
+ * The fenced effect (journal/_effects.py, the scripts effect_claim/confirm/settle/decide.lua):
  * - The claim's states, as the effects hash keeps them: CLAIMED (before the irreversible
  *   moment), CONFIRMED (at or past it), SETTLED ("done", with its receipt), RELEASED (it did
  *   not happen), AMBIGUOUS (it may have, nobody knows), RESEND (an operator chose to repeat
@@ -49,7 +49,7 @@
  *   (-DSTAMP_AFTER_REPLY puts the stamp after the reply). The claim's margin, CLAIM_MARGIN_S,
  *   covers the two clocks' rates; here they tick together, so a deadline a later holder
  *   waited out on its own clock (ARGV[6]) is the server's deadline passed.
- * - The effect's one assumption (journal/effects.py, tasks/mail.py): the irreversible moment
+ * - The effect's one assumption (journal/_effects.py, tasks/mail/smtp.py): the irreversible moment
  *   (the server taking the message at the end-of-data marker) happens within the effect's
  *   timeout of claimed_at or not at all: last_moment checks it with no I/O at the instant
  *   before the marker, and the model makes the check and the act one step. A pause between
@@ -104,7 +104,7 @@
  *   la = lage[id]; the confirm step  Effect.confirm: Heartbeat.confirm (`asked`, renew.lua),
  *                                    the timeout check, journal/lua/effect_confirm.lua
  *   the act ........................ Effect.last_moment, then the end-of-data marker taken
- *                                    (tasks/mail.py _Envelope.transmit)
+ *                                    (tasks/mail/smtp.py _Envelope.transmit)
  *   settle(SETTLED) ................ effect.accepted: journal/lua/effect_settle.lua "done"
  *   settle(AMBIGUOUS) .............. run_effect -> Effect.ambiguous: effect_settle.lua
  *   settle(RELEASED) ............... run_effect / SmtpMailer._deliver -> Effect.release
@@ -535,7 +535,7 @@ start:
 
 #if EFFECT
     /* run.effect("send", mailer.send): Run.effect (journal/steps.py) -> run_effect
-       (journal/effects.py) -> SmtpMailer.send (tasks/mail.py) */
+       (journal/_effects.py) -> SmtpMailer.send (tasks/mail/smtp.py) */
     if
     :: seen[SEND] -> skip
     :: else ->
@@ -755,7 +755,7 @@ init {
 ltl done { <> (status == DONE) }
 #endif
 
-/* The dispatcher (tasks/dispatch.py): a check of its own, -DDISPATCH=1 (nothing above runs in
+/* The dispatcher (tasks/worker/dispatch.py): a check of its own, -DDISPATCH=1 (nothing above runs in
    it). Two beats' dispatchers, each calling dispatch_due again and again (beat's hourly
    catch-up); the schedule reaching WEEKS weeks one after another; a dispatcher that may die for
    good anywhere (provably gone on its host, or on another host where only its claim's TTL frees

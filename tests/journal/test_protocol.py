@@ -635,6 +635,26 @@ def test_redis_lost_mid_step_is_store_unavailable_and_fails_nothing(
     assert (outcome.result, outcome.ran, outcome.replayed) == (["A", "B"], 1, 1)
 
 
+def test_the_store_lost_under_an_applications_own_command_is_store_unavailable_too(
+    outage: Outage, prefix: str
+) -> None:
+    journal = Journal(outage.client, keyspace=Keyspace(prefix), clock=ManualClock(T0))
+    keys = journal.keys("wf", "r1")
+
+    def reads_its_own_key() -> str:
+        outage.cut()
+        return str(outage.client.get(f"{prefix}:the-apps-own-key"))  # not the journal's command
+
+    def body(run: Run) -> str:
+        return run.step("a", reads_its_own_key)
+
+    with pytest.raises(StoreUnavailable, match="cannot reach the journal store"):
+        execute(journal, "wf", "r1", body)
+    outage.restore()
+    meta = journal.meta(keys)
+    assert (meta["status"], "last_error" in meta) == ("running", False)  # not the run's failure
+
+
 def test_a_renewal_that_hits_a_redis_error_is_retried_at_the_next_beat(
     outage: Outage, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
