@@ -6,8 +6,9 @@ who holds it, what it waits for, and the actions: approve, reject, cancel, retry
 action calls the same function the command line does (``tasks.ops.actions``).
 
 Flask renders Jinja templates with autoescaping on, so model output and item text, which are
-untrusted, reach the page as text; secrets are masked before rendering. There is no
-JavaScript at all: plain forms, and a refresh header while something is running. Every action
+untrusted, reach the page as text; secrets are masked before rendering. The one script is
+the console's own ``/console.js`` (times into the reader's zone; the policy allows no other):
+plain forms, and a refresh header while something is running. Every action
 is a POST carrying a per-process CSRF token that another site cannot read, and checked against
 ``Sec-Fetch-Site``/``Origin``. Bound to 127.0.0.1 unless told otherwise; any other address
 requires ``DIGEST_CONSOLE_TOKEN``, asked once and kept in a same-site cookie.
@@ -32,6 +33,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from flask import Flask, Response, abort, flash, redirect, render_template, request, url_for
+from markupsafe import Markup, escape
 
 from journal import Record, Wait, validate_run_id
 from journal.errors import ControlRefused, InvalidRunId, JournalError
@@ -49,9 +51,10 @@ from journal.ops.views import (
 from journal.testing import fixture
 from tasks.errors import BadInput, DigestError
 from tasks.job.claims import holdings
-from tasks.job.report import batch_lines, email_state
-from tasks.llm.cost import dollars, is_call, usage_of
+from tasks.job.report import batch_lines
+from tasks.llm.cost import dollars, usage_of
 from tasks.ops import actions
+from tasks.ops.run_page import outcome_of, waterfall
 from tasks.runtime import Runtime, prepare_metrics
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -59,6 +62,31 @@ WILDCARDS = ("0.0.0.0", "::", "")
 TOKEN_COOKIE = "digest_console"
 LIVE = ("running", "cancelling", "retrying", "new")
 REFRESH_SECONDS = 3
+
+
+def stamp(ms: int | str | None) -> Markup:
+    """A stored millisecond time as a ``<time>``: UTC in its text and on hover.
+
+    ``/console.js`` rewrites the text into the browser's own zone; without script it reads
+    as UTC, which it says.
+    """
+    text = when(ms)
+    if text in ("-", "?"):
+        return Markup(escape(text))
+    iso = text.replace(" ", "T") + "Z"
+    return Markup(
+        f'<time datetime="{escape(iso)}" title="{escape(text)} UTC">{escape(text)} UTC</time>'
+    )
+
+
+# Times in the reader's zone, with the UTC time kept on hover; the only script the page runs.
+LOCAL_TIMES = """document.querySelectorAll("time[datetime]").forEach(function (t) {
+  var d = new Date(t.getAttribute("datetime"));
+  if (!isNaN(d)) { t.textContent = d.toLocaleString(undefined, {year: "numeric",
+    month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit",
+    timeZoneName: "short"}); }
+});
+"""
 
 
 def when(ms: int | str | None) -> str:
@@ -108,47 +136,48 @@ def detail(meta: Mapping[str, str], wait: dict[str, Any] | None) -> str:
     return ""
 
 
-@dataclass(frozen=True)
-class StepLine:
-    """One step of the timeline."""
+def run_context(runtime: Runtime, view: RunView, run_id: str) -> dict[str, Any]:
+    """Everything a run's page shows, read from one snapshot (and the recorded email)."""
+    from tasks.ops.fork_preview import recorded_email
 
-    record: Record
-    ran: bool
-    offset_pct: float
-    width_pct: float
+    now = int(runtime.journal.clock.now() * 1000)
+    draft = view.step("draft")
+    waiting_approval = view.wait is not None and view.wait.signal == "approval"
+    usage = usage_of(r.result for r in view.steps)
+    said = outcome_of(view, run_id, now)
+    email = recorded_email(runtime, run_id) if said.kind in ("sent", "ambiguous") else None
+    return {
+        "view": view,
+        "run_id": run_id,
+        "state": view.state,
+        "outcome": said,
+        "deliveries": waterfall(view, now),
+        "inputs": view.meta.args or {},
+        "usage": usage,
+        "cost": dollars(usage.cost_usd),
+        "limits": [state.line() for state in runtime.limit_states()],
+        "email": _masked(email) if email else None,
+        "draft": _masked(draft.result) if waiting_approval and draft else None,
+        "held": holdings(runtime).get(view.run, 0),
+        "batches": batch_lines(view.steps, view.wait, view.effects),
+        "summary": summary,
+        "pretty": lambda value: redact(json.dumps(value, indent=2, ensure_ascii=False)),
+        "forkable": [r.key for r in view.steps if r.key != "select"],
+    }
 
-    @property
-    def tokens(self) -> str:
-        """Input+output tokens of a model call, else blank."""
-        r = self.record.result
-        return f"{r['input_tokens']}+{r['output_tokens']}" if is_call(r) else ""
 
-    @property
-    def cost(self) -> str:
-        """The journaled cost of a model call, else blank."""
-        r = self.record.result
-        if not is_call(r):
-            return ""
-        return "unpriced" if r.get("cost_usd") is None else dollars(float(r["cost_usd"]))
-
-
-def timeline(view: RunView) -> list[StepLine]:
-    """Steps in order with bars on one scale; ran by the latest holder, or replayed by it."""
-    if not view.steps:
-        return []
-    first = min(r.started_at for r in view.steps)
-    last = max(r.finished_at for r in view.steps)
-    whole = max(last - first, 1)
-    fence = int(view.meta.get("fence", "0") or 0)
-    return [
-        StepLine(
-            record=r,
-            ran=r.fence == fence,
-            offset_pct=100 * (r.started_at - first) / whole,
-            width_pct=max(100 * (r.finished_at - r.started_at) / whole, 0.5),
-        )
-        for r in view.steps
-    ]
+def summary(record: Record) -> str:
+    """A step's result in words: a model call's text, a count of items, a receipt."""
+    result = record.result
+    if isinstance(result, list):
+        return f"{len(result)} items"
+    if isinstance(result, dict) and "received" in result:
+        return "decision received" if result["received"] else "no decision in time"
+    if isinstance(result, dict) and {"id", "sent"} <= result.keys():
+        return f"sent as {result['id']}" if result["sent"] else f"{result['id']}, sent earlier"
+    if isinstance(result, dict) and "subject" in result:
+        return f"draft: {result['subject']}"
+    return preview(result)
 
 
 def row_summary(row: RunRow, held: int = 0) -> dict[str, Any]:
@@ -278,7 +307,8 @@ def _guard(app: Flask, names: Names, token: str | None, csrf: str) -> None:
     @app.after_request
     def harden(answer: Response) -> Response:
         answer.headers["Content-Security-Policy"] = (
-            "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; "
+            "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; img-src 'self'; "
+            "form-action 'self'; "
             "frame-ancestors 'none'; base-uri 'none'"
         )
         answer.headers["X-Content-Type-Options"] = "nosniff"
@@ -288,7 +318,11 @@ def _guard(app: Flask, names: Names, token: str | None, csrf: str) -> None:
 
     @app.context_processor
     def shared() -> dict[str, Any]:
-        return {"csrf": csrf, "when": when, "span": span, "states": STATES}
+        return {"csrf": csrf, "when": when, "stamp": stamp, "span": span, "states": STATES}
+
+    @app.get("/console.js")
+    def local_times() -> Response:
+        return Response(LOCAL_TIMES, mimetype="text/javascript")
 
 
 def _listing(app: Flask, runtime: Runtime) -> None:
@@ -350,29 +384,30 @@ def _run_pages(app: Flask, runtime: Runtime) -> None:
         view = inspect_run(journal, actions.WORKFLOW, run_id)
         if not view.meta:
             abort(404)
-        draft = view.step("draft")
-        waiting_approval = (
-            view.wait is not None and view.wait.signal == "approval" and draft is not None
-        )
-        usage = usage_of(r.result for r in view.steps)
-        page = render_template(
-            "run.html",
-            view=view,
-            run_id=run_id,
-            state=view.state,
-            detail=detail(view.meta, view.wait.to_json() if view.wait else None),
-            steps=timeline(view),
-            preview=preview,
-            usage=usage,
-            cost=dollars(usage.cost_usd),
-            draft=_masked(draft.result) if waiting_approval and draft else None,
-            error=redact(view.meta.get("last_error", "")),
-            held=holdings(runtime).get(view.run, 0),
-            email=email_state(view),
-            maybe_sent=view.effects.get("send") == "ambiguous",
-            batches=batch_lines(view.steps, view.wait, view.effects),
-        )
+        page = render_template("run.html", **run_context(runtime, view, run_id))
         return _refreshing(page, view.state in LIVE)
+
+    @app.get("/runs/<run_id>/fork")
+    def fork_preview(run_id: str) -> Any:
+        # A rehearsal in memory (``digest fork --dry-run``): nothing is written or sent.
+        _valid(run_id)
+        step = request.args.get("step", "")
+        from tasks.ops.fork_preview import preview_fork
+
+        try:
+            rehearsed = preview_fork(runtime, run_id, step)
+        except (ControlRefused, DigestError, JournalError) as refused:
+            flash(redact(f"no fork from {step!r}: {refused}"), "error")
+            return redirect(url_for("run", run_id=run_id), code=303)
+        diff = redact(rehearsed.diff()) or "(the same email: this fork would change nothing)"
+        return render_template(
+            "fork.html",
+            run_id=run_id,
+            step=step,
+            diff=diff,
+            ran=rehearsed.ran,
+            calls=rehearsed.model_calls,
+        )
 
     @app.get("/runs/<run_id>/export")
     def export(run_id: str) -> Any:

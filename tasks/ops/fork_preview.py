@@ -20,7 +20,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
-from journal.errors import ControlRefused
+from journal.errors import ControlRefused, JournalError
 from journal.testing import Frontier, Recording, RunOn, StopAtFrontier
 from tasks.job.workflow import digest, preview
 from tasks.runtime import Runtime
@@ -81,6 +81,20 @@ def preview_fork(runtime: Runtime, run_id: str, step: str) -> ForkPreview:
         raise ControlRefused(run, f"a fork from {step!r} sends no email ({fork.result})")
     calls = fork.result.get("model_calls", 0) if isinstance(fork.result, dict) else 0
     return ForkPreview(run, step, original, forked, fork.ran, int(calls))
+
+
+def recorded_email(runtime: Runtime, run_id: str) -> dict[str, str] | None:
+    """The email a run's recorded steps make, replayed in memory: what it sent, or drafts.
+
+    The console shows this rather than a copy kept at send time: a run that never reached
+    its draft step still reads as the email its summaries make, from the same code.
+    """
+    recording = Recording.load(runtime.journal, digest.name, run_id)
+    try:
+        clock = runtime.journal.clock
+        return _email(recording.replay(preview, policy=StopAtFrontier(), clock=clock).result)
+    except (Frontier, JournalError):
+        return None  # it stopped before composing, or its journal is not this code's
 
 
 def email_text(email: dict[str, str]) -> str:

@@ -137,8 +137,9 @@ def test_an_operator_steers_runs_from_the_console(
     outbox = deployment.state_dir / "outbox"
     wait_until(lambda: (outbox / "digest-2026-w40.json").exists(), 30, "the approved email")
     wait_until(lambda: state_of(page, base + "/runs/2026-w40", "done"), 30, "w40 done")
-    steps = page.locator("#steps tbody tr").all_inner_texts()
-    assert steps[0].startswith("select\treplayed") and steps[-1].startswith("done\tran")
+    steps = page.locator("#timeline .name.step").all_inner_texts()
+    assert steps[0] == "select" and steps[-1] == "done"
+    assert page.locator("#timeline h3").count() == 2  # before the approval, and after
     page.screenshot(path=str(shots / "console-run.png"), full_page=True)
 
     # Reject another: it ends without sending.
@@ -165,7 +166,10 @@ def test_an_operator_steers_runs_from_the_console(
 
     # Fork a finished one from its compose step: a new run, its own email.
     page.goto(base + "/runs/2026-w42")
-    page.locator("#steps tbody tr", has_text="compose").locator("button.fork").click()
+    page.select_option("#fork-step", "compose")
+    page.click("#fork-preview")
+    assert "forked from compose (dry run)" in page.locator("#diff").inner_text()
+    page.click("#fork-confirm")
     assert (
         "forked digest:2026-w42 at compose as digest:2026-w42-fork1"
         in page.locator(".flash.ok").inner_text()

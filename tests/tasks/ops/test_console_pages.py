@@ -1,0 +1,57 @@
+"""What each run's page says, in words, for every state the real digest leaves a run in.
+
+In process, with Flask's test client; the same runs are seen in a browser in
+``test_console_states_browser``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis
+
+from tasks.ops.console import Names, create_app
+from tests.tasks.ops.console_states import every_state, runtime_for
+
+LOCAL = Names.bound("127.0.0.1", 80)
+
+
+@pytest.fixture
+def pages(real_redis: redis.Redis, prefix: str, tmp_path: Path) -> dict[str, str]:
+    runtime = runtime_for(real_redis, prefix, tmp_path)
+    runs = every_state(runtime, tmp_path)
+    client = create_app(runtime, LOCAL).test_client()
+    return {
+        state: client.get(f"/runs/{run_id}").get_data(as_text=True)
+        for state, run_id in runs.items()
+    }
+
+
+def test_a_rejected_run_says_rejected_with_its_reason_and_who_decided(
+    pages: dict[str, str],
+) -> None:
+    page = pages["rejected"]
+    assert "Rejected by console" in page
+    assert "Reason: the intro is wrong" in page
+    assert "Nothing was sent" in page
+
+
+def test_each_outcome_is_said_in_words(pages: dict[str, str]) -> None:
+    assert "Sent 4 items" in pages["sent"] and "to team@example.com" in pages["sent"]
+    assert 'Subject: <strong id="subject">Your weekly digest (2026-w40)' in pages["sent"]
+    assert "Nothing new: no email this week" in pages["nothing-new"]
+    assert "Waiting for approval" in pages["waiting"] and 'id="approve"' in pages["waiting"]
+    assert "Failed; it retries" in pages["retrying"] and "answered 421" in pages["retrying"]
+    assert "Failed for good" in pages["failed"] and "answered 550" in pages["failed"]
+    assert "This run holds 4 items" in pages["failed"]
+    assert "held by digest:2026-w45" in pages["held"]
+    assert "may have been sent" in pages["ambiguous"]
+    assert 'id="mark-sent"' in pages["ambiguous"] and 'id="resend"' in pages["ambiguous"]
+
+
+def test_the_timeline_draws_waits_and_the_failed_attempt(pages: dict[str, str]) -> None:
+    assert "waiting for approval (now)" in pages["waiting"]
+    assert 'class="error" open' in pages["retrying"] and "retry back-off" in pages["retrying"]
+    assert pages["sent"].count('class="lane step"') >= 6
+    assert "fork-step" in pages["sent"] and pages["sent"].count("Fork from here") == 0
