@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
+.PHONY: screenshots bench-console
 .PHONY: run test test-fast mutants mutmut coverage lint runtime install bench bench-throughput bench-timers bench-latency bench-limits bench-cost chaos chaos-ci stop clean
 
 # Installing prints nothing when it works (pip and setuptools are chatty even when quiet);
@@ -109,3 +110,11 @@ stop: runtime
 
 clean: stop
 	rm -rf $(VENV) .digest .mypy_cache .ruff_cache .pytest_cache .coverage-data mutants
+
+# The console's runs page over 10,000 runs, every page by its cursor (docs/operations.md).
+bench-console: install
+	$(BIN)/python -m bench.console_runs
+
+# The console's screenshots in docs/, taken by the browser tests of every page state.
+screenshots: install
+	DIGEST_SCREENSHOTS=docs $(BIN)/pytest -q tests/tasks/ops/test_console_states_browser.py

@@ -890,23 +890,29 @@ class RedisBackend:
         meta, steps = pipe.execute()
         return meta, steps
 
-    def runs_newest(self, page: int) -> Iterator[tuple[bytes, float]]:
+    def runs_newest(self, page: int, at_most: int | None = None) -> Iterator[tuple[bytes, float]]:
         """Members of the runs index with their scores, newest first, over every shard.
 
         Each shard is read a page at a time as the merge needs it, so a listing of the newest
-        few reads a page per shard, not the whole index.
+        few reads a page per shard, not the whole index. ``at_most`` starts at that score
+        (a cursor's), so a deep page costs what the first does.
         """
-        shards = [self._runs_of(index.runs, page) for index in self.keyspace.indexes()]
+        shards = [self._runs_of(index.runs, page, at_most) for index in self.keyspace.indexes()]
         if len(shards) == 1:
             return shards[0]
         return heapq.merge(*shards, key=lambda member: -member[1])
 
-    def _runs_of(self, key: str, page: int) -> Iterator[tuple[bytes, float]]:
+    def _runs_of(
+        self, key: str, page: int, at_most: int | None = None
+    ) -> Iterator[tuple[bytes, float]]:
         start = 0
+        top: float | str = "+inf" if at_most is None else at_most
         while True:
             members = cast(
                 list[tuple[bytes, float]],
-                self.client.zrevrange(key, start, start + page - 1, withscores=True),
+                self.client.zrevrangebyscore(
+                    key, top, "-inf", start=start, num=page, withscores=True
+                ),
             )
             yield from members
             if len(members) < page:
@@ -946,6 +952,13 @@ class RedisBackend:
             keys=[keys.index.runs, keys.index.due], args=[keys.run, repr(listed_at)]
         )
         return deleted
+
+    def leases_held(self, runs: Iterable[RunKeys]) -> list[bool]:
+        """Whether each run's lease is held now, in one pipelined trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for keys in runs:
+            pipe.exists(keys.lease)
+        return [bool(found) for found in pipe.execute()]
 
     def metas(self, runs: Iterable[RunKeys], with_steps: bool) -> list[dict[bytes, bytes]]:
         """Each run's meta (and, when asked, steps right after it), in one pipelined trip."""

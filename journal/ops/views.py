@@ -185,6 +185,28 @@ class Cursor:
         return cls(run, int(ms))
 
 
+@dataclass(frozen=True)
+class Wanted:
+    """What a listing keeps: a state, an outcome (its result's ``status``), a piece of id.
+
+    The id is matched on the index's members before any meta is read, so a search over the
+    whole index costs the index, not every run.
+    """
+
+    state: str | None = None
+    outcome: str | None = None
+    id_part: str | None = None
+
+    def keeps(self, row: RunRow) -> bool:
+        """Whether ``row`` is one the listing shows."""
+        if self.state is not None and row.state != self.state:
+            return False
+        if self.outcome is None:
+            return True
+        result = row.result
+        return isinstance(result, dict) and result.get("status") == self.outcome
+
+
 def list_runs(
     journal: Journal,
     *,
@@ -192,14 +214,29 @@ def list_runs(
     limit: int = 50,
     steps: bool = False,
     before: Cursor | None = None,
+    wanted: Wanted | None = None,
 ) -> list[RunRow]:
     """Runs newest first from the runs index (no SCAN), optionally only those in ``state``.
 
     Reads the index a page at a time, with each page's metas (and step journals, if asked)
     in one pipelined round trip, until ``limit`` runs matched or the index ends. ``before``
-    starts after the row a previous page ended with (``Cursor``).
+    starts after the row a previous page ended with (``Cursor``); ``wanted`` narrows further.
     """
-    return list(islice(_rows(journal, state, steps, before), limit))
+    wanted = wanted or Wanted(state)
+    if state is not None:
+        wanted = Wanted(state, wanted.outcome, wanted.id_part)
+    return list(islice(_rows(journal, wanted, steps, before), limit))
+
+
+def holders_gone(journal: Journal, rows: list[RunRow]) -> set[str]:
+    """The rows stored as running whose holder's lease is gone: a crashed delivery's runs.
+
+    Such a run is not running: the due sweep starts it again from its last recorded step.
+    """
+    live = [row for row in rows if row.state in (RunStatus.RUNNING, "cancelling")]
+    keys = [journal.keyspace.parse_run(row.run) for row in live]
+    held = journal.backend.leases_held(keys) if keys else []
+    return {row.run for row, alive in zip(live, held, strict=True) if not alive}
 
 
 def _after(
@@ -225,14 +262,17 @@ def _after(
 
 def _rows(
     journal: Journal,
-    state: str | None,
+    wanted: Wanted,
     with_steps: bool,
     before: Cursor | None = None,
     page: int = 100,
 ) -> Iterator[RunRow]:
-    members = journal.backend.runs_newest(page)
+    members = journal.backend.runs_newest(page, before.updated_ms if before else None)
     if before is not None:
         members = _after(journal, members, before)
+    if wanted.id_part:
+        part = wanted.id_part.encode()
+        members = (entry for entry in members if part in entry[0].partition(b":")[2])
     while chunk := list(islice(members, page)):
         keys = [journal.keyspace.parse_run(member.decode()) for member, _ in chunk]
         replies = iter(journal.backend.metas(keys, with_steps))
@@ -242,5 +282,6 @@ def _rows(
                 ordered(decode_journal(run_keys.run, next(replies)).values()) if with_steps else []
             )
             row_state = state_of(meta)
-            if state is None or row_state == state:
-                yield RunRow(run_keys.run, run_keys.run_id, row_state, int(score), meta, records)
+            row = RunRow(run_keys.run, run_keys.run_id, row_state, int(score), meta, records)
+            if wanted.keeps(row):
+                yield row

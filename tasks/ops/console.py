@@ -43,6 +43,8 @@ from journal.ops.views import (
     Cursor,
     RunRow,
     RunView,
+    Wanted,
+    holders_gone,
     inspect_run,
     list_runs,
     page_size,
@@ -180,29 +182,55 @@ def summary(record: Record) -> str:
     return preview(result)
 
 
-def row_summary(row: RunRow, held: int = 0) -> dict[str, Any]:
-    """What the runs page shows of one run; ``held``: the items it claims now."""
+def row_summary(row: RunRow, now_ms: int, held: int = 0, gone: bool = False) -> dict[str, Any]:
+    """What the runs page shows of one run; ``held``: the items it claims now.
+
+    A live run's duration runs to now; a finished one's to its end. ``gone``: stored as
+    running, but its holder's lease has lapsed (a crashed worker): not running, waiting for
+    the sweep.
+    """
     usage = usage_of(r.result for r in row.steps)
     wait = json.loads(row.meta["wait"]) if row.meta.get("wait") else None
     created = int(row.meta.get("created_at", "0") or 0)
-    ended = int(row.meta.get("finished_at", "0") or 0) or int(row.meta.get("updated_at", "0") or 0)
+    ended = int(row.meta.get("finished_at", "0") or 0)
+    live = row.state in LIVE or row.state in ("waiting", "retrying")
     said = detail(row.meta, wait)
     if wait and str(wait.get("step", "")).startswith("sleep:look:"):
         # A batch run's wait, in words: its batch, its counts, when it looks next.
         lines = batch_lines(row.steps, Wait.from_json(wait))
         said = f"batch {lines[-1]}" if lines else said
+    if gone:
+        said = "holder gone, resumes at the next sweep"
+    result = row.result if isinstance(row.result, dict) else {}
     return {
         "run_id": row.run_id,
-        "state": row.state,
+        "state": "holder gone" if gone else row.state,
+        "css": "failed" if gone else row.state,
+        "outcome": str(result.get("status", "")),
+        "reason": redact(str(result.get("reason", ""))),
         "detail": said,
-        "started": when(created),
-        "duration": span(created, ended),
+        "started": created,
+        "duration": span(created, now_ms if live and not ended else ended),
+        "live": live and not ended,
         "steps": len(row.steps),
         "calls": usage.calls,
         "tokens": usage.tokens,
         "cost": dollars(usage.cost_usd),
         "held": held,
     }
+
+
+OUTCOMES = ("sent", "nothing-new", "rejected", "expired")
+
+
+def flower_url(env: Mapping[str, str] | None = None) -> str | None:
+    """``DIGEST_FLOWER_URL``: where the deployment's Flower answers, linked from the runs page.
+
+    Read here until it joins the settings of ``tasks.config``; only an http(s) address is
+    linked, so a stray value can never become a script link.
+    """
+    value = (os.environ if env is None else env).get("DIGEST_FLOWER_URL", "").strip()
+    return value if urlsplit(value).scheme in ("http", "https") else None
 
 
 @dataclass(frozen=True)
@@ -331,30 +359,37 @@ def _listing(app: Flask, runtime: Runtime) -> None:
 
     @app.get("/")
     def runs() -> Any:
-        wanted = request.args.get("status") or None
-        if wanted is not None and wanted not in STATES:
-            return _refused(f"status {wanted!r} is none of: {', '.join(STATES)}")
         try:
-            limit = page_size(request.args.get("limit", "50"))
+            wanted, limit, before = _listing_query()
         except ValueError as bad:
-            return _refused(f"limit {bad}")
-        try:
-            before = Cursor.parse(request.args["before"]) if "before" in request.args else None
-        except ValueError as bad:
-            return _refused(f"before: {bad}; follow the page's own link to older runs")
+            return _refused(str(bad))
         held = holdings(runtime)
         # One row more than the page, to say whether older runs follow.
-        found = list_runs(journal, state=wanted, steps=True, limit=limit + 1, before=before)
+        found = list_runs(journal, steps=True, limit=limit + 1, before=before, wanted=wanted)
         shown = found[:limit]
         older = None
+        query: dict[str, Any] = {
+            "status": wanted.state,
+            "outcome": wanted.outcome,
+            "q": wanted.id_part,
+        }
         if len(found) > len(shown):
-            older = url_for("runs", status=wanted, limit=limit, before=str(shown[-1].cursor))
-        rows = [row_summary(row, held.get(row.run, 0)) for row in shown]
-        live = any(row["state"] in LIVE for row in rows)
+            older = url_for("runs", **query, limit=limit, before=str(shown[-1].cursor))
+        gone = holders_gone(journal, shown)
+        now = int(journal.clock.now() * 1000)
+        rows = [row_summary(r, now, held.get(r.run, 0), r.run in gone) for r in shown]
         page = render_template(
-            "runs.html", rows=rows, wanted=wanted, limit=limit, older=older, paged=before
+            "runs.html",
+            rows=rows,
+            wanted=wanted,
+            limit=limit,
+            older=older,
+            paged=before,
+            outcomes=OUTCOMES,
+            flower=flower_url(),
+            query=query,
         )
-        return _refreshing(page, live)
+        return _refreshing(page, any(row["live"] for row in rows))
 
     @app.get("/metrics")
     def metrics() -> Response:
@@ -473,6 +508,30 @@ def _actions(app: Flask, runtime: Runtime) -> None:
         step = request.form.get("step", "")
         new = request.form.get("as", "").strip() or None
         return act(run_id, lambda: actions.fork(runtime, run_id, step, new))
+
+
+def _listing_query() -> tuple[Wanted, int, Cursor | None]:
+    """The runs page's query: what to keep, how many, from where.
+
+    Raises:
+        ValueError: a parameter no page of the console writes, said in one line.
+    """
+    args = request.args
+    status, outcome = args.get("status") or None, args.get("outcome") or None
+    if status is not None and status not in STATES:
+        raise ValueError(f"status {status!r} is none of: {', '.join(STATES)}")
+    if outcome is not None and outcome not in OUTCOMES:
+        raise ValueError(f"outcome {outcome!r} is none of: {', '.join(OUTCOMES)}")
+    try:
+        limit = page_size(args.get("limit", "50"))
+    except ValueError as bad:
+        raise ValueError(f"limit {bad}") from None
+    try:
+        before = Cursor.parse(args["before"]) if "before" in args else None
+    except ValueError as bad:
+        raise ValueError(f"before: {bad}; follow the page's own link to older runs") from None
+    part = args.get("q", "").strip().removeprefix(f"{actions.WORKFLOW}:") or None
+    return Wanted(status, outcome, part), limit, before
 
 
 def _masked(email: Any) -> dict[str, str]:

@@ -371,7 +371,7 @@ def test_the_store_turns_a_lost_connection_into_store_unavailable_with_its_reaso
         raise error
 
     journal.client.hgetall = down  # type: ignore[method-assign,assignment]
-    journal.client.zrevrange = down  # type: ignore[method-assign,assignment]
+    journal.client.zrevrangebyscore = down  # type: ignore[method-assign,assignment]
     with pytest.raises(StoreUnavailable) as caught:
         journal.meta(journal.keys("wf", "r1"))
     assert (caught.value.url, caught.value.detail) == ("redis", detail)

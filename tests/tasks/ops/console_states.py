@@ -122,7 +122,6 @@ def every_state(runtime: Runtime, state: Path) -> dict[str, str]:
 
 def many_runs(journal: Journal, count: int, now_ms: int) -> None:
     """``count`` finished runs a minute apart, as the index and metas a listing reads."""
-    index = journal.keyspace.indexes()[0].runs
     pipe = journal.backend.client.pipeline(transaction=False)
     for n in range(count):
         keys = journal.keys("digest", f"load-{n:05d}")
@@ -138,7 +137,7 @@ def many_runs(journal: Journal, count: int, now_ms: int) -> None:
                 "outcome": outcome,
             },
         )
-        pipe.zadd(index, {keys.run: at + 4_000})
+        pipe.zadd(keys.index.runs, {keys.run: at + 4_000})
         if n % 1000 == 999:
             pipe.execute()
     pipe.execute()

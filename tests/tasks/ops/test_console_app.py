@@ -213,7 +213,7 @@ def test_the_runs_page_pages_through_every_run_once_newest_first(runtime: Runtim
         url = older.group(1).replace("&amp;", "&") if older else None
 
     assert seen == [["w4", "w3"], ["w2", "w1"], ["w0"]]
-    assert 'id="newest" href="/?status=done&amp;limit=2"' in page
+    assert 'id="newest" href="/?limit=2&amp;status=done"' in page
     for query, reason in [
         ("limit=0", "limit '0' is not a number of runs from 1 to 1000"),
         ("limit=x", "limit 'x' is not a number of runs from 1 to 1000"),

@@ -6,7 +6,9 @@ In process, with Flask's test client; the same runs are seen in a browser in
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -55,3 +57,32 @@ def test_the_timeline_draws_waits_and_the_failed_attempt(pages: dict[str, str]) 
     assert 'class="error" open' in pages["retrying"] and "retry back-off" in pages["retrying"]
     assert pages["sent"].count('class="lane step"') >= 6
     assert "fork-step" in pages["sent"] and pages["sent"].count("Fork from here") == 0
+
+
+@pytest.fixture
+def listing(
+    real_redis: redis.Redis, prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Any:
+    monkeypatch.setenv("DIGEST_FLOWER_URL", "http://flower.example:5555/")
+    runtime = runtime_for(real_redis, prefix, tmp_path)
+    every_state(runtime, tmp_path)
+    crashed = runtime.journal.keys("digest", "2026-w48")
+    now = int(runtime.journal.clock.now() * 1000)
+    real_redis.hset(crashed.meta, mapping={"status": "running", "created_at": now - 90_000})
+    real_redis.zadd(crashed.index.runs, {crashed.run: now})
+    return create_app(runtime, LOCAL).test_client()
+
+
+def test_the_runs_page_searches_filters_and_says_a_holder_is_gone(listing: Any) -> None:
+    page = listing.get("/").get_data(as_text=True)
+    assert "holder gone, resumes at the next sweep" in page
+    assert re.search(r"1\.[5-9] min|9\d\.\d s", page)  # the crashed run: now minus its start
+    assert 'id="flower" href="http://flower.example:5555/"' in page
+
+    found = listing.get("/?q=w41").get_data(as_text=True)
+    assert re.findall(r'href="/runs/([^"]+)"', found) == ["2026-w41"]
+    assert "the intro is wrong" in found
+
+    sent = listing.get("/?outcome=nothing-new").get_data(as_text=True)
+    assert re.findall(r'href="/runs/([^"]+)"', sent) == ["2026-w46", "2026-w42"]
+    assert listing.get("/?outcome=bogus").status_code == 400
