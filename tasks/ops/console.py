@@ -171,6 +171,8 @@ def run_context(runtime: Runtime, view: RunView, run_id: str) -> dict[str, Any]:
 def summary(record: Record) -> str:
     """A step's result in words: a model call's text, a count of items, a receipt."""
     result = record.result
+    if record.key.startswith("wait:") and isinstance(result, int | float):
+        return f"waits until {when(int(result * 1000))} UTC"
     if isinstance(result, list):
         return f"{len(result)} items"
     if isinstance(result, dict) and "received" in result:
