@@ -168,7 +168,8 @@ def test_an_operator_steers_runs_from_the_console(
     page.goto(base + "/runs/2026-w42")
     page.select_option("#fork-step", "compose")
     page.click("#fork-preview")
-    assert "forked from compose (dry run)" in page.locator("#diff").inner_text()
+    # The fake model answers the opening as before: the preview says the email would not change.
+    assert "the same email: this fork would change nothing" in page.locator("#diff").inner_text()
     page.click("#fork-confirm")
     assert (
         "forked digest:2026-w42 at compose as digest:2026-w42-fork1"
