@@ -159,9 +159,14 @@ def register_scripts(sources: Sequence[str]) -> Callable[[Client], bool]:
     return load_all
 
 
+def all_sources() -> tuple[str, ...]:
+    """The journal's scripts and every one registered with them, as a first miss loads them."""
+    return (*_journal_sources().values(), *_companions.values())
+
+
 def load_all(client: Client) -> bool:
     """Load the journal's scripts and every registered one on ``client``; False on a cluster."""
-    return load_scripts(client, (*_journal_sources().values(), *_companions.values()))
+    return load_scripts(client, all_sources())
 
 
 def load_scripts(client: Client, sources: Sequence[str]) -> bool:
