@@ -32,7 +32,6 @@ from tasks.llm.budget import Budget
 from tasks.llm.client import AnthropicSummarizer, Completion, OfflineSummarizer, Summarizer
 from tasks.llm.prompts import Update
 from tasks.llm.ratelimit import LimitState, RateLimiter, account_of
-from tasks.mail.resend import ResendMailer
 from tasks.mail.smtp import FileOutbox, Mailer, SmtpMailer
 
 log = logging.getLogger(__name__)
@@ -264,6 +263,9 @@ def choose_mailer(config: Config) -> Mailer:
     Resend with ``DIGEST_MAIL_URL=resend://``, SMTP with ``DIGEST_SMTP_URL``.
     """
     if config.mail_url is not None and config.resend_api_key:
+        # Imported here: its HTTP client is a tenth of a second that only Resend needs.
+        from tasks.mail.resend import ResendMailer
+
         return ResendMailer(
             config.resend_api_key, config.sender, config.resend_base_url, config.smtp_timeout
         )

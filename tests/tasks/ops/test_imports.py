@@ -31,9 +31,6 @@ UNNEEDED = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True, reason="issue 39: the Resend mailer's HTTP client is imported by every command"
-)
 @pytest.mark.parametrize("args", [["--help"], ["show", RUN], ["runs"]])
 def test_a_reading_command_imports_nothing_it_does_not_use(
     deployment: Deployment, args: list[str]
