@@ -24,7 +24,7 @@ from journal._holder import ProcessIdentity
 from journal._journal import Journal
 from journal._limits import redelivers_running, safe_time_limit
 from journal._redis.backend import connect
-from journal._redis.scripts import Client, Script
+from journal._redis.scripts import Client, Script, register_scripts
 from journal._retry import RetryPolicy, RunRetry
 from journal._run import Run, StepEvent
 from journal._schema.keys import Keyspace, RunKeys, validate_run_id
@@ -62,6 +62,7 @@ __all__ = [
     "connect",
     "errors",
     "redelivers_running",
+    "register_scripts",
     "safe_time_limit",
     "validate_run_id",
     "workflow",

@@ -21,7 +21,7 @@ import redis
 
 from journal import Client, Hints, Journal, Keyspace, RunRetry, Settings, SystemClock
 from journal import connect as journal_connect
-from journal.contrib.checks import check_persistence, check_skew
+from journal.contrib.checks import connect_checked
 from journal.contrib.embedded import embedded_broker_url, embedded_url
 from journal.errors import StoreUnavailable
 from tasks.config import Config
@@ -32,7 +32,6 @@ from tasks.llm.budget import Budget
 from tasks.llm.client import AnthropicSummarizer, Completion, OfflineSummarizer, Summarizer
 from tasks.llm.prompts import Update
 from tasks.llm.ratelimit import LimitState, RateLimiter, account_of
-from tasks.mail.resend import ResendMailer
 from tasks.mail.smtp import FileOutbox, Mailer, SmtpMailer
 
 log = logging.getLogger(__name__)
@@ -99,14 +98,20 @@ def broker_url(config: Config) -> str:
     return config.broker_url or config.redis_url or embedded_broker_url(config.state_dir)
 
 
-def connect(url: str) -> Client:
-    """A client that fails fast: a dead store surfaces as an error within seconds, not hangs.
+# A client that fails fast: a dead store surfaces as an error within seconds, not hangs.
+# No health-check PING and no CLIENT SETINFO: each cost a round trip on every new connection
+# (a run's model calls open several), and a connection the server dropped is reconnected
+# by the client's retry on the command that finds it gone.
+CLIENT_OPTIONS: dict[str, Any] = {
+    "socket_timeout": 5,
+    "socket_connect_timeout": 3,
+    "driver_info": None,
+}
 
-    A cluster client when ``url`` names a cluster node (``journal.connect`` asks the server).
-    """
-    return journal_connect(
-        url, socket_timeout=5, socket_connect_timeout=3, health_check_interval=30
-    )
+
+def connect(url: str) -> Client:
+    """A client that fails fast; a cluster client when ``url`` names a cluster node."""
+    return journal_connect(url, **CLIENT_OPTIONS)
 
 
 def checked_store(config: Config, logger: logging.Logger) -> Client:
@@ -125,11 +130,14 @@ def checked_store(config: Config, logger: logging.Logger) -> Client:
         ClockSkewed: this machine's clock is off the store's.
     """
     url = store_url(config)
-    client = connect(url)  # asks the server whether it is a cluster node
-    config.check_store(cluster=isinstance(client, redis.RedisCluster))
-    check_persistence(client, logger=logger)
-    check_skew(client, SystemClock(), url)
-    return client
+    # One round trip asks whether it is a cluster node, what it keeps, and its clock.
+    return connect_checked(
+        url,
+        SystemClock(),
+        logger=logger,
+        accept=lambda cluster: config.check_store(cluster=cluster),
+        **CLIENT_OPTIONS,
+    )
 
 
 @dataclass
@@ -255,6 +263,9 @@ def choose_mailer(config: Config) -> Mailer:
     Resend with ``DIGEST_MAIL_URL=resend://``, SMTP with ``DIGEST_SMTP_URL``.
     """
     if config.mail_url is not None and config.resend_api_key:
+        # Imported here: its HTTP client is a tenth of a second that only Resend needs.
+        from tasks.mail.resend import ResendMailer
+
         return ResendMailer(
             config.resend_api_key, config.sender, config.resend_base_url, config.smtp_timeout
         )

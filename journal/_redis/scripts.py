@@ -131,9 +131,42 @@ class Scripts:
     @classmethod
     def register(cls, client: Client) -> Scripts:
         """Register every script on ``client``; call once per client, not per call."""
-        sources = {name: _source(name) for name in SCRIPT_NAMES}
-        load = functools.partial(load_scripts, sources=tuple(sources.values()))
-        return cls(**{name: Script(client, source, load) for name, source in sources.items()})
+        sources = _journal_sources()
+        return cls(**{name: Script(client, source, load_all) for name, source in sources.items()})
+
+
+@functools.cache
+def _journal_sources() -> dict[str, str]:
+    return {name: _source(name) for name in SCRIPT_NAMES}
+
+
+# An application's own scripts (``register_scripts``), loaded with the journal's.
+_companions: dict[str, str] = {}
+
+
+def register_scripts(sources: Sequence[str]) -> Callable[[Client], bool]:
+    """Load ``sources`` with the journal's own scripts at the first NOSCRIPT of either.
+
+    An application's scripts run on the same server as the journal's, and a server that lost
+    one lost them all: loaded together, a cold process pays one transaction for every script
+    it will send, where each of its own would otherwise miss and be sent again as EVAL.
+
+    Returns:
+        The load-all callback to build the application's ``Script`` with.
+    """
+    for source in sources:
+        _companions[hashlib.sha1(source.encode("utf-8")).hexdigest()] = source
+    return load_all
+
+
+def all_sources() -> tuple[str, ...]:
+    """The journal's scripts and every one registered with them, as a first miss loads them."""
+    return (*_journal_sources().values(), *_companions.values())
+
+
+def load_all(client: Client) -> bool:
+    """Load the journal's scripts and every registered one on ``client``; False on a cluster."""
+    return load_scripts(client, all_sources())
 
 
 def load_scripts(client: Client, sources: Sequence[str]) -> bool:

@@ -17,16 +17,25 @@ that is not warned about, as it is a deliberate choice rather than a forgotten d
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
 from journal._clock import Clock
+from journal._redis.backend import connect as journal_connect
 from journal._redis.scripts import Client
 from journal.errors import ClockSkewed, StoreEvicts
 
-__all__ = ["MAX_SKEW_S", "Persistence", "check_persistence", "check_skew", "wait_for_local_fsync"]
+__all__ = [
+    "MAX_SKEW_S",
+    "Persistence",
+    "check_persistence",
+    "check_skew",
+    "connect_checked",
+    "wait_for_local_fsync",
+]
 
 UNKNOWN = "unknown"
 
@@ -82,15 +91,26 @@ def check_persistence(client: Client, *, logger: logging.Logger | None = None) -
         masters = [client.get_redis_connection(node) for node in client.get_primaries()]  # type: ignore[no-untyped-call]
         checked = [check_persistence(master, logger=logger) for master in masters]  # all warn
         return checked[0]
-    log = logger or _LOG
     found = _from_config(client) or _from_info(client)
+    return _judge(client, found, _supports_waitaof(client), _server(client), logger)
+
+
+def _judge(
+    client: redis.Redis,
+    found: tuple[bool, str, str] | None,
+    supports_waitaof: bool,
+    server: str,
+    logger: logging.Logger | None,
+) -> Persistence:
+    """Refuse an evicting store, warn about what the rest risks; the settings found."""
+    log = logger or _LOG
     appendonly, appendfsync, policy = found or (None, UNKNOWN, UNKNOWN)
     persistence = Persistence(
         appendonly=appendonly,
         appendfsync=appendfsync,
         maxmemory_policy=policy,
-        supports_waitaof=_supports_waitaof(client),
-        server=_server(client),
+        supports_waitaof=supports_waitaof,
+        server=server,
     )
     address = _address(client)
     if persistence.server != UNKNOWN:
@@ -115,6 +135,94 @@ def check_persistence(client: Client, *, logger: logging.Logger | None = None) -
             _SAFE_AOF,
         )
     return persistence
+
+
+def connect_checked(
+    url: str,
+    clock: Clock,
+    *,
+    logger: logging.Logger | None = None,
+    accept: Callable[[bool], None] | None = None,
+    **options: Any,
+) -> Client:
+    """Connect to the store at ``url`` and check it, asking everything in one round trip.
+
+    What ``journal.connect``, :func:`check_persistence` and :func:`check_skew` ask one by one
+    (whether the node is in a cluster, its persistence settings, WAITAOF, its version, its
+    clock), one pipeline asks of a single server at once: a command line pays for its start-up
+    checks once, not six times. A cluster node is then connected to as a cluster, and every
+    master is checked as :func:`check_persistence` does.
+
+    Args:
+        url: a ``redis://``, ``rediss://`` or ``unix://`` URL.
+        clock: this process's clock, held against the server's.
+        logger: where warnings go; this module's logger by default.
+        accept: told whether the store is a cluster, before anything is judged; it raises to
+            refuse a store its caller cannot use.
+        options: client options (timeouts), passed to whichever client is built.
+
+    Raises:
+        StoreEvicts: the store may evict keys.
+        ClockSkewed: ``clock`` is off the server's by more than ``MAX_SKEW_S``.
+        redis.ConnectionError: the store did not answer.
+    """
+    plain = redis.Redis.from_url(url, **options)
+    # One transaction, so that it is one round trip to count as well as to wait for. A server
+    # that refuses one of the commands outright (CONFIG renamed, WAITAOF unknown) aborts it:
+    # that server is asked one command at a time, as check_persistence asks.
+    pipe = plain.pipeline(transaction=True)
+    for name in ("appendonly", "appendfsync", "maxmemory-policy"):
+        pipe.config_get(name)
+    pipe.info()  # the default sections: server, persistence, memory, cluster
+    pipe.waitaof(0, 0, 0)
+    pipe.time()
+    before = clock.now()
+    try:
+        replies = pipe.execute(raise_on_error=False)
+    except redis.ResponseError:
+        replies = []
+    except BaseException:
+        plain.close()
+        raise
+    after = clock.now()
+    if not replies:
+        plain.close()
+        client = journal_connect(url, **options)
+        if accept is not None:
+            accept(isinstance(client, redis.RedisCluster))
+        check_persistence(client, logger=logger)
+        check_skew(client, clock, url)
+        return client
+    *configs, info, waitaof, server_time = replies
+    info = info if isinstance(info, dict) else {}
+    cluster = info.get("cluster_enabled") in (1, "1")
+    if accept is not None:
+        accept(cluster)
+    if cluster:
+        plain.close()
+        client = redis.RedisCluster.from_url(url, **options)
+        check_persistence(client, logger=logger)
+        check_skew(client, clock, url)
+        return client
+    found: tuple[bool, str, str] | None = None
+    if not any(isinstance(reply, Exception) for reply in configs):
+        text = {_text(k): _text(v) for reply in configs for k, v in reply.items()}
+        found = (
+            text.get("appendonly") == "yes",
+            text.get("appendfsync", UNKNOWN),
+            text.get("maxmemory-policy", UNKNOWN),
+        )
+    elif "aof_enabled" in info:  # CONFIG disabled, as managed services often do
+        found = (
+            int(info["aof_enabled"]) == 1,
+            UNKNOWN,
+            _text(info.get("maxmemory_policy", UNKNOWN)),
+        )
+    _judge(plain, found, not isinstance(waitaof, Exception), _server_of(info), logger)
+    if isinstance(server_time, Exception):
+        raise server_time
+    _judge_skew(url, (before + after) / 2, server_time, MAX_SKEW_S)
+    return plain
 
 
 def wait_for_local_fsync(client: redis.Redis, timeout_ms: int = 1000) -> int:
@@ -186,6 +294,10 @@ def _server(client: redis.Redis) -> str:
         info: dict[str, Any] = client.info("server")
     except redis.ResponseError:
         return UNKNOWN
+    return _server_of(info)
+
+
+def _server_of(info: dict[str, Any]) -> str:
     # Valkey still reports redis_version (7.2.4, for client compatibility) beside its own.
     if "valkey_version" in info:
         return f"valkey {info['valkey_version']}"
@@ -220,9 +332,15 @@ def check_skew(client: Client, clock: Clock, url: str, bound: float = MAX_SKEW_S
         ClockSkewed: the skew, measured against the middle of the round trip, exceeds ``bound``.
     """
     before = clock.now()
-    seconds, micros = client.time()
+    server_time = client.time()
     after = clock.now()
-    skew = (before + after) / 2 - (int(seconds) + int(micros) / 1e6)
+    return _judge_skew(url, (before + after) / 2, server_time, bound)
+
+
+def _judge_skew(url: str, here: float, server_time: Any, bound: float) -> float:
+    """The skew of ``here`` against the server's ``TIME`` reply; refused beyond ``bound``."""
+    seconds, micros = server_time
+    skew = here - (int(seconds) + int(micros) / 1e6)
     if abs(skew) > bound:
         raise ClockSkewed(url, skew, bound)
     return skew

@@ -135,6 +135,7 @@ class Config:
         give_up_after: seconds from a streak's first transient failure to failing the run for
             good; 0 turns automatic retries off.
         metrics_port: the port a worker serves Prometheus metrics on; None for none.
+        metrics_host: the address it listens on: this host alone unless told otherwise.
         log_format: ``text`` (Celery's lines, the run's fields at the end) or ``json`` (one
             object per line, for log shippers).
         run_retention: seconds after its last update an ended run's keys are purged by beat,
@@ -202,6 +203,7 @@ class Config:
     soft_shutdown_timeout: float = 0.0
     max_cost_usd: float | None = None
     metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
     log_format: str = "text"
     run_retention: float | None = None
     batch: bool = False

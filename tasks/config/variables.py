@@ -475,6 +475,13 @@ SETTINGS: tuple[Setting, ...] = (
         shown="unset",
     ),
     Setting(
+        "DIGEST_METRICS_HOST",
+        "metrics_host",
+        "text",
+        "the address a worker's metrics listen on; `0.0.0.0` for every interface, where a "
+        "scraper on another host must reach them",
+    ),
+    Setting(
         "DIGEST_LOG_FORMAT",
         "log_format",
         "text",

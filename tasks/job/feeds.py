@@ -11,8 +11,6 @@ from __future__ import annotations
 import hashlib
 import html
 import re
-import urllib.error
-import urllib.request
 from typing import Any
 
 from tasks.errors import BadInput
@@ -34,6 +32,9 @@ def fetch(url: str, timeout: float) -> bytes:
     """
     if not url.startswith("https://"):
         raise BadInput(f"{url}: only https:// URLs are fetched; serve the updates over TLS")
+    import urllib.error  # here: every command imports this module, only a URL fetches
+    import urllib.request
+
     request = urllib.request.Request(url, headers={"User-Agent": "durable-digest"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:

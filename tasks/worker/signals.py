@@ -106,8 +106,12 @@ def serve_metrics(**_: Any) -> None:
 
     from tasks.worker import metrics
 
-    start_http_server(config.metrics_port, registry=metrics.worker_registry())
-    log.info("metrics on :%d/metrics", config.metrics_port)
+    # The loopback address unless told otherwise, as the console and `digest metrics` bind:
+    # prometheus_client's own default is every interface.
+    start_http_server(
+        config.metrics_port, addr=config.metrics_host, registry=metrics.worker_registry()
+    )
+    log.info("metrics on %s:%d/metrics", config.metrics_host, config.metrics_port)
 
 
 @worker_shutdown.connect

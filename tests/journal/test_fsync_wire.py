@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from journal import Journal, Keyspace, Run, Settings
-from journal._redis.scripts import SCRIPT_NAMES
+from journal._redis.scripts import all_sources
 from journal.errors import NotDurable, StoreUnsupported
 from tests.journal.test_fsync import (
     Packets,
@@ -129,7 +129,7 @@ def test_a_flushed_script_is_sent_with_its_source_and_the_record_still_waits_for
     # Each miss of a script the transaction had not loaded loads them all, once each: the
     # opening's, then the closing's after the second flush (the record sent its own source).
     loads = [command for command in sent(packets, b"SCRIPT") if command[1] == b"LOAD"]
-    assert len(loads) == 2 * len(SCRIPT_NAMES)
+    assert len(loads) == 2 * len(all_sources())  # with an application's registered ones
     assert [c for c in loads if c[2:] == [record]] == [[b"SCRIPT", b"LOAD", record]] * 2
     sha = journal.backend.scripts.record.sha.encode()
     calls_record = [

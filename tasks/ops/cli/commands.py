@@ -20,7 +20,6 @@ from journal.logs import redact
 from journal.ops.actions import purge as purge_runs
 from journal.ops.actions import retry as retry_run
 from journal.ops.views import Cursor, RunView, inspect_run, list_runs
-from journal.testing.preflight import check_runs, unended_runs
 from tasks.config import Config
 from tasks.config.variables import parse_duration
 from tasks.errors import BadInput
@@ -303,6 +302,9 @@ def cmd_check_replay(config: Config, run_id: str, args: argparse.Namespace) -> i
         validate_run_id(given)
     runtime = Runtime.build(config, allow_offline=True)
     use_runtime(runtime)  # the workflow's runtime: its replayed steps never call it
+    # Imported here: the replay machinery is for this command alone.
+    from journal.testing.preflight import check_runs, unended_runs
+
     verdicts = check_runs(
         runtime.journal, digest, args.runs or unended_runs(runtime.journal, digest.name)
     )

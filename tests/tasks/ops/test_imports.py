@@ -1,0 +1,41 @@
+"""What ``digest --help`` and ``digest show`` import: only what they use.
+
+A command line starts in a fraction of a second only if it leaves alone what it does not
+need; each package named here costs tens to hundreds of milliseconds, every time. Times vary
+with the machine and stay in ``bench/cli.py``; what a process imports does not, so it is a
+test. OpenTelemetry is left out: redis-py imports it itself when it is installed.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support import Deployment
+from tests.tasks.ops.test_cli import imported
+
+pytestmark = pytest.mark.slow  # whole digest processes
+
+RUN = "2026-w42"
+# Packages no reading command needs: the worker's, the console's, the model's, the mail's.
+UNNEEDED = {
+    "anthropic",
+    "celery",
+    "kombu",
+    "flask",
+    "werkzeug",
+    "jinja2",
+    "prometheus_client",
+    "httpx",
+    "httpx2",
+    "pydantic",
+}
+
+
+@pytest.mark.parametrize("args", [["--help"], ["show", RUN], ["runs"]])
+def test_a_reading_command_imports_nothing_it_does_not_use(
+    deployment: Deployment, args: list[str]
+) -> None:
+    assert deployment.cli("run", RUN).returncode == 0  # something to show
+    done = deployment.cli(*args, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert done.returncode == 0, done.stderr
+    assert UNNEEDED & set(imported(done.stderr)) == set()
