@@ -28,6 +28,7 @@ from tasks.llm.client import (
     ApiError,
     Completion,
     Summarizer,
+    checked_calls,
     completion_of,
     is_transient,
     refusal_for,
@@ -102,7 +103,8 @@ def summarize(runtime: Runtime, run: Run, item: Item, calls: CallCounter) -> dic
     with runtime.budget.hold(run.keys, f"summarize:{item.id}", estimate) as reservation:
         calls.add(runtime.summarizer)
         try:
-            completion = runtime.summarizer.summarize(item)
+            with checked_calls(run.check_lease):
+                completion = runtime.summarizer.summarize(item)
         except ItemRefused as refused:
             return {"error": f"the model refused this item: {refused}"}
         return priced(runtime, run, completion, model, reservation, SUMMARY_PROMPT)
@@ -293,7 +295,8 @@ def compose(
     )
     with runtime.budget.hold(run.keys, "compose", estimate) as reservation:
         calls.add(runtime.summarizer)
-        completion = runtime.summarizer.compose(kept)
+        with checked_calls(run.check_lease):
+            completion = runtime.summarizer.compose(kept)
         return priced(runtime, run, completion, model, reservation, INTRO_PROMPT)
 
 

@@ -31,13 +31,15 @@ worker imports it once before forking its pool (``tasks.worker.app``), so childr
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import math
 import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from datetime import UTC
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
@@ -175,6 +177,22 @@ def completion_of(message: Mapping[str, Any], model: str) -> Completion:
 
 def _is_count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# The check a step makes before each call it pays for: its run's lease (``Run.check_lease``).
+# A wait for the shared rate limits' room is slept inside the step, like a back-off, and may
+# outlast the lease (a stopped worker); the call then goes out only if the run is still ours.
+_BEFORE_CALL: ContextVar[Callable[[], None] | None] = ContextVar("before_call", default=None)
+
+
+@contextlib.contextmanager
+def checked_calls(check: Callable[[], None]) -> Iterator[None]:
+    """Model calls made in this block each run ``check`` first, after any wait for room."""
+    token = _BEFORE_CALL.set(check)
+    try:
+        yield
+    finally:
+        _BEFORE_CALL.reset(token)
 
 
 class Summarizer(Protocol):
@@ -325,6 +343,9 @@ class AnthropicSummarizer:
             take = limiter.take(model, estimated_tokens(system, prompt), MAX_TOKENS)
         started = time.monotonic()
         try:
+            check = _BEFORE_CALL.get()
+            if check is not None:
+                check()  # after the wait for room: the lease may have run out meanwhile
             raw = client.messages.with_raw_response.create(
                 model=model,
                 max_tokens=MAX_TOKENS,

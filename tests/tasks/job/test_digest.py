@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from journal import Journal, Keyspace, Outcome, Run, Settings, StepEvent
-from journal.errors import CorruptJournal, LeaseBusy
+from journal.errors import CorruptJournal, LeaseBusy, LeaseLost
 from tasks.config import DEFAULT_INTRO_MODEL, DEFAULT_SUMMARY_MODEL, Config
 from tasks.errors import EveryItemRefused, ModelAuthFailed, ModelRefused
 from tasks.job.claims import mark_seen, select_unseen
@@ -30,6 +30,7 @@ from tasks.job.workflow import DigestOptions, run_digest
 from tasks.keys import DigestKeys, text
 from tasks.llm.client import AnthropicSummarizer, Completion, Summarizer
 from tasks.llm.prompts import Update
+from tasks.llm.ratelimit import RateLimiter, account_of
 from tasks.mail.smtp import Email, FileOutbox, Mailer, Receipt, SendEffect
 from tasks.ops.cli import main
 from tasks.runtime import Runtime
@@ -240,6 +241,33 @@ def test_a_step_whose_record_never_landed_runs_again(
     assert resumed.result["model_calls"] == 3  # b again, c, compose
     assert fake_anthropic.calls == 5
     assert fake_anthropic.calls_for('title="Item b"') == 3  # twice alone, once in the intro
+
+
+def test_a_call_that_waited_for_the_rate_limits_past_its_lease_is_not_paid_for(
+    digest: LocalDigest, fake_anthropic: FakeAnthropic
+) -> None:
+    # A worker stopped (SIGSTOP) while its calls waited for the shared limits' room: the lease
+    # ran out meanwhile and the run went to another worker. Resumed, the calls must not go out:
+    # the new holder pays for them again, and these answers could never be recorded.
+    lease = digest.journal.keys("digest", "w1").lease
+
+    class PausedInTheWait(RateLimiter):
+        def take(self, model: str, input_tokens: int, max_tokens: int) -> Any:
+            digest.client.delete(lease)  # expired while the process was stopped
+            time.sleep(LEASE_TTL)  # long enough for the heartbeat to find it gone
+            return super().take(model, input_tokens, max_tokens)
+
+    limiter = PausedInTheWait(
+        digest.client, DigestKeys(digest.prefix), account_of(fake_anthropic.url, "k"), 30
+    )
+    sdk = functools.partial(fake_anthropic.client, timeout=5.0)
+    summarizer = AnthropicSummarizer(sdk, "m1", "m2", limiter=limiter)
+
+    with pytest.raises(LeaseLost):
+        digest.run("w1", runtime=digest.runtime(summarizer=summarizer))
+    assert fake_anthropic.calls == 0
+    recorded = digest.client.hkeys(digest.journal.keys("digest", "w1").steps)
+    assert [text(k) for k in recorded] == ["select"]
 
 
 def test_a_live_lease_blocks_and_a_dead_one_is_taken_over(
