@@ -122,6 +122,13 @@ class TimedAnthropic(FakeAnthropic):
             answered = sum(contains in call.text for call in self.timed)
         return arrived > answered
 
+    def in_flight_count(self, contains: str) -> int:
+        """How many calls whose prompt holds ``contains`` have arrived and are not answered."""
+        arrived = sum(contains in request.text for request in self.requests)
+        with self._timed_lock:
+            answered = sum(contains in call.text for call in self.timed)
+        return arrived - answered
+
     def stop_delaying(self, contains: str) -> None:
         """Undo ``delay_when(contains, ...)``: the fake has no way of its own to."""
         with self._lock:
@@ -183,6 +190,9 @@ class Stack:
             "DIGEST_APPROVAL_TIMEOUT": "25",
             "DIGEST_BATCH_FIRST_LOOK": "0.5",
             "DIGEST_BATCH_MAX_LOOK": "1",
+            # A batch processes in a second here; one the batch-deadline fault slows down is
+            # cancelled at this deadline and its items asked synchronously.
+            "DIGEST_BATCH_DEADLINE": "8s",
             "DIGEST_CONCURRENCY": "3",
             **self.env_overrides,
         }
