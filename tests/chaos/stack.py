@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from email.message import EmailMessage
@@ -122,12 +123,12 @@ class TimedAnthropic(FakeAnthropic):
             answered = sum(contains in call.text for call in self.timed)
         return arrived > answered
 
-    def in_flight_count(self, contains: str) -> int:
-        """How many calls whose prompt holds ``contains`` have arrived and are not answered."""
-        arrived = sum(contains in request.text for request in self.requests)
+    def in_flight_texts(self) -> list[str]:
+        """The prompts of the calls that have arrived and are not answered yet."""
+        waiting = Counter(request.text for request in self.requests)
         with self._timed_lock:
-            answered = sum(contains in call.text for call in self.timed)
-        return arrived - answered
+            waiting.subtract(call.text for call in self.timed)
+        return [text for text, count in waiting.items() for _ in range(max(0, count))]
 
     def stop_delaying(self, contains: str) -> None:
         """Undo ``delay_when(contains, ...)``: the fake has no way of its own to."""
