@@ -26,7 +26,7 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from journal import Journal, Keyspace, Run, Settings, connect
+from journal import Journal, Keyspace, Run, Settings, connect, workflow
 from tests.cluster import valkey_cluster
 from tests.support import returning
 
@@ -62,7 +62,7 @@ def main() -> None:
             for name, journal in journals.items():
                 start = time.perf_counter()
                 run_id = f"{list(SETTINGS).index(name)}-{round_}"
-                journal.execute("bench", run_id, body)
+                workflow("bench")(body).start(run_id, journal=journal)
                 per_step[name].append((time.perf_counter() - start) / STEPS)
         base = median(per_step["none"])
         print(f"{STEPS} steps per run, {ROUNDS} rounds, median per step (3x3 cluster, loopback)")

@@ -36,7 +36,7 @@ import redis  # noqa: E402
 from journal import Journal  # noqa: E402
 from journal.contrib.embedded import embedded_url, stop_embedded  # noqa: E402
 from journal.ops.views import inspect_run  # noqa: E402
-from tasks.cost import Usage, usage_of  # noqa: E402
+from tasks.llm.cost import Usage, usage_of  # noqa: E402
 from tests.fakes.anthropic_server import FakeAnthropic  # noqa: E402
 
 BIN = Path(sys.executable).parent

@@ -51,7 +51,7 @@ import orjson  # noqa: E402
 import redis  # noqa: E402
 from redis.utils import HIREDIS_AVAILABLE  # noqa: E402
 
-from journal import Journal, Keyspace, Run, Settings  # noqa: E402
+from journal import Journal, Keyspace, Run, Settings, workflow  # noqa: E402
 from journal._clock import millis  # noqa: E402
 from journal._lease import Grant  # noqa: E402
 from journal._redis.scripts import Client  # noqa: E402
@@ -257,7 +257,7 @@ def measure_writes(journal: Journal, run_id: str) -> list[Row]:
             step.append(clock() - started)
 
     before = command_stats(client)
-    journal.execute("bench", run_id, body)
+    workflow("bench")(body).start(run_id, journal=journal)
     server = server_micros(before, command_stats(client))
     base = median_us(ping)
     return [
@@ -372,7 +372,7 @@ def profile(journal: Journal) -> str:
             run.step(f"s{i}", returning(result))
         profiler.disable()
 
-    journal.execute("bench", "profile-record", body)
+    workflow("bench")(body).start("profile-record", journal=journal)
     out.write(f"\n-- {WRITE_REPS} fenced step records, by cumulative time --\n")
     pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(PROFILED)
     order = populate(journal, "profile-replay", 10_000)

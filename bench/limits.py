@@ -135,7 +135,7 @@ def three_weeks(directory: Path, rounds: int) -> list[Round]:
         try:
             from journal.ops.views import inspect_run
             from tasks import digest
-            from tasks.workflow import DigestOptions
+            from tasks.job.workflow import DigestOptions
 
             deployment.worker("c2-a", concurrency=2)
             deployment.worker("c2-b", concurrency=2)
@@ -153,7 +153,7 @@ def three_weeks(directory: Path, rounds: int) -> list[Round]:
                 files = [str(items_file(directory, f"{tag}-{n}", 20)) for n in range(3)]
                 started = time.perf_counter()
                 for week, items in zip(weeks, files, strict=True):
-                    digest.send(week, DigestOptions(items=items))
+                    digest.start(week, DigestOptions(items=items))
 
                 def all_done(weeks: list[str] = weeks) -> bool:
                     return all(inspect_run(journal, "digest", w).status == "done" for w in weeks)

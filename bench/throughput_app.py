@@ -23,7 +23,7 @@ import orjson
 import redis
 from celery import Celery
 
-from journal import Journal, Keyspace, Run
+from journal import Journal, Keyspace, Run, workflow
 from journal.integrations.celery import Durable, at_least_once_settings
 
 STEPS = 10
@@ -108,9 +108,12 @@ def returning(value: int) -> Callable[[], int]:
 durable = Durable(app, journal)
 
 
-@durable.workflow("bench", task_name="bench.durable")
+@workflow("bench")
 def ten_steps(run: Run) -> int:
     """The same ten steps through the journal: replayable, indexed, fenced."""
     for i in range(STEPS):
         run.step(f"s{i}", returning(i))
     return STEPS
+
+
+durable.register(ten_steps, task_name="bench.durable")

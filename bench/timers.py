@@ -105,7 +105,9 @@ def sweep_costs(url: str, crowded: str, sparse: str, at_ms: int, reps: int) -> l
     samples: list[list[float]] = [[], []]
     for rep in range(reps):
         for sweep, times in zip(sweeps, samples, strict=True):
-            add_timers(sweep.client, sweep.keyspace.due, 9_000_000 + rep * FEW, FEW, at_ms)
+            add_timers(
+                sweep.client, sweep.keyspace.indexes()[0].due, 9_000_000 + rep * FEW, FEW, at_ms
+            )
             started = time.perf_counter_ns()
             claimed = sweep.claim_due(100)
             times.append((time.perf_counter_ns() - started) / 1000)
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         url = embedded_url(state)
         client = redis.Redis.from_url(url)
-        due_key = Keyspace(PREFIX).due
+        due_key = Keyspace(PREFIX).indexes()[0].due
         later, past = millis(NOW + 86_400), millis(NOW - 1)
 
         before = int(client.info("memory")["used_memory"])
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         per_timer = (int(client.info("memory")["used_memory"]) - before) / args.pending
         print(f"{args.pending:,} timers pending: {per_timer:.0f} bytes each (due index entry)")
 
-        add_timers(client, Keyspace(SPARSE).due, 0, 1_000, later)
+        add_timers(client, Keyspace(SPARSE).indexes()[0].due, 0, 1_000, later)
         crowded, sparse = sweep_costs(url, PREFIX, SPARSE, past, 300)
         ratio = crowded / sparse
         verdict = "PASS" if ratio <= SWEEP_TARGET else "FAIL"

@@ -5,6 +5,7 @@ The public face is the names below and these modules, each named by its role:
 - ``journal.errors``: every exception, under one root (``JournalError``);
 - ``journal.events``: what a run reports as it goes (for logs and metrics);
 - ``journal.logs``: run context on log records, and the redaction of secrets;
+- ``journal.tracing``: OpenTelemetry spans of deliveries and steps, when configured;
 - ``journal.batch``: a provider batch as a step (its adapter, its policy, its views);
 - ``journal.integrations.celery``: deliveries through Celery, at least once;
 - ``journal.ops``: what operators read (``views``) and do (``actions``);
@@ -27,8 +28,10 @@ from journal._redis.scripts import Client, Script
 from journal._retry import RetryPolicy, RunRetry
 from journal._run import Run, StepEvent
 from journal._schema.keys import Keyspace, RunKeys, validate_run_id
+from journal._schema.meta import RunMeta, Wait
 from journal._schema.records import Record
-from journal._waits import SignalResult, Wait
+from journal._schema.steps import StepKey
+from journal._waits import SignalResult
 from journal._workflow import Workflow, workflow
 from journal.errors import Hints
 
@@ -46,11 +49,13 @@ __all__ = [
     "RetryPolicy",
     "Run",
     "RunKeys",
+    "RunMeta",
     "RunRetry",
     "Script",
     "Settings",
     "SignalResult",
     "StepEvent",
+    "StepKey",
     "SystemClock",
     "Wait",
     "Workflow",

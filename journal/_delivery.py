@@ -12,25 +12,27 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import redis
 
-from journal import logs
+from journal import logs, tracing
 from journal._cancel import Cancelled
-from journal._clock import millis
-from journal._lease import Found, Grant, Heartbeat, Lease
+from journal._clock import Clock, millis
+from journal._lease import Found, Grant, Heartbeat, Holding, Lease
 from journal._redact import redact
-from journal._redis.backend import DELETE, Closed, Opened, Opening, RecordWait
+from journal._redis.backend import DELETE, Closed, Opened, Opening, RecordWait, RedisBackend
 from journal._retry import RunRetry
 from journal._run import Run, StepEvent
 from journal._schema import codec
 from journal._schema.keys import RunKeys
+from journal._schema.meta import RunMeta, Wait
 from journal._schema.status import RunStatus
-from journal._waits import Suspend, Wait
+from journal._waits import Suspend
 from journal.errors import (
     CorruptJournal,
     GaveUp,
+    Hints,
     JournalError,
     LeaseLost,
     ReceiptUnsaved,
@@ -39,9 +41,6 @@ from journal.errors import (
     StoreUnavailable,
 )
 from journal.events import emit, outcome_of
-
-if TYPE_CHECKING:
-    from journal._journal import Journal
 
 log = logging.getLogger(__name__)
 
@@ -113,16 +112,19 @@ class Outcome:
 
 
 class Runner:
-    """Delivers the runs of one journal; every delivery, from a worker or a command line."""
+    """Delivers the runs of one journal; every delivery, from a worker or a command line.
 
-    def __init__(self, journal: Journal) -> None:
-        self.journal = journal
-        self.backend = journal.backend
-        self.settings = journal.settings
-        self.clock = journal.clock
-        self.hints = journal.hints
-        self.keyspace = journal.keyspace
-        self.call = journal.call
+    Given what a delivery needs, not the ``Journal`` that builds it: the handle is the caller's
+    face, and the delivery never calls back into it.
+    """
+
+    def __init__(
+        self, backend: RedisBackend, settings: Settings, clock: Clock, hints: Hints
+    ) -> None:
+        self.backend = backend
+        self.settings = settings
+        self.clock = clock
+        self.hints = hints
 
     def execute(
         self,
@@ -132,30 +134,51 @@ class Runner:
         on_step: Callable[[StepEvent], None] | None,
         delivered: bool,
     ) -> Outcome:
-        """One delivery of ``keys``'s run (see ``Journal.execute``)."""
+        """One delivery of ``keys``'s run (see ``Journal.execute``), in its span when traced."""
+        with tracing.delivery(keys.workflow, keys.run_id) as traced:
+            outcome = self._execute(keys, body, args, on_step, delivered, traced)
+            status = outcome_of(outcome.result) if outcome.status == "done" else ""
+            traced.ended(outcome.status, status, outcome.ran, outcome.replayed)
+            return outcome
+
+    def _execute(
+        self,
+        keys: RunKeys,
+        body: Callable[[Run], R],
+        args: dict[str, Any] | None,
+        on_step: Callable[[StepEvent], None] | None,
+        delivered: bool,
+        traced: tracing.Delivery,
+    ) -> Outcome:
         lease = self._lease(keys)
-        opening = self._opening(args, delivered)
-        taken = self.call(lease.open, millis(self.clock.now()), opening)
+        opening = self._opening(args, delivered, traced.context)
+        taken = lease.open(millis(self.clock.now()), opening)
         if isinstance(taken, Found):
             return self._found(keys, taken)
         grant = taken
         logs.set_fence(grant.fence)
         try:
-            current = decode_meta(keys.run, _pairs(grant.meta))
-            created = _created(current, self.clock.now())
+            current = RunMeta.from_flat(keys.run, grant.meta)
+            traced.opened(
+                fence=grant.fence,
+                attempt=current.count("starts") + 1,  # as it was before this start counted
+                delivery=current.count("deliveries") if delivered else 0,
+                first=current.get("trace"),
+            )
+            created = current.created(self.clock.now())
             if grant.status is Opened.STALLED:
                 self._park(keys, grant.holder, grant.starts_without_progress - 1, created)
             if grant.status is Opened.CANCEL_PENDING:  # its holder died before it could stop
                 self._cancel(keys, grant.holder)
                 self._ended(keys, "cancelled", created)
                 return Outcome(keys.run, "cancelled")
-            frozen = frozen_args(keys, current)
+            frozen = current.args
             # As it was before the start cleared it: a retry wait carries its attempt count.
-            waited = Wait.from_meta(keys.run, current["wait"]) if current.get("wait") else None
+            waited = current.wait
             run, heartbeat = self._open(keys, grant, on_step, lease, waited)
             run.args = dict(frozen if frozen is not None else args or {})
         except BaseException:
-            self.call(lease.release, grant.holder)
+            lease.release(grant.holder)
             raise
         return self._drive(keys, grant.holder, run, heartbeat, body, created)
 
@@ -164,13 +187,16 @@ class Runner:
         ttl = millis(self.settings.lease_ttl)
         return Lease(keys, self.backend, ttl, due_after_ms=self._due_ms)
 
-    def _opening(self, args: dict[str, Any] | None, delivered: bool = False) -> Opening:
+    def _opening(
+        self, args: dict[str, Any] | None, delivered: bool = False, trace: str = ""
+    ) -> Opening:
         """What ``open.lua`` does besides taking the lease, for these arguments."""
         return Opening(
             max_stalled_starts=self.settings.max_stalled_starts,
             due_at_ms=self._due_ms(),
             args=b"" if args is None else codec.dumps(args),
             count_delivery=delivered,
+            trace=trace,
         )
 
     def _found(self, keys: RunKeys, found: Found) -> Outcome:
@@ -183,16 +209,14 @@ class Runner:
         if found.status is Opened.BAD_WAIT:
             Wait.from_meta(keys.run, found.detail)
             raise CorruptJournal(keys.run, "meta.wait", "not a wait this library wrote")
-        meta = decode_meta(keys.run, _pairs(found.detail))
+        meta = RunMeta.from_flat(keys.run, found.detail)
         if found.status is Opened.PARKED:
-            raise RunParked(
-                keys.run, _count(keys, meta, "starts_without_progress"), self.hints.parked
-            )
+            raise RunParked(keys.run, meta.count("starts_without_progress"), self.hints.parked)
         # Ended: the opening took it out of the due index, whatever had put it back there (an
         # older version, a hand-made ZADD), so the sweep stops delivering it.
         if meta.get("status") == RunStatus.CANCELLED:
             return Outcome(keys.run, "cancelled")
-        return Outcome(keys.run, "already-done", meta_value(keys, meta, "outcome"))
+        return Outcome(keys.run, "already-done", meta.json("outcome"))
 
     def _open(
         self,
@@ -206,14 +230,10 @@ class Runner:
         flat = iter(grant.steps)  # one pass, one dict: a journal may hold 10,000 steps
         recorded = {field.decode(): value for field, value in zip(flat, flat, strict=True)}
         heartbeat = Heartbeat(lease, holder, grant.confirmed_at)
+        holding = Holding(self.backend, keys, holder, grant.fence, heartbeat, self.clock)
         run = Run(
-            backend=self.backend,
-            keys=keys,
-            holder=holder,
-            fence=grant.fence,
-            clock=self.clock,
+            holding=holding,
             recorded=recorded,
-            guard=heartbeat,
             retry_state=wait if wait is not None and wait.kind == "retry" else None,
             on_step=on_step,
             record_wait=self.settings.record_wait,
@@ -254,16 +274,15 @@ class Runner:
             # the receipt would refuse the status too. The lease goes (a delete, which a full
             # store still takes), so the next start, finding the effect confirmed, asks.
             heartbeat.stop()
-            with contextlib.suppress(redis.RedisError):
+            with contextlib.suppress(redis.RedisError, StoreUnavailable):
                 self.backend.release(keys, holder)
             raise
         except (redis.ConnectionError, redis.TimeoutError) as down:
-            # The store went away under a step: not the run's failure, and nothing could be
-            # saved anyway. StoreUnavailable lets the delivery retry once the store is back.
+            # The store went away under an application's own command in a step (the journal's
+            # own come translated): not the run's failure, and nothing could be saved anyway.
+            # StoreUnavailable lets the delivery retry once the store is back.
             heartbeat.stop()
-            raise StoreUnavailable(
-                self.journal.url, str(down) or type(down).__name__, self.hints.store_down
-            ) from down
+            raise self.backend.unavailable(down) from down
         except Exception as error:
             heartbeat.stop()
             verdict = self._fail(keys, holder, error, created)
@@ -302,9 +321,8 @@ class Runner:
         Raises:
             LeaseLost: the lease had expired or passed on; nothing was written.
         """
-        close = self.backend.close
-        status: Closed = self.call(
-            close, keys, holder, fields, now_ms, due_ms, unless_signal, unless_cancelled
+        status = self.backend.close(
+            keys, holder, fields, now_ms, due_ms, unless_signal, unless_cancelled
         )
         if status < 0:
             raise LeaseLost(keys.run, "the lease was lost before the run's status could be saved")
@@ -414,7 +432,7 @@ class Runner:
         A run that gave up, or whose streak fields are unreadable, starts a new streak: a
         deliberate start after giving up earns a full retry window again.
         """
-        meta = self.journal.meta(keys)
+        meta = RunMeta.parse(keys.run, self.backend.meta(keys))
         if "gave_up_at" in meta:
             return now, 1
         try:
@@ -449,58 +467,3 @@ class Runner:
         self._close(keys, holder, fields, now, None)
         self._ended(keys, "failed", created)
         raise RunParked(keys.run, starts, self.hints.parked)
-
-
-def _created(meta: dict[str, str], now: float) -> float:
-    """When the run was created, from its meta as it was before this start (now: a new run)."""
-    try:
-        return int(meta["created_at"]) / 1000
-    except (KeyError, ValueError):
-        return now
-
-
-def meta_value(keys: RunKeys, meta: dict[str, str], name: str) -> Any:
-    """A JSON field of the meta hash, decoded; None when absent."""
-    raw = meta.get(name)
-    return None if raw is None else codec.loads_field(keys.run, f"meta.{name}", raw)
-
-
-def frozen_args(keys: RunKeys, meta: dict[str, str]) -> dict[str, Any] | None:
-    """The arguments the run's first start froze, if it has started.
-
-    Raises:
-        CorruptJournal: they are not a JSON object.
-    """
-    args = meta_value(keys, meta, "args")
-    if args is not None and not isinstance(args, dict):
-        raise CorruptJournal(keys.run, "meta.args", "not a JSON object")
-    return args
-
-
-def _pairs(flat: list[Any]) -> dict[Any, Any]:
-    """A hash a script returned as a flat field, value list, as a dict."""
-    return dict(zip(flat[::2], flat[1::2], strict=True))
-
-
-def decode_meta(run: str, raw: dict[bytes, bytes]) -> dict[str, str]:
-    """A meta hash as text; a field that is not UTF-8 was not written by this library.
-
-    Raises:
-        CorruptJournal: naming the field, so the operator can repair or delete just that one.
-    """
-    meta: dict[str, str] = {}
-    for name, value in raw.items():
-        field = name.decode("utf-8", errors="replace")
-        try:
-            meta[field] = value.decode()
-        except UnicodeDecodeError as exc:
-            raise CorruptJournal(run, f"meta.{field}", f"not UTF-8: {exc}") from None
-    return meta
-
-
-def _count(keys: RunKeys, meta: dict[str, str], name: str) -> int:
-    """A counter kept in meta, refused by name when it is not one."""
-    raw = meta.get(name, "0")
-    if not raw.isdigit():
-        raise CorruptJournal(keys.run, f"meta.{name}", f"{raw[:40]!r} is not a count")
-    return int(raw)

@@ -41,13 +41,20 @@ from typing import Any
 
 import redis
 
-from journal._clock import Clock, millis
+from journal._clock import millis
 from journal._holder import ProcessIdentity
-from journal._lease import Guard
-from journal._redis.backend import Confirmed, EffectClaimed, EffectTerms, Settled, StepStore
+from journal._lease import Holding
+from journal._redis.backend import Confirmed, EffectClaimed, EffectTerms, Settled
 from journal._schema import codec
-from journal._schema.keys import RunKeys
-from journal.errors import EffectAmbiguous, EffectLate, Fenced, LeaseLost, ReceiptUnsaved
+from journal.errors import (
+    EffectAmbiguous,
+    EffectLate,
+    Fenced,
+    LeaseLost,
+    ReceiptUnsaved,
+    StoreUnavailable,
+    one_line,
+)
 from journal.events import emit
 
 log = logging.getLogger(__name__)
@@ -83,31 +90,26 @@ class Effect:
 
     def __init__(
         self,
+        holding: Holding,
         *,
-        backend: StepStore,
-        keys: RunKeys,
-        holder: str,
-        fence: int,
-        guard: Guard,
-        clock: Clock,
         key: str,
         timeout: float,
         repeatable: bool = False,
         revocable: bool = False,
     ) -> None:
-        self.run = keys.run
+        self.run = holding.keys.run
         self.key = key
         self.timeout = timeout
         self.repeatable = repeatable
         self.revocable = revocable
         self.resumed = False
         self.earlier: Any = None
-        self._backend = backend
-        self._keys = keys
-        self._holder = holder
-        self._fence = fence
-        self._guard = guard
-        self._clock = clock
+        self._backend = holding.backend
+        self._keys = holding.keys
+        self._holder = holding.holder
+        self._fence = holding.fence
+        self._guard = holding.guard
+        self._clock = holding.clock
         self._claimed_at = 0.0
         self.confirmed = False
         self.outcome: str | None = None
@@ -198,8 +200,9 @@ class Effect:
         """
         try:
             self._settle("done", codec.dumps(receipt))
-        except redis.RedisError as error:
-            cause = f"{type(error).__name__}: {_one_line(error)}"
+        except (redis.RedisError, StoreUnavailable) as error:
+            refused = error.__cause__ if isinstance(error, StoreUnavailable) else error
+            cause = f"{type(refused).__name__}: {one_line(refused or error)}"
             raise ReceiptUnsaved(self._keys.run, self.key, receipt, cause) from None
 
     def ambiguous(self, detail: str) -> None:
@@ -210,7 +213,10 @@ class Effect:
         """
         try:
             self._settle("ambiguous", detail.encode())
-        except redis.RedisError:  # the claim stays confirmed, which reads the same
+        except (
+            redis.RedisError,
+            StoreUnavailable,
+        ):  # the claim stays confirmed, which reads the same
             log.info("run %s: effect %r left confirmed", self._keys.run, self.key)
 
     def release(self) -> None:
@@ -221,7 +227,10 @@ class Effect:
         """
         try:
             self._settle("released", b"")
-        except redis.RedisError:  # the claim stays: the next holder waits out its deadline
+        except (
+            redis.RedisError,
+            StoreUnavailable,
+        ):  # the claim stays: the next holder waits out its deadline
             log.info("run %s: effect %r left claimed", self._keys.run, self.key)
 
     def _settle(self, state: str, value: bytes) -> None:
@@ -276,13 +285,9 @@ def run_effect(effect: Effect, fn: Callable[[Effect], Any]) -> Any:
             if known:
                 effect.release()
             else:
-                effect.ambiguous(_one_line(error))
+                effect.ambiguous(one_line(error))
         except LeaseLost as lost:
             raise lost from error
         if effect.outcome != "ambiguous" or effect.repeatable or isinstance(error, LeaseLost):
             raise
-        raise EffectAmbiguous(effect.run, effect.key, _one_line(error)) from error
-
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split()) or type(error).__name__
+        raise EffectAmbiguous(effect.run, effect.key, one_line(error)) from error

@@ -1,8 +1,8 @@
 """The journal: a handle on the runs kept in one Redis database, and what can be done to them.
 
-``Journal.execute`` is the one way a workflow body runs, whether a Celery worker or a command
-line calls it, so both take the same lease, replay the same journal and leave the same meta
-(the delivery itself is ``journal._delivery``'s). The rest acts on runs from outside: signals,
+Every start of a workflow (``Workflow.start``, a Celery worker's delivery) goes through
+``Journal._deliver``, so both take the same lease, replay the same journal and leave the same
+meta (the delivery itself is ``journal._delivery``'s). The rest acts on runs from outside: signals,
 the due sweep's claim, un-parking, deleting.
 """
 
@@ -12,21 +12,21 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import redis
 
 from journal._clock import Clock, SystemClock, millis
-from journal._delivery import Outcome, Runner, Settings, decode_meta, frozen_args
+from journal._delivery import Outcome, Runner, Settings
 from journal._redis.backend import RedisBackend, Snapshot
 from journal._redis.scripts import Client
 from journal._run import Run, StepEvent
 from journal._schema import codec
 from journal._schema.keys import Keyspace, RunKeys
+from journal._schema.meta import RunMeta
 from journal._schema.records import decode_effects
 from journal._schema.status import RunStatus
-from journal._waits import Wait
-from journal.errors import Hints, StoreUnavailable
+from journal.errors import Hints
 
 log = logging.getLogger(__name__)
 
@@ -52,37 +52,36 @@ class Journal:
     def __post_init__(self) -> None:
         if isinstance(self.client, redis.RedisCluster) and not self.keyspace.cluster:
             self.keyspace = replace(self.keyspace, cluster=True)
-        self.backend = RedisBackend(self.client, self.keyspace)
-        self.runner = Runner(self)
+        self.backend = RedisBackend(self.client, self.keyspace, self.url, self.hints)
+        self.runner = Runner(self.backend, self.settings, self.clock, self.hints)
         if self.settings.fsync_records:
-            self.call(self.backend.require_waitaof, self.url)
+            self.backend.require_waitaof(self.url)
         if self.settings.wait_replicas:
-            self.call(self.backend.require_replicas, self.url, self.settings.wait_replicas)
+            self.backend.require_replicas(self.url, self.settings.wait_replicas)
 
     def keys(self, workflow: str, run_id: str) -> RunKeys:
         """The validated keys of one run."""
         return self.keyspace.run(workflow, run_id)
 
-    def meta(self, keys: RunKeys) -> dict[str, str]:
-        """The run's meta hash, decoded."""
-        return decode_meta(keys.run, self.call(self.backend.meta, keys))
+    def meta(self, keys: RunKeys) -> RunMeta:
+        """The run's meta hash, parsed (``RunMeta``: its fields as text, typed readers)."""
+        return RunMeta.parse(keys.run, self.backend.meta(keys))
 
     def snapshot(self, keys: RunKeys) -> Snapshot:
         """One consistent read of a run: meta, steps, lease, signals and effects together."""
-        return cast(Snapshot, self.call(self.backend.snapshot, keys))
+        return self.backend.snapshot(keys)
 
     def oldest_due(self) -> float | None:
         """When the oldest entry of the due index fell due (epoch ms), or None when empty."""
-        return cast("float | None", self.call(self.backend.oldest_due))
+        return self.backend.oldest_due()
 
     def effect_states(self, keys: RunKeys) -> dict[str, str]:
         """The run's effects by step key: their states (``journal.ops.views.RunView.effects``)."""
-        return decode_effects(self.call(self.backend.effects, keys))[0]
+        return decode_effects(self.backend.effects(keys))[0]
 
-    def execute(
+    def _deliver(
         self,
-        workflow: str,
-        run_id: str,
+        keys: RunKeys,
         body: Callable[[Run], R],
         *,
         args: dict[str, Any] | None = None,
@@ -91,27 +90,15 @@ class Journal:
     ) -> Outcome:
         """Run ``body`` for one run under its lease, replaying what the journal holds.
 
-        ``args`` are the run's inputs. The first start freezes them in the run's meta; every
-        later delivery, however it was enqueued (the due sweep, a duplicate ``delay`` without
-        options, a command line), gets the frozen ones as ``run.args``, so a resumed run
-        takes the same path as its first attempt. ``delivered`` counts the start in
-        ``meta.deliveries`` (a queue delivered it), in the same round trip as the opening.
+        The one path every start takes (``Workflow.start``, a worker's delivery); the body is
+        the workflow's, so a workflow is defined in one place (``journal.workflow``). ``args``
+        are frozen at the first start; ``delivered`` counts the start in ``meta.deliveries``.
 
         Opening (lease, fence, counters, status, arguments, both indexes, the journal read) is
         one script, closing (status, outcome, indexes, release) one more, each step one: a run
         of S new steps costs S + 2 round trips, plus a renewal every third of the lease TTL.
-
-        Raises:
-            LeaseBusy: another live holder has the run.
-            RunParked: the run kept dying at start and was set aside.
-            LeaseLost: the lease was lost mid-run; nothing more was written.
-            StoreUnavailable: Redis could not be reached.
-            RetryScheduled: ``body`` raised an error ``settings.run_retry`` calls transient;
-                the run stays due and the sweep starts it again (the error is the cause).
-            GaveUp: the same, once the retry deadline has passed: the run is failed for good.
-            Exception: whatever else ``body`` raised, after the run was marked failed.
         """
-        return self.runner.execute(self.keys(workflow, run_id), body, args, on_step, delivered)
+        return self.runner.execute(keys, body, args, on_step, delivered)
 
     # -- operations on runs from outside ---------------------------------------------------
 
@@ -126,12 +113,12 @@ class Journal:
         """
         keys = self.keys(workflow, run_id)
 
-        return bool(self.call(self.backend.un_park, keys))
+        return bool(self.backend.un_park(keys))
 
     def delete(self, workflow: str, run_id: str) -> int:
         """Remove every key of one run and its index entries (a dry run's scratch journal)."""
         keys = self.keys(workflow, run_id)
-        return int(self.call(self.backend.delete, keys))
+        return int(self.backend.delete(keys))
 
     def send_signal(
         self,
@@ -153,23 +140,19 @@ class Journal:
             True if this payload was stored; False if a signal of that name was already there.
         """
         keys = self.keys(workflow, run_id)
-        stored = bool(self.call(self.backend.store_signal, keys, name, codec.dumps(payload)))
+        stored = bool(self.backend.store_signal(keys, name, codec.dumps(payload)))
         meta = self.meta(keys)
-        wait = meta.get("wait")
-        if meta.get("status") == RunStatus.WAITING and wait:
-            waiting_for = Wait.from_meta(keys.run, wait)
-            if waiting_for.signal == name:
-                self.call(self.backend.make_due, keys, millis(self.clock.now()))
-                if on_wake is not None:
-                    on_wake(keys)
+        waiting = meta.wait if meta.status == RunStatus.WAITING else None
+        if waiting is not None and waiting.signal == name:
+            self.backend.make_due(keys, millis(self.clock.now()))
+            if on_wake is not None:
+                on_wake(keys)
         return stored
 
     def claim_due(self, limit: int = 100) -> list[RunKeys]:
         """Claim runs whose wake-up or lease-expiry time has passed (atomic across sweepers)."""
         now = self.clock.now()
-        reply = self.call(
-            self.backend.claim_due, millis(now), limit, millis(now + self.settings.rearm_after)
-        )
+        reply = self.backend.claim_due(millis(now), limit, millis(now + self.settings.rearm_after))
         claimed: list[RunKeys] = []
         for raw in reply:
             try:
@@ -181,16 +164,7 @@ class Journal:
 
     def run_args(self, keys: RunKeys) -> dict[str, Any]:
         """The arguments a run was delivered with, for re-enqueueing it."""
-        return frozen_args(keys, self.meta(keys)) or {}
-
-    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Call a Redis operation, turning a lost connection into ``StoreUnavailable``."""
-        try:
-            return fn(*args, **kwargs)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise StoreUnavailable(
-                self.url, str(exc) or type(exc).__name__, self.hints.store_down
-            ) from exc
+        return self.meta(keys).args or {}
 
 
 def jitter(seconds: float, spread: float = 0.2) -> float:

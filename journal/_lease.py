@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from journal._cancel import Cancelled
+from journal._clock import Clock
 from journal._holder import ProcessIdentity
-from journal._redis.backend import Opened, Opening, OpenReply, RedisBackend, Renewed
+from journal._redis.backend import Opened, Opening, OpenReply, RedisBackend, Renewed, StepStore
 from journal._schema.keys import RunKeys
 from journal.errors import CorruptJournal, LeaseBusy, LeaseLost
 from journal.events import emit
@@ -78,18 +79,6 @@ class Lease:
     ttl_ms: int
     token: str = field(default_factory=lambda: secrets.token_hex(8))
     due_after_ms: Callable[[], int] | None = None
-
-    def acquire(self, now_ms: int) -> Grant:
-        """Take the lease alone, or learn how long the current holder still has.
-
-        A live lease whose holder this process can prove dead is taken over at once.
-
-        Raises:
-            LeaseBusy: another holder's lease is live; carries its remaining milliseconds.
-        """
-        grant = self._take(now_ms, None)
-        assert isinstance(grant, Grant)  # without an opening the script never finds a run
-        return grant
 
     def open(self, now_ms: int, opening: Opening) -> Grant | Found:
         """Take the lease and open the run in one round trip (see ``open.lua``).
@@ -232,6 +221,22 @@ class Guard(Protocol):
     def confirm(self) -> float:
         """Raise unless the run may act now; the ``time.monotonic()`` it was confirmed at."""
         ...
+
+
+@dataclass(frozen=True)
+class Holding:
+    """A lease holder's right to write one run: what its ``Run`` and each ``Effect`` share.
+
+    Every write of either goes through ``backend`` as ``holder`` under ``fence``, checked by
+    ``guard`` at each boundary and timed by ``clock``: values that always travel together.
+    """
+
+    backend: StepStore
+    keys: RunKeys
+    holder: str
+    fence: int
+    guard: Guard
+    clock: Clock
 
 
 class Heartbeat:

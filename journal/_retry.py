@@ -19,7 +19,8 @@ from typing import TypeVar
 
 from journal._clock import Clock
 from journal._limits import stopped_by_time_limit
-from journal._waits import Suspend, Wait
+from journal._schema.meta import Wait
+from journal._waits import Suspend
 from journal.events import emit
 
 T = TypeVar("T")

@@ -17,17 +17,19 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from journal._clock import Clock, millis
+from journal import tracing
+from journal._batch import BatchApi, BatchEntry, BatchPolicy, BatchStep
+from journal._clock import millis
 from journal._effects import Effect, run_effect
-from journal._lease import Guard
-from journal._redis.backend import NO_WAIT, Recorded, RecordWait, StepStore
+from journal._lease import Holding
+from journal._redis.backend import NO_WAIT, Recorded, RecordWait
 from journal._replay import ReplayCursor
 from journal._retry import RetryPolicy
 from journal._retry import attempt as retry_loop
 from journal._schema import codec, records
-from journal._schema.keys import RunKeys
-from journal._waits import SignalResult, Suspend, Wait
-from journal.batch import BatchApi, BatchEntry, BatchPolicy, run_batch
+from journal._schema.meta import Wait
+from journal._schema.steps import StepKey
+from journal._waits import SignalResult, Suspend
 from journal.errors import (
     EffectAmbiguous,
     Fenced,
@@ -106,26 +108,22 @@ class Run:
     def __init__(
         self,
         *,
-        backend: StepStore,
-        keys: RunKeys,
-        holder: str,
-        fence: int,
-        clock: Clock,
+        holding: Holding,
         recorded: dict[str, bytes],
-        guard: Guard,
         retry_state: Wait | None = None,
         on_step: Callable[[StepEvent], None] | None = None,
         record_wait: RecordWait = NO_WAIT,
         policy: StepPolicy | None = None,
     ) -> None:
-        self.keys = keys
-        self.holder = holder
-        self.fence = fence
-        self.clock = clock
-        self._backend = backend
-        self._cursor = ReplayCursor(keys.run, recorded, policy.exempt if policy else None)
+        self.keys = holding.keys
+        self.holder = holding.holder
+        self.fence = holding.fence
+        self.clock = holding.clock
+        self._holding = holding
+        self._backend = holding.backend
+        self._cursor = ReplayCursor(holding.keys.run, recorded, policy.exempt if policy else None)
         self._policy = policy
-        self._guard = guard
+        self._guard = holding.guard
         self._retry_state = retry_state
         self._on_step = on_step
         self._record_wait = record_wait
@@ -157,10 +155,6 @@ class Run:
         base = f"{self.keys.workflow}-{self.keys.run_id}"
         return base if step is None else f"{base}-{step}"
 
-    def has(self, key: str) -> bool:
-        """Whether the journal holds ``key`` (recorded in an earlier attempt or this one)."""
-        return self._cursor.has(key)
-
     def step(self, key: str, fn: Callable[[], T], *, retry: RetryPolicy | None = None) -> T:
         """Run ``fn`` once for this run: replay its recorded result, or call and record it.
 
@@ -177,6 +171,8 @@ class Run:
                 return self._execute(key, fn, retry, kind="step", group=None)
         if self._on_step is not None:
             self._replay(key, recorded)
+        elif tracing.enabled():
+            self._trace(_replayed(key, recorded))
         return recorded["result"]  # type: ignore[no-any-return]
 
     def effect(
@@ -218,12 +214,7 @@ class Run:
         self.check_lease()
         started = millis(self.clock.now())
         handle = Effect(
-            backend=self._backend,
-            keys=self.keys,
-            holder=self.holder,
-            fence=self.fence,
-            guard=self._guard,
-            clock=self.clock,
+            self._holding,
             key=key,
             timeout=timeout,
             repeatable=repeatable,
@@ -250,26 +241,16 @@ class Run:
 
         Whatever order the calls finish in, each result is recorded the moment its call
         returns, so a crash loses only the calls in flight, never an answer already paid for;
-        the steps are reported (and numbered) in item order, so the transcript and a crash
-        point after item N are the same at any concurrency, though a crash after item N may
-        find later items recorded too. The group counts as one position for drift detection.
-        When one item fails, items already running finish and are recorded (their cost is not
-        thrown away), items not started are cancelled, and the first error is raised.
+        the steps are reported (and numbered) in item order, so a transcript is the same at any
+        concurrency. The group counts as one position for drift detection. When one item fails,
+        items already running finish and are recorded, the others are not started, and the
+        first error is raised.
         """
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        keys = [f"{prefix}:{key(item)}" for item in items]
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"map {prefix!r}: item keys are not unique")
+        keys = _item_keys("map", prefix, items, key)
         results: list[Any] = [None] * len(items)
-        with self._lock:
-            recorded = [self._cursor.consume(k) for k in keys]
-            if keys and not any(recorded):
-                self._cursor.check_drift(keys[0])
-            todo = [index for index, record in enumerate(recorded) if record is None]
-            self._cursor.open_group(prefix)
-        first_seq = self._cursor.next_seq(len(todo)) if todo else 0
-        seqs = {index: first_seq + offset for offset, index in enumerate(todo)}
+        recorded, seqs = self._open_group(prefix, keys)
         order = _ItemOrder()
         stop = threading.Event()
 
@@ -294,36 +275,18 @@ class Run:
         pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix=prefix)
         # Each call in its own copy of this context: its log lines name the run's delivery.
         futures: dict[Future[T], int] = {
-            pool.submit(contextvars.copy_context().run, one, i): i for i in todo
+            pool.submit(contextvars.copy_context().run, one, i): i for i in seqs
         }
         try:
-            for index, record in enumerate(recorded):
-                if record is not None:
-                    results[index] = record["result"]
-                    order.done(index, functools.partial(self._replay, keys[index], record))
+            self._replayed_in_order(keys, recorded, results, order)
             wait(futures)
         except BaseException:
-            # The process is stopping (a pool child's SIGTERM raises SystemExit here): leave
-            # the calls in flight behind rather than wait out their timeouts. Whatever they
-            # still record is fenced; the next holder replays it or makes the call again.
-            stop.set()
-            pool.shutdown(wait=False, cancel_futures=True)
+            _abandon(pool, stop)
             raise
         finally:
             self._cursor.close_group(prefix)
         pool.shutdown()
-        first_error: BaseException | None = None
-        for future, index in futures.items():
-            error = future.exception()
-            if error is None:
-                results[index] = future.result()
-            elif isinstance(error, _NotStarted):
-                continue
-            elif first_error is None or isinstance(first_error, Suspend):
-                first_error = error
-        if first_error is not None:
-            raise first_error
-        return results
+        return _collected(futures, results)
 
     def batch(
         self,
@@ -356,7 +319,7 @@ class Run:
             Suspend: the run waits for the next look.
             ValueError: two item keys are the same.
         """
-        return run_batch(
+        step = BatchStep(
             self,
             prefix,
             items,
@@ -370,22 +333,15 @@ class Run:
             concurrency=concurrency,
             reserve=reserve,
         )
+        return step()
 
     def now(self, key: str) -> float:
         """The wall time, recorded once: a replay sees the time of the first attempt."""
-        recorded = self._cursor.take(f"now:{key}")
-        if recorded is not None:
-            return float(self._replay(f"now:{key}", recorded))
-        return self._execute(f"now:{key}", self.clock.now, None, kind="now", group=None)
+        return float(self._once(StepKey.NOW.of(key), self.clock.now, "now"))
 
     def uuid(self, key: str) -> str:
         """A random id, recorded once, for values that must not change on replay."""
-        recorded = self._cursor.take(f"uuid:{key}")
-        if recorded is not None:
-            return str(self._replay(f"uuid:{key}", recorded))
-        return self._execute(
-            f"uuid:{key}", lambda: str(uuid_module.uuid4()), None, kind="uuid", group=None
-        )
+        return str(self._once(StepKey.UUID.of(key), lambda: str(uuid_module.uuid4()), "uuid"))
 
     def version(self, key: str, current: int) -> int:
         """The code version this run started under, for branching safely after a deploy.
@@ -394,12 +350,10 @@ class Run:
         recorded before the gate existed gets 0 and records nothing, so it keeps the old path
         to its end; new steps go behind ``if run.version(key, N) >= N``.
         """
-        recorded = self._cursor.take(f"version:{key}", drift_check=False)
-        if recorded is not None:
-            return int(self._replay(f"version:{key}", recorded))
-        if self._cursor.older_history():
+        step = StepKey.VERSION.of(key)
+        if not self._cursor.has(step) and self._cursor.older_history():
             return 0
-        return self._execute(f"version:{key}", lambda: current, None, kind="version", group=None)
+        return int(self._once(step, lambda: current, "version", drift_check=False))
 
     def sleep(self, key: str, seconds: float) -> None:
         """Wait durably: the wake time is recorded once, and the run suspends until then.
@@ -407,14 +361,8 @@ class Run:
         A replay never extends the sleep; a run woken early suspends again until the
         recorded time.
         """
-        step = f"sleep:{key}"
-        recorded = self._cursor.take(step)
-        if recorded is not None:
-            wake_at = float(self._replay(step, recorded))
-        else:
-            wake_at = self._execute(
-                step, lambda: self.clock.now() + seconds, None, kind="sleep", group=None
-            )
+        step = StepKey.SLEEP.of(key)
+        wake_at = float(self._once(step, lambda: self.clock.now() + seconds, "sleep"))
         if self.clock.now() < wake_at:
             raise Suspend(Wait(kind="sleep", step=step, until=wake_at))
 
@@ -424,19 +372,12 @@ class Run:
         The deadline is recorded on first execution; the outcome is recorded when it is known,
         so a later signal of the same name never changes a wait that already returned.
         """
-        deadline_step = f"wait:{name}"
-        outcome_step = f"signal:{name}"
-        recorded = self._cursor.take(deadline_step)
-        if recorded is not None:
-            deadline = self._replay(deadline_step, recorded)
-        else:
-            deadline = self._execute(
-                deadline_step,
-                lambda: None if timeout is None else self.clock.now() + timeout,
-                None,
-                kind="wait",
-                group=None,
-            )
+        deadline = self._once(
+            StepKey.DEADLINE.of(name),
+            lambda: None if timeout is None else self.clock.now() + timeout,
+            "wait",
+        )
+        outcome_step = StepKey.SIGNAL.of(name)
         recorded = self._cursor.take(outcome_step)
         if recorded is not None:
             outcome = self._replay(outcome_step, recorded)
@@ -464,12 +405,53 @@ class Run:
 
     # -- internals ---------------------------------------------------------------------
 
+    def _open_group(self, prefix: str, keys: list[str]) -> tuple[list[Any], dict[int, int]]:
+        """A map's recorded items taken, and a sequence number for each one left to run."""
+        with self._lock:
+            recorded = [self._cursor.consume(k) for k in keys]
+            if keys and not any(recorded):
+                self._cursor.check_drift(keys[0])
+            todo = [index for index, record in enumerate(recorded) if record is None]
+            self._cursor.open_group(prefix)
+        first_seq = self._cursor.next_seq(len(todo)) if todo else 0
+        return recorded, {index: first_seq + offset for offset, index in enumerate(todo)}
+
+    def _replayed_in_order(
+        self, keys: list[str], recorded: list[Any], results: list[Any], order: _ItemOrder
+    ) -> None:
+        """A map's recorded items as results, each reported in its turn among the new ones."""
+        for index, record in enumerate(recorded):
+            if record is not None:
+                results[index] = record["result"]
+                order.done(index, functools.partial(self._replay, keys[index], record))
+
+    def _once(
+        self, step: str, fn: Callable[[], Any], kind: str, *, drift_check: bool = True
+    ) -> Any:
+        """What every helper is: the recorded value replayed, else ``fn`` called and recorded."""
+        recorded = self._cursor.take(step, drift_check=drift_check)
+        if recorded is not None:
+            return self._replay(step, recorded)
+        return self._execute(step, fn, None, kind=kind, group=None)
+
     def _replay(self, key: str, record: dict[str, Any]) -> Any:
         emit("step_replayed", step_name(key), workflow=self.keys.workflow)
+        event = _replayed(key, record)
+        self._trace(event)
         if self._on_step is not None:
-            kind = record.get("kind", "step")
-            self._on_step(StepEvent(key, True, kind, record.get("attempt", 1)))
+            self._on_step(event)
         return record["result"]
+
+    @staticmethod
+    def _trace(event: StepEvent, seconds: float = 0.0) -> None:
+        """The step's span, under the delivery's (``journal.tracing``); a replay takes no time."""
+        tracing.step(
+            event.key,
+            kind=event.kind,
+            replayed=event.replayed,
+            attempt=event.attempt,
+            seconds=seconds,
+        )
 
     def _execute(
         self,
@@ -532,15 +514,55 @@ class Run:
         with self._lock:
             self._cursor.recorded(key, record)
             self.ran += 1
+        seconds = (finished - started) / 1000
         if status is Recorded.ALREADY:  # another holder's record: replayed, as reported below
             emit("step_replayed", step_name(key), workflow=self.keys.workflow)
         else:
-            seconds = (finished - started) / 1000
             emit("step_ran", step_name(key), seconds, workflow=self.keys.workflow)
         event = StepEvent(key, status is Recorded.ALREADY, kind, record.get("attempt", 1))
+        self._trace(event, seconds)
         (report or self._report)(event)
         return record["result"]
 
     def _report(self, event: StepEvent) -> None:
         if self._on_step is not None:
             self._on_step(event)
+
+
+def _replayed(key: str, record: Mapping[str, Any]) -> StepEvent:
+    """The report of a step taken from the journal, as its record describes it."""
+    return StepEvent(key, True, record.get("kind", "step"), record.get("attempt", 1))
+
+
+def _item_keys(kind: str, prefix: str, items: Sequence[X], key: Callable[[X], str]) -> list[str]:
+    """Each item's step key; items must be told apart, or one would replay another's result."""
+    keys = [f"{prefix}:{key(item)}" for item in items]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"{kind} {prefix!r}: item keys are not unique")
+    return keys
+
+
+def _abandon(pool: ThreadPoolExecutor, stop: threading.Event) -> None:
+    """The process is stopping (a pool child's SIGTERM raises SystemExit in the map).
+
+    The calls in flight are left behind rather than waited out to their timeouts: whatever
+    they still record is fenced, and the next holder replays it or makes the call again.
+    """
+    stop.set()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _collected(futures: Mapping[Future[T], int], results: list[Any]) -> list[T]:
+    """A map's results in item order; else its first error (a wait only if nothing failed)."""
+    first_error: BaseException | None = None
+    for future, index in futures.items():
+        error = future.exception()
+        if error is None:
+            results[index] = future.result()
+        elif isinstance(error, _NotStarted):
+            continue
+        elif first_error is None or isinstance(first_error, Suspend):
+            first_error = error
+    if first_error is not None:
+        raise first_error
+    return results

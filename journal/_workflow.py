@@ -1,8 +1,10 @@
 """A durable workflow defined once: its name, its body and the type of its options.
 
-The same object runs a run in this process (``run_here``, what a command line does) and, handed
-to ``Durable`` (``journal.integrations.celery``), becomes the Celery task a worker runs, so
-the name, the options and their defaults are written once. This module does not import
+``@journal.workflow`` is the one way to define a workflow, and ``start`` the one verb to start a
+run: ``wf.start(run_id, options)`` runs it in this process under its lease (what a command line
+does), and ``durable.register(wf).start(run_id, options)`` (``journal.integrations.celery``)
+sends it to a worker, which takes the same path. The name, the options and their defaults are
+written once. This module does not import
 Celery: a command line that only runs workflows here stays light.
 
 The options are either a frozen dataclass (``options=InvoiceOptions``; the body is typed
@@ -34,12 +36,12 @@ Observer = Callable[[StepEvent], None]
 
 
 class Workflow(Generic[Opts, R]):
-    """One workflow: ``run_here`` runs a run of it in this process under its lease.
+    """One workflow, defined by ``@journal.workflow``: ``start`` runs a run of it here.
 
     Args:
         name: the workflow's name, the first half of every run's full id (``name:run_id``).
         body: ``body(run, options)`` with an ``options`` type, else ``body(run, **options)``.
-        journal: the journal ``run_here`` uses unless given one.
+        journal: the journal ``start`` uses unless given one.
         options: the frozen dataclass of the options; None for keyword options.
         defaults: the options a run's first start fills in when they were left out.
         on_step: told of every step after the caller's own observer (fault injection, say),
@@ -104,7 +106,7 @@ class Workflow(Generic[Opts, R]):
             return dict(args)  # type: ignore[return-value]
         return self.options(**args)
 
-    def run_here(
+    def start(
         self,
         run_id: str,
         options: Opts | None = None,
@@ -112,15 +114,26 @@ class Workflow(Generic[Opts, R]):
         on_step: Observer | None = None,
         journal: Journal | None = None,
     ) -> Outcome:
-        """Run (or resume) one run in this process; the same path a worker's delivery takes.
+        """Run (or resume) one run in this process under its lease; a worker's delivery is the same.
+
+        ``options`` are the run's inputs. The first start freezes them in the run's meta; every
+        later start (a redelivery, the due sweep, a command line) gets the frozen ones, so a
+        resumed run takes the same path as its first attempt.
 
         Raises:
             InvalidRunId, InvalidArguments: before anything is written.
-            LeaseBusy, RunParked, ...: what ``Journal.execute`` raises.
+            LeaseBusy: another live holder has the run.
+            RunParked: the run kept dying at start and was set aside.
+            LeaseLost: the lease was lost mid-run; nothing more was written.
+            StoreUnavailable: Redis could not be reached.
+            RetryScheduled: the body raised an error ``Settings.run_retry`` calls transient;
+                the run stays due and the sweep starts it again (the error is the cause).
+            GaveUp: the same, once the retry deadline has passed: the run is failed for good.
+            Exception: whatever else the body raised, after the run was marked failed.
         """
-        return self.execute(run_id, self.encode(options), journal=journal, on_step=on_step)
+        return self._start(run_id, self.encode(options), journal=journal, on_step=on_step)
 
-    def execute(
+    def _start(
         self,
         run_id: str,
         args: Mapping[str, Any],
@@ -129,9 +142,10 @@ class Workflow(Generic[Opts, R]):
         on_step: Observer | None = None,
         delivered: bool = False,
     ) -> Outcome:
-        """Run with the options as they travel (a delivery's), ``defaults()`` filled in.
+        """``start`` with the options as they travel (a delivery's), ``defaults()`` filled in.
 
-        ``delivered`` counts the start as a queue's delivery (``Journal.execute``).
+        ``delivered`` counts the start in the run's ``deliveries`` (a queue delivered it), in
+        the same round trip as the opening.
         """
         if journal is None:
             if self._journal is None:
@@ -140,20 +154,15 @@ class Workflow(Generic[Opts, R]):
         keys = journal.keys(self.name, run_id)
         merged = {**self._defaults(), **args} if self._defaults is not None else dict(args)
         check_arguments(keys.run, self._signature(), merged)
-        return journal.execute(
-            self.name,
-            run_id,
-            self.start,
-            args=merged,
-            on_step=self._observers(on_step),
-            delivered=delivered,
+        return journal._deliver(
+            keys, self.invoke, args=merged, on_step=self._observers(on_step), delivered=delivered
         )
 
-    def start(self, run: Run) -> R:
+    def invoke(self, run: Run) -> R:
         """The body, with the options the run froze at its first start (``run.args``).
 
-        What ``execute`` runs under the lease, and what a replay in memory runs
-        (``journal.testing._rehearsal``), so both decode the frozen options alike.
+        What ``start`` runs under the lease, and what a replay in memory runs
+        (``journal.testing``), so both decode the frozen options alike.
         """
         options = self.decode(run.keys.run, run.args)
         if self.options is None:
@@ -215,7 +224,16 @@ def workflow(
     defaults: Defaults | None = None,
     on_step: Observer | None = None,
 ) -> Callable[[Callable[..., Any]], Workflow[Any, Any]]:
-    """Define ``fn`` as the workflow ``name`` (see ``Workflow``), run here or by ``Durable``."""
+    """Define ``fn`` as the workflow ``name``: the one way to define one (see ``Workflow``).
+
+    Example::
+
+        @journal.workflow("invoice", options=InvoiceOptions)
+        def invoice(run: journal.Run, o: InvoiceOptions) -> dict: ...
+
+        invoice.start("A-1001", InvoiceOptions(customer="c1"), journal=j)  # here -> Outcome
+        durable.register(invoice).start("A-1001", InvoiceOptions(customer="c1"))  # a worker
+    """
 
     def decorate(fn: Callable[..., Any]) -> Workflow[Any, Any]:
         return Workflow(

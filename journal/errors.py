@@ -285,6 +285,11 @@ class RunParked(JournalError):
         return f"run {self.run} was parked after {self.starts} starts without progress; {self.hint}"
 
 
+def one_line(error: BaseException) -> str:
+    """An error as one line of a log or a message: its words, else its type's name."""
+    return " ".join(str(error).split()) or type(error).__name__
+
+
 def _utc(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 

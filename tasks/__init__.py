@@ -12,7 +12,7 @@ __all__ = ["app", "digest"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from tasks import celery_app
+        from tasks.worker import app
 
-        return getattr(celery_app, name)
+        return getattr(app, name)
     raise AttributeError(f"module 'tasks' has no attribute {name!r}")

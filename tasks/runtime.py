@@ -12,7 +12,7 @@ import logging
 import os
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -24,16 +24,16 @@ from journal import connect as journal_connect
 from journal.contrib.checks import check_persistence, check_skew
 from journal.contrib.embedded import embedded_broker_url, embedded_url
 from journal.errors import StoreUnavailable
-from tasks.batches import AnthropicBatches, NoBatches
-from tasks.budget import Budget
 from tasks.config import Config
 from tasks.errors import ModelNotConfigured, is_transient_failure
-from tasks.items import Item
 from tasks.keys import DigestKeys
-from tasks.mail import FileOutbox, Mailer, SmtpMailer
-from tasks.model import AnthropicSummarizer, Completion, OfflineSummarizer, Summarizer
-from tasks.ratelimit import LimitState, RateLimiter, account_of
-from tasks.resend import ResendMailer
+from tasks.llm.batches import AnthropicBatches, NoBatches
+from tasks.llm.budget import Budget
+from tasks.llm.client import AnthropicSummarizer, Completion, OfflineSummarizer, Summarizer
+from tasks.llm.prompts import Update
+from tasks.llm.ratelimit import LimitState, RateLimiter, account_of
+from tasks.mail.resend import ResendMailer
+from tasks.mail.smtp import FileOutbox, Mailer, SmtpMailer
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,29 @@ def connect(url: str) -> Client:
     )
 
 
+def checked_store(config: Config, logger: logging.Logger) -> Client:
+    """Connect to the journal store and refuse one the digest cannot rely on.
+
+    The one connect-and-check of every process: a command line building its runtime and a
+    worker starting alike refuse a store that evicts keys, a Redis Cluster serving as the
+    broker, and a clock off the store's (one clock for every process's deadlines).
+    ``logger`` says once what the store's persistence settings risk.
+
+    Raises:
+        redis.ConnectionError: the store did not answer (``redis.TimeoutError`` alike); each
+            caller decides what an outage means for it.
+        BadInput: the settings do not fit this store (``Config.check_store``).
+        StoreEvicts: the store may evict the journal's keys.
+        ClockSkewed: this machine's clock is off the store's.
+    """
+    url = store_url(config)
+    client = connect(url)  # asks the server whether it is a cluster node
+    config.check_store(cluster=isinstance(client, redis.RedisCluster))
+    check_persistence(client, logger=logger)
+    check_skew(client, SystemClock(), url)
+    return client
+
+
 @dataclass
 class Runtime:
     """The process's journal, store client, summarizer and mailer."""
@@ -156,15 +179,12 @@ class Runtime:
         """
         url = store_url(config)
         try:
-            client = connect(url)  # asks the server whether it is a cluster node
-            cluster = isinstance(client, redis.RedisCluster)
-            config.check_store(cluster=cluster)
-            check_persistence(client, logger=log)
-            check_skew(client, SystemClock(), url)  # one clock for every process's deadlines
+            client = checked_store(config, log)
         except (redis.ConnectionError, redis.TimeoutError) as down:
             raise StoreUnavailable(
                 url, str(down) or type(down).__name__, HINTS.store_down
             ) from None
+        cluster = isinstance(client, redis.RedisCluster)
         journal = Journal(
             client,
             keyspace=Keyspace(config.key_prefix, shards=config.journal_shards),
@@ -255,11 +275,11 @@ class MissingKey:
     name = "none (ANTHROPIC_API_KEY is not set)"
     remote = False
 
-    def summarize(self, item: Item) -> Completion:
+    def summarize(self, item: Update) -> Completion:
         """Refuse: a worker must not send offline summaries unless told to."""
         raise ModelNotConfigured()
 
-    def compose(self, pairs: list[tuple[Item, str]]) -> Completion:
+    def compose(self, pairs: Sequence[tuple[Update, str]]) -> Completion:
         """Refuse, as ``summarize`` does."""
         raise ModelNotConfigured()
 

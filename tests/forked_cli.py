@@ -1,7 +1,7 @@
 """``digest`` invocations without paying the SDK's import each time.
 
 A Python process imports the CLI once and forks a child per invocation. Each child runs
-``tasks.cli.entry``, the ``digest`` script, in its own process with exactly the environment
+``tasks.ops.cli.entry``, the ``digest`` script, in its own process with exactly the environment
 it is given, its own output files and its real exit status, a crash's 137 included: three
 invocations cost about a second, not six.
 """
@@ -24,7 +24,7 @@ from tests.support import ROOT
 # The child half of ForkedCli: one JSON request per line in, a pid then a status line out.
 _ZYGOTE = r"""
 import json, os, sys, traceback
-import tasks.cli
+import tasks.ops.cli
 
 def child(request):
     os.environ.clear()
@@ -35,7 +35,7 @@ def child(request):
     os.dup2(os.open(request["stderr"], flags, 0o600), 2)
     sys.argv = ["digest", *request["args"]]
     try:
-        tasks.cli.entry()  # what the `digest` script runs; it ends in sys.exit
+        tasks.ops.cli.entry()  # what the `digest` script runs; it ends in sys.exit
         code = 0
     except SystemExit as stop:
         code = stop.code

@@ -634,7 +634,7 @@ MUTANTS = (
     python(
         "_journal",
         "a signal does not wake the run that waits for it",
-        "if waiting_for.signal == name:",
+        "if waiting is not None and waiting.signal == name:",
         "if False:",
         tests=WAIT_TESTS,
     ),
@@ -756,7 +756,7 @@ LUA_TESTS: dict[str, tuple[str, ...]] = {
     "journal/lua/effect_decide.lua": (
         "tests/journal/test_script_guards.py",
         "tests/journal/test_protocol.py",
-        "tests/tasks/test_console_app.py",
+        "tests/tasks/ops/test_console_app.py",
     ),
     "journal/lua/effect_settle.lua": (
         "tests/journal/test_script_guards.py",
@@ -764,7 +764,7 @@ LUA_TESTS: dict[str, tuple[str, ...]] = {
         "tests/journal/test_batch.py",
         "tests/journal/test_fixtures.py",
         "tests/journal/test_protocol.py",
-        "tests/tasks/test_console_app.py",
+        "tests/tasks/ops/test_console_app.py",
     ),
     "journal/lua/open.lua": (
         "tests/journal/test_retry_resume.py",
@@ -775,6 +775,7 @@ LUA_TESTS: dict[str, tuple[str, ...]] = {
         "tests/journal/test_store_meta.py",
         "tests/journal/test_script_guards.py",
         "tests/journal/test_protocol.py",
+        "tests/journal/test_tracing.py",
     ),
     "journal/lua/purge.lua": (
         "tests/journal/test_purge.py",
@@ -795,13 +796,13 @@ LUA_TESTS: dict[str, tuple[str, ...]] = {
         "tests/journal/test_store_meta.py",
     ),
     "tasks/lua/budget_reserve.lua": (
-        "tests/tasks/test_budget_scripts.py",
-        "tests/tasks/test_batch_digest.py",
+        "tests/tasks/llm/test_budget_scripts.py",
+        "tests/tasks/job/test_batch_digest.py",
     ),
-    "tasks/lua/budget_settle.lua": ("tests/tasks/test_budget_scripts.py",),
-    "tasks/lua/claim_items.lua": ("tests/tasks/test_budget_scripts.py",),
-    "tasks/lua/ratelimit_reserve.lua": ("tests/tasks/test_ratelimit_scripts.py",),
-    "tasks/lua/ratelimit_settle.lua": ("tests/tasks/test_ratelimit_scripts.py",),
+    "tasks/lua/budget_settle.lua": ("tests/tasks/llm/test_budget_scripts.py",),
+    "tasks/lua/claim_items.lua": ("tests/tasks/llm/test_budget_scripts.py",),
+    "tasks/lua/ratelimit_reserve.lua": ("tests/tasks/llm/test_ratelimit_scripts.py",),
+    "tasks/lua/ratelimit_settle.lua": ("tests/tasks/llm/test_ratelimit_scripts.py",),
 }
 
 # Generated mutants no behaviour can tell from the original, by name, each with why. They are

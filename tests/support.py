@@ -18,11 +18,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import redis
 
+from journal import Journal, Outcome, Run, StepEvent
+from journal._lease import Grant, Lease
+from journal._schema.keys import Index, Keyspace
 from journal.contrib.embedded import embedded_url, stop_embedded, valkey_server_binary
 from journal.events import listen
 from journal.ops.views import RunView, inspect_run
@@ -91,6 +94,50 @@ def watched_client(url: str, before_send: Callable[[bytes], None]) -> redis.Redi
 
     watched = type("Watched", (base,), {"send_packed_command": send_packed_command})
     return redis.Redis.from_url(url, connection_class=watched)
+
+
+def execute(
+    journal: Journal,
+    workflow: str,
+    run_id: str,
+    body: Callable[[Run], Any],
+    *,
+    args: dict[str, Any] | None = None,
+    on_step: Callable[[StepEvent], None] | None = None,
+    delivered: bool = False,
+) -> Outcome:
+    """A bare body started under the lease: the protocol's own tests drive the delivery.
+
+    Applications define a workflow with ``@journal.workflow`` and start it with its ``start``;
+    these tests need bodies that read ``run.args`` themselves and deliveries counted as a
+    queue's, which only the delivery under ``Workflow.start`` takes.
+    """
+    keys = journal.keys(workflow, run_id)
+    return journal._deliver(keys, body, args=args, on_step=on_step, delivered=delivered)
+
+
+def acquire(lease: Lease, now_ms: int) -> Grant:
+    """Take ``lease`` alone, opening no run: the protocol's tests hold a run by hand.
+
+    Raises:
+        LeaseBusy: another holder's lease is live.
+    """
+    grant = lease._take(now_ms, None)
+    assert isinstance(grant, Grant)  # without an opening the script never finds a run
+    return grant
+
+
+class HasKeyspace(Protocol):
+    """A journal, or a test's own holder of its keyspace."""
+
+    @property
+    def keyspace(self) -> Keyspace: ...
+
+
+def only_index(holder: HasKeyspace) -> Index:
+    """The runs and due indexes of an unsharded keyspace (a sharded one has one per shard)."""
+    (index,) = holder.keyspace.indexes()
+    return index
 
 
 def returning(value: T) -> Callable[[], T]:

@@ -1,8 +1,9 @@
-"""The public line between ``journal`` and ``tasks`` holds, and its contract can fail.
+"""The public line between ``journal`` and ``tasks``, and the app's rooms, hold and can fail.
 
 ``make lint`` runs ``lint-imports`` over the contracts in ``pyproject.toml``. These tests keep
-that contract honest: its list of private modules is every private module on disk (a new
-``journal/_x.py`` cannot slip past it), and a planted import of one from ``tasks`` breaks it.
+those contracts honest: the list of private modules is every private module on disk (a new
+``journal/_x.py`` cannot slip past it), the configuration's list is every other room of the
+app, and a planted import breaks each contract.
 """
 
 from __future__ import annotations
@@ -40,23 +41,64 @@ def contract(name: str) -> dict[str, Any]:
 
 
 def test_the_contract_forbids_every_private_module_of_the_library() -> None:
-    forbidden = contract("tasks imports no private module of journal")["forbidden_modules"]
+    private = contract("tasks and examples import no private module of journal")
+    forbidden = private["forbidden_modules"]
     assert set(forbidden) == private_modules()
 
 
 @pytest.mark.slow
 def test_an_app_module_importing_a_private_one_breaks_the_contract(tmp_path: Path) -> None:
-    for part in ("journal", "tasks"):
+    report = planted_import_breaks(
+        tmp_path, Path("tasks/job/faults.py"), "from journal._run import Run as _planted"
+    )
+    assert "tasks.job.faults -> journal._run" in report
+
+
+def planted_import_breaks(tmp_path: Path, module: Path, line: str) -> str:
+    """``lint-imports`` over a copy of the project whose ``module`` gained ``line``: its report.
+
+    The copy is checked clean first, so what breaks is the planted line alone.
+    """
+    for part in ("journal", "tasks", "examples"):
         shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     kept = subprocess.run(
         [LINT_IMPORTS, "--no-cache"], cwd=tmp_path, capture_output=True, text=True
     )
     assert kept.returncode == 0, kept.stdout
-    faults = tmp_path / "tasks" / "faults.py"
-    faults.write_text(faults.read_text() + "\nfrom journal._run import Run as _planted\n")
+    planted = tmp_path / module
+    planted.write_text(planted.read_text() + f"\n{line}\n")
     broken = subprocess.run(
         [LINT_IMPORTS, "--no-cache"], cwd=tmp_path, capture_output=True, text=True
     )
     assert broken.returncode == 1
-    assert "tasks.faults -> journal._run" in broken.stdout
+    return broken.stdout
+
+
+def test_the_configuration_contract_names_every_other_room_of_the_app() -> None:
+    forbidden = contract("tasks.config imports nothing of tasks but tasks.errors")[
+        "forbidden_modules"
+    ]
+    rooms = {
+        f"tasks.{path.stem}"
+        for path in (ROOT / "tasks").iterdir()
+        if (path.suffix == ".py" or (path / "__init__.py").exists())
+        and path.stem not in ("__init__", "config", "errors")
+    }
+    assert set(forbidden) == rooms
+
+
+@pytest.mark.slow
+def test_the_configuration_importing_another_room_breaks_its_contract(tmp_path: Path) -> None:
+    report = planted_import_breaks(
+        tmp_path, Path("tasks/config/prices.py"), "from tasks.llm import cost as _planted"
+    )
+    assert "tasks.config.prices -> tasks.llm.cost" in report
+
+
+@pytest.mark.slow
+def test_a_lower_room_importing_a_higher_one_breaks_the_layers(tmp_path: Path) -> None:
+    report = planted_import_breaks(
+        tmp_path, Path("tasks/llm/budget.py"), "from tasks.job import claims as _planted"
+    )
+    assert "tasks.llm is not allowed to import tasks.job" in report

@@ -38,3 +38,14 @@ def test_make_test_installs_the_test_tools_then_runs_the_checks_and_the_mutants(
     assert "pip install -e '.[dev]'" in plan
     for check in ("ruff check", "mypy", "pytest", "tests.mutants"):
         assert check in plan
+
+
+def test_the_pre_commit_hooks_run_what_make_lint_runs(tmp_path: Path) -> None:
+    plan = planned("lint", tmp_path).splitlines()
+    lint = [line.removesuffix(" .") for line in plan if line.startswith(".venv/bin/")]
+    config = (ROOT / ".pre-commit-config.yaml").read_text()
+    hooks = [line.split("entry:", 1)[1].strip() for line in config.splitlines() if "entry:" in line]
+    # The same tools, each run as make lint runs it (on the files pre-commit names rather than
+    # on "."); ruff's --force-exclude keeps what ruff excludes excluded when a file is named.
+    assert len(lint) == 4
+    assert [hook.replace(" --force-exclude", "") for hook in hooks] == lint

@@ -9,14 +9,19 @@ Cluster (``connect`` tells them apart; ``journal._schema.keys`` places the keys)
 the listing see every shard, one at a time.
 
 Reply codes are the scripts' own numbers (see each ``journal/lua/*.lua`` header), named here;
-a code a script does not document raises ``UnknownScriptStatus``, never a guess.
+a code a script does not document raises ``UnknownScriptStatus``, never a guess. A lost
+connection is translated here and only here, as httpx maps its transports' errors: every
+operation raises ``StoreUnavailable``, naming the store and what to do, and no caller catches
+redis-py's own exceptions for it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import heapq
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Protocol, TypeVar, cast
@@ -25,7 +30,13 @@ import redis
 
 from journal._redis.scripts import Client, KeyOrArg, Scripts
 from journal._schema.keys import Keyspace, RunKeys
-from journal.errors import NotDurable, StoreUnsupported, UnknownScriptStatus
+from journal.errors import (
+    Hints,
+    NotDurable,
+    StoreUnavailable,
+    StoreUnsupported,
+    UnknownScriptStatus,
+)
 
 DELETE = "\0"
 """A field value ``close`` removes instead of writing."""
@@ -235,12 +246,15 @@ class Opening:
         due_at_ms: when the run is due again should this holder die (lease expiry + grace).
         args: the run's arguments as JSON, frozen unless an earlier start froze some.
         count_delivery: count this start in ``meta.deliveries`` (a queue delivered it).
+        trace: this delivery's trace context (``journal.tracing``), kept in ``meta.trace``
+            by the first delivery traced; "" when tracing is off (nothing is written).
     """
 
     max_stalled_starts: int
     due_at_ms: int
     args: bytes
     count_delivery: bool = False
+    trace: str = ""
 
 
 @dataclass(frozen=True)
@@ -378,17 +392,80 @@ class StepStore(Protocol):
         ...
 
 
+Operation = TypeVar("Operation", bound=Callable[..., Any])
+RedisBackendT = TypeVar("RedisBackendT", bound=type)
+T = TypeVar("T")
+_END = object()
+
+
+def _translating(operation: Operation) -> Operation:
+    """``operation`` raising ``StoreUnavailable`` for a lost connection, lazily read replies too."""
+
+    @functools.wraps(operation)
+    def translated(backend: RedisBackend, *args: Any, **kwargs: Any) -> Any:
+        with backend._translated():
+            reply = operation(backend, *args, **kwargs)
+        if isinstance(reply, Iterator):
+            return backend._translated_iter(reply)
+        return reply
+
+    return cast(Operation, translated)
+
+
+def _every_operation_translating(cls: RedisBackendT) -> RedisBackendT:
+    """Every public operation of the class translated: none can forget, none twice by hand."""
+    for name, member in list(vars(cls).items()):
+        if callable(member) and not name.startswith("_"):
+            setattr(cls, name, _translating(member))
+    return cls
+
+
+@_every_operation_translating
 class RedisBackend:
     """The journal's storage on one Redis (or Valkey) database, or on a Redis Cluster.
 
     On a cluster every call touches one slot (``keyspace`` must be sharded, which ``Journal``
     sees to), so redis-py's cluster client routes it whole to the slot's master.
+
+    Args:
+        client: the connection (pool) to the store.
+        keyspace: where the runs' keys are.
+        url: the store's URL with its secret masked, for the errors to name.
+        hints: what those errors tell their reader to do.
     """
 
-    def __init__(self, client: Client, keyspace: Keyspace) -> None:
+    def __init__(
+        self, client: Client, keyspace: Keyspace, url: str = "redis", hints: Hints | None = None
+    ) -> None:
         self.client = client
         self.keyspace = keyspace
-        self.scripts = Scripts.register(client)
+        self.url = url
+        self.hints = hints or Hints()
+        with self._translated():
+            self.scripts = Scripts.register(client)
+
+    def unavailable(self, down: redis.ConnectionError | redis.TimeoutError) -> StoreUnavailable:
+        """What a lost connection to this store is raised as: it names the store and the fix.
+
+        Also for a connection lost under an application's own step (the delivery's caller).
+        """
+        return StoreUnavailable(self.url, str(down) or type(down).__name__, self.hints.store_down)
+
+    @contextlib.contextmanager
+    def _translated(self) -> Iterator[None]:
+        try:
+            yield
+        except (redis.ConnectionError, redis.TimeoutError) as down:
+            raise self.unavailable(down) from down
+
+    def _translated_iter(self, replies: Iterator[T]) -> Iterator[T]:
+        """``replies`` read lazily, each page's command translated as it is sent."""
+        while True:
+            with self._translated():
+                reply = next(replies, _END)
+            if reply is _END:
+                return
+            yield cast(T, reply)
 
     # -- a run's lease -------------------------------------------------------------------
 
@@ -409,7 +486,7 @@ class RedisBackend:
             run_keys += [keys.index.runs, keys.index.due]
             args += [opening.max_stalled_starts, opening.due_at_ms, keys.run]
             args += [keys.workflow, keys.run_id, opening.args]
-            args.append("1" if opening.count_delivery else "")
+            args += ["1" if opening.count_delivery else "", opening.trace]
         reply = self.scripts.open(keys=run_keys, args=args)
         status = code("open", reply, Opened)
         if status is Opened.BUSY:

@@ -1,9 +1,11 @@
 """The journal's Lua scripts, loaded from ``journal/lua`` and registered once per client.
 
-A script is sent as EVALSHA; when the server does not know it (a ``SCRIPT FLUSH``, a restart,
-a failover to a replica), as EVAL with its source, which also caches it. redis-py's own
-``Script`` answers NOSCRIPT with SCRIPT LOAD and EVALSHA instead: two round trips, and a server
-restarted between the two fails the call, where EVAL cannot miss.
+A script is sent as EVALSHA. When a server does not know it (a new server, a ``SCRIPT FLUSH``,
+a restart, a failover to a replica), it knows none of the others either: the first miss loads
+every script in one transaction and sends the EVALSHA again, so a cold process pays two round
+trips once rather than a miss and an EVAL for each script it meets. A server restarted between
+the load and the call is answered with EVAL and the source, which cannot miss. On a cluster,
+whose nodes each keep their own scripts, a miss is answered with EVAL alone.
 
 On one server, EVALSHA goes straight down a pooled connection, under the connection's own
 retry policy: redis-py's command path adds event dispatch and metrics recording around every
@@ -15,8 +17,10 @@ command metrics (its OpenTelemetry recorder); the server's command statistics st
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -51,12 +55,21 @@ Client = redis.Redis | redis.RedisCluster
 
 
 class Script:
-    """One Lua script bound to a client: EVALSHA, and EVAL with the source on NOSCRIPT."""
+    """One Lua script bound to a client: EVALSHA; on NOSCRIPT, every script loaded, or EVAL.
 
-    def __init__(self, client: Client, source: str) -> None:
+    Args:
+        client: the client it is sent with unless a call names another.
+        source: the Lua source.
+        load_all: loads every script of its set on a client that missed one; True if it did.
+    """
+
+    def __init__(
+        self, client: Client, source: str, load_all: Callable[[Client], bool] | None = None
+    ) -> None:
         self.client = client
         self.script = source
         self.sha = hashlib.sha1(source.encode("utf-8")).hexdigest()
+        self._load_all = load_all
 
     def __call__(
         self,
@@ -69,6 +82,9 @@ class Script:
         try:
             return evalsha(target, self.sha, keys, args)
         except redis.exceptions.NoScriptError:
+            if self._load_all is not None and self._load_all(target):
+                with contextlib.suppress(redis.exceptions.NoScriptError):
+                    return evalsha(target, self.sha, keys, args)
             return target.eval(self.script, len(keys), *keys, *args)
 
 
@@ -115,4 +131,21 @@ class Scripts:
     @classmethod
     def register(cls, client: Client) -> Scripts:
         """Register every script on ``client``; call once per client, not per call."""
-        return cls(**{name: Script(client, _source(name)) for name in SCRIPT_NAMES})
+        sources = {name: _source(name) for name in SCRIPT_NAMES}
+        load = functools.partial(load_scripts, sources=tuple(sources.values()))
+        return cls(**{name: Script(client, source, load) for name, source in sources.items()})
+
+
+def load_scripts(client: Client, sources: Sequence[str]) -> bool:
+    """Load ``sources`` on a one-server client in one transaction; False on a cluster.
+
+    A cluster's nodes each keep their own scripts, and a script runs on its keys' node: there
+    a miss is answered with EVAL, which loads the script on that node.
+    """
+    if not isinstance(client, redis.Redis):
+        return False
+    pipe = client.pipeline(transaction=True)
+    for source in sources:
+        pipe.script_load(source)
+    pipe.execute()
+    return True

@@ -213,14 +213,6 @@ class Keyspace:
         return self.run(workflow, run_id)
 
     @property
-    def runs(self) -> str:
-        """Sorted set: full run id by last update (ms), for listing without SCAN.
-
-        The single-index layout's; sharded, each run's is ``RunKeys.index.runs``.
-        """
-        return self._single().runs
-
-    @property
     def batches(self) -> str:
         """Hash: provider batch id -> the full id of the run it belongs to (``journal.batch``).
 
@@ -228,18 +220,3 @@ class Keyspace:
         made reads it to tell its own batches from other runs'. Never read in a script.
         """
         return f"{self.prefix}:batches"
-
-    @property
-    def due(self) -> str:
-        """Sorted set: full run id by the time (ms) someone must look at it again.
-
-        Holds waiting runs by wake-up time and running runs by lease expiry plus a grace, so
-        one sweep both wakes sleepers and recovers runs whose worker died. The single-index
-        layout's; sharded, each run's is ``RunKeys.index.due``.
-        """
-        return self._single().due
-
-    def _single(self) -> Index:
-        if self.sharded:
-            raise ValueError(f"{self!r} is sharded: each run's indexes are RunKeys.index")
-        return _index(self.prefix, None)

@@ -11,26 +11,31 @@ Settings this relies on (see ``at_least_once_settings``): late acks and reject-o
 so a killed child's message is redelivered, prefetch 1 so a dead worker strands one message at
 most, JSON only, and no countdown longer than a fraction of the broker's visibility timeout:
 long waits go to the due index instead of the broker.
+
+Traces (``journal.tracing``, when on): every message this module publishes carries the
+publisher's trace context in its headers (``traceparent``), and a worker continues it, so a
+delivery's span is the child of whatever sent it: ``start``, ``delay``, ``apply_async``, the
+sweep, a signal's wake, a delivery's own retry or wake-up.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar
 
 from celery import Celery, Task
 from celery.exceptions import Reject, Retry
 
-from journal import logs
+from journal import logs, tracing
 from journal._clock import SystemClock
 from journal._delivery import Outcome
 from journal._journal import Journal, jitter
 from journal._limits import redelivers_running
 from journal._redact import redact_exception
-from journal._run import Run, StepEvent
+from journal._run import StepEvent
 from journal._schema.keys import RunKeys
-from journal._workflow import Defaults, Observer, Workflow
+from journal._workflow import Workflow
 from journal.errors import (
     CorruptJournal,
     GaveUp,
@@ -188,78 +193,33 @@ class Durable:
             self._max_countdown = self._max_countdown()
         return self._max_countdown
 
-    @overload
-    def workflow(
-        self,
-        name: str,
-        *,
-        task_name: str,
-        options: type[Opts],
-        defaults: Defaults | None = None,
-        on_step: Observer | None = None,
-        **celery_options: Any,
-    ) -> Callable[[Callable[[Run, Opts], R]], DurableWorkflow[Opts, R]]: ...
-
-    @overload
-    def workflow(
-        self,
-        name: str,
-        *,
-        task_name: str,
-        options: None = None,
-        defaults: Defaults | None = None,
-        on_step: Observer | None = None,
-        **celery_options: Any,
-    ) -> Callable[[Callable[..., R]], DurableWorkflow[dict[str, Any], R]]: ...
-
-    def workflow(
-        self,
-        name: str,
-        *,
-        task_name: str,
-        options: type[Any] | None = None,
-        defaults: Defaults | None = None,
-        on_step: Observer | None = None,
-        **celery_options: Any,
-    ) -> Callable[[Callable[..., Any]], DurableWorkflow[Any, Any]]:
-        """Define ``fn`` as a workflow (``journal._workflow``) and deliver it as a Celery task.
-
-        The task is delivered as ``wf.delay(run_id, **options)``; the same object runs a run in
-        this process with ``wf.run_here(run_id, options)``. ``celery_options`` go to
-        ``app.task``.
-        """
-
-        def decorate(fn: Callable[..., Any]) -> DurableWorkflow[Any, Any]:
-            defined: Workflow[Any, Any] = Workflow(
-                name,
-                fn,
-                journal=self._journal,
-                options=options,
-                defaults=defaults,
-                on_step=on_step,
-            )
-            return self.deliver(defined, task_name=task_name, **celery_options)
-
-        return decorate
-
-    def deliver(
-        self, workflow: Workflow[Opts, R], *, task_name: str, **celery_options: Any
+    def register(
+        self, workflow: Workflow[Opts, R], *, task_name: str | None = None, **celery_options: Any
     ) -> DurableWorkflow[Opts, R]:
-        """Register ``workflow`` as the Celery task ``task_name``, delivered with this journal.
+        """Make ``workflow`` a Celery task delivered with this journal; once per workflow.
 
-        For a workflow defined where Celery is not imported (a command line runs it there).
+        The workflow is defined where Celery is not imported (``journal.workflow``), so a
+        command line that runs it in process stays light; this is what a worker adds.
+
+        Args:
+            workflow: the workflow, as ``@journal.workflow`` defined it.
+            task_name: the Celery task's name; the workflow's own by default.
+            celery_options: passed to ``app.task``.
         """
 
         def deliver(task: Task, run_id: str, **kwargs: Any) -> dict[str, Any]:
             request = task.request
-            with logs.bound(
-                f"{workflow.name}:{run_id}", task_id=request.id, attempt=request.retries + 1
+            with (
+                logs.bound(
+                    f"{workflow.name}:{run_id}", task_id=request.id, attempt=request.retries + 1
+                ),
+                tracing.extracted(_carried(request)),
             ):
                 return self._deliver(task, workflow, run_id, kwargs)
 
         deliver.__doc__ = workflow.__doc__
         task: Task = self.app.task(
-            name=task_name,
+            name=task_name or workflow.name,
             bind=True,
             acks_late=True,
             reject_on_worker_lost=True,
@@ -278,7 +238,7 @@ class Durable:
     ) -> dict[str, Any]:
         name = workflow.name
         try:
-            outcome = workflow.execute(
+            outcome = workflow._start(
                 run_id, kwargs, journal=self._journal(), on_step=self._on_step, delivered=True
             )
         except (InvalidRunId, InvalidArguments) as invalid:
@@ -291,15 +251,9 @@ class Durable:
         except LeaseBusy as busy:
             countdown = min(jitter(busy.remaining_ms / 1000), self.max_countdown)
             log.info("%s; retrying this delivery in %.1fs", busy, countdown)
-            raise task.retry(countdown=countdown, max_retries=None) from None
+            raise task.retry(countdown=countdown, max_retries=None, **_traced()) from None
         except StoreUnavailable as down:
-            # Never given up: a digest must outlive a Redis outage. The retry count is shared
-            # with busy-lease retries, so the back-off is capped rather than counted down.
-            attempt = min(task.request.retries, 16)
-            cap = min(self.store_backoff_cap, self.max_countdown)
-            countdown = min(jitter(2.0**attempt), cap)
-            log.warning("%s; retrying this delivery in %.1fs", down, countdown)
-            raise self._retry_outliving_the_broker(task, down, countdown) from None
+            raise self._retry_outliving_the_store(task, down) from None
         except RunParked as parked:
             log.error("%s", parked)
             return {"run": f"{name}:{run_id}", "status": "parked", "error": str(parked)}
@@ -339,6 +293,18 @@ class Durable:
             "replayed": outcome.replayed,
         }
 
+    def _retry_outliving_the_store(self, task: Task, down: StoreUnavailable) -> Retry:
+        """Never given up: a run must outlive a Redis outage.
+
+        The retry count is shared with busy-lease retries, so the back-off is capped rather
+        than counted down.
+        """
+        attempt = min(task.request.retries, 16)
+        cap = min(self.store_backoff_cap, self.max_countdown)
+        countdown = min(jitter(2.0**attempt), cap)
+        log.warning("%s; retrying this delivery in %.1fs", down, countdown)
+        return self._retry_outliving_the_broker(task, down, countdown)
+
     @staticmethod
     def _retry_outliving_the_broker(task: Task, down: StoreUnavailable, countdown: float) -> Retry:
         """Publish the delivery's retry, waiting out a broker that is down with the store.
@@ -355,6 +321,7 @@ class Durable:
                 max_retries=None,
                 retry=True,
                 retry_policy=_OUTLIVE_THE_BROKER,
+                **_traced(),
             )
         except Reject as unpublished:
             raise Reject(unpublished.reason, requeue=True) from None
@@ -365,7 +332,7 @@ class Durable:
             return
         delay = outcome.wait.until - SystemClock().now()
         if 0 < delay <= self.max_countdown:
-            task.apply_async(args=[run_id], kwargs=kwargs, countdown=delay)
+            task.apply_async(args=[run_id], kwargs=kwargs, countdown=delay, **_traced())
 
     def send_signal(
         self,
@@ -389,7 +356,7 @@ class Durable:
 
         def enqueue(keys: RunKeys) -> None:
             try:
-                task.apply_async(args=[keys.run_id], kwargs=journal.run_args(keys))
+                task.apply_async(args=[keys.run_id], kwargs=journal.run_args(keys), **_traced())
             except Exception as down:  # the broker: the signal is stored, the sweep wakes it
                 log.warning(
                     "%s woken but not enqueued (%s); the due sweep resumes it", keys.run, down
@@ -422,7 +389,7 @@ class Durable:
             except JournalError as unreadable:
                 log.error("due sweep skipped run %s: %s", keys.run, unreadable)
                 continue
-            task.apply_async(args=[keys.run_id], kwargs=args)
+            task.apply_async(args=[keys.run_id], kwargs=args, **_traced())
             enqueued += 1
         if enqueued:
             log.info("due sweep enqueued %d run(s)", enqueued)
@@ -432,10 +399,11 @@ class Durable:
 class DurableWorkflow(Generic[Opts, R]):
     """A workflow and the Celery task that delivers it: one object, registered once.
 
-    ``delay`` and ``apply_async`` check the options before the message is sent, so a bad one
-    is refused to the caller in one line (``InvalidArguments``) instead of in a worker's log;
-    a worker still checks what it is delivered (a message from elsewhere, an older client).
-    ``run_here`` runs a run in this process, the way a delivery does.
+    ``start`` sends a run to a worker with typed options, as ``Workflow.start`` runs one here;
+    ``delay`` and ``apply_async`` are Celery's own verbs, with the options as keywords. Each
+    checks the options before the message is sent, so a bad one is refused to the caller in
+    one line (``InvalidArguments``) instead of in a worker's log; a worker still checks what it
+    is delivered (a message from elsewhere, an older client).
 
     Attributes:
         workflow: the definition (``journal._workflow.Workflow``).
@@ -479,20 +447,38 @@ class DurableWorkflow(Generic[Opts, R]):
             raise InvalidRunId("", f'{given} ({self.name.split(".")[-1]}.delay("2026-w42"))')
         (run_id,) = args
         checked = self.workflow.check(run_id, kwargs or {})
-        return self.task.apply_async(args=[run_id], kwargs=checked, **celery_options)
+        options = _traced(celery_options)
+        return self.task.apply_async(args=[run_id], kwargs=checked, **options)
 
-    def send(self, run_id: str, options: Opts | None = None, **celery_options: Any) -> Any:
-        """``apply_async`` with typed options."""
+    def start(self, run_id: str, options: Opts | None = None, **celery_options: Any) -> Any:
+        """Send one delivery of ``run_id`` with typed options; Celery's ``AsyncResult`` back.
+
+        Raises:
+            InvalidRunId, InvalidArguments: nothing was sent.
+        """
         kwargs = self.workflow.encode(options)
         return self.apply_async(args=[run_id], kwargs=kwargs, **celery_options)
 
-    def run_here(
-        self,
-        run_id: str,
-        options: Opts | None = None,
-        *,
-        on_step: Observer | None = None,
-        journal: Journal | None = None,
-    ) -> Outcome:
-        """Run (or resume) one run in this process (``Workflow.run_here``)."""
-        return self.workflow.run_here(run_id, options, on_step=on_step, journal=journal)
+
+def _traced(options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Celery's publishing options with the current trace context added to the headers.
+
+    Unchanged when tracing is off: no ``headers`` option is added to a message that had none.
+    """
+    traced = dict(options or {})
+    headers = tracing.inject(dict(traced.get("headers") or {}))
+    if headers:
+        traced["headers"] = headers
+    return traced
+
+
+def _carried(request: Any) -> dict[str, Any]:
+    """The trace context a delivery's message carried: its custom headers, as Celery gives them.
+
+    Celery puts a message's headers on the task's request, each an attribute of its own.
+    """
+    return {
+        name: value
+        for name in ("traceparent", "tracestate")
+        if isinstance(value := getattr(request, name, None), str)
+    }

@@ -18,9 +18,11 @@
 -- ARGV[9] - the workflow name; ARGV[10] - the run id (stored in meta)
 -- ARGV[11] - the run's arguments (JSON), frozen at the first start; "" for none
 -- ARGV[12] - "1" to count this start as a delivery (meta.deliveries), else ""
+-- ARGV[13] - this delivery's trace context (W3C traceparent), kept as meta.trace unless an
+--            earlier delivery's is there; "" (or absent) when it is not traced
 -- returns {1, fence, starts_without_progress} when the lease alone was taken,
 --         {1, fence, starts_without_progress, meta, steps} when the run was opened: meta is
---           args, wait and every field that is not plain ASCII of the meta hash as it was
+--           args, wait, created_at, deliveries, starts, trace and every field that is not plain ASCII of the meta hash as it was
 --           before this script (flat field, value list), steps the steps hash (flat),
 --         {0, remaining_ms, holder, holder_process} when another holder's lease is live,
 --         {-1, field} when a counter it must increment is not an integer (nothing written
@@ -56,13 +58,15 @@ if opening then
   if redis.call('HEXISTS', KEYS[3], 'parked') == 1 then
     return {5, all}
   end
-  -- Of the rest, only what the caller reads (the arguments, the wait, the creation time) and any field that
+  -- Of the rest, only what the caller reads (the arguments, the wait, the creation time, the
+  -- counts and the first traced delivery's context, for its span) and any field that
   -- is not plain ASCII, for it to refuse one that is not UTF-8: a whole meta hash per start
   -- would cost the caller more to parse than the script costs to run.
   meta = {}
   for i = 1, #all, 2 do
     local name, value = all[i], all[i + 1]
-    if name == 'args' or name == 'wait' or name == 'created_at'
+    if name == 'args' or name == 'wait' or name == 'created_at' or name == 'deliveries'
+        or name == 'starts' or name == 'trace'
         or string.find(name, '[\128-\255]')
         or string.find(value, '[\128-\255]') then
       meta[#meta + 1] = name
@@ -125,6 +129,9 @@ redis.call('HSET', KEYS[3], 'status', 'running', 'workflow', ARGV[9], 'run_id', 
 redis.call('HDEL', KEYS[3], 'wait', 'retry_at')
 if ARGV[11] ~= '' then
   redis.call('HSETNX', KEYS[3], 'args', ARGV[11])
+end
+if ARGV[13] and ARGV[13] ~= '' then
+  redis.call('HSETNX', KEYS[3], 'trace', ARGV[13])
 end
 redis.call('ZADD', KEYS[5], ARGV[3], ARGV[8])
 redis.call('ZADD', KEYS[6], ARGV[7], ARGV[8])

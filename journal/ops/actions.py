@@ -13,11 +13,11 @@ from typing import Any
 
 from journal._cancel import CANCEL_FIELD
 from journal._clock import millis
-from journal._delivery import decode_meta
 from journal._journal import Journal
 from journal._redis.backend import Cancelling, Decided, Purging
 from journal._schema import codec
 from journal._schema.keys import RunKeys
+from journal._schema.meta import RunMeta
 from journal._schema.records import decode_fields
 from journal._schema.status import RunStatus
 from journal.errors import ControlRefused, EffectUnderway, NothingToDecide
@@ -53,7 +53,7 @@ def cancel(journal: Journal, workflow: str, run_id: str, reason: str = "") -> Ca
     """
     keys = journal.keys(workflow, run_id)
     now = millis(journal.clock.now())
-    status, named = journal.call(journal.backend.cancel, keys, now, reason or "cancelled")
+    status, named = journal.backend.cancel(keys, now, reason or "cancelled")
     if status is Cancelling.NO_SUCH_RUN:
         raise ControlRefused(keys.run, "no such run")
     if status is Cancelling.ENDED:
@@ -111,12 +111,10 @@ def decide(
     if not journal.meta(keys):
         raise ControlRefused(keys.run, "no such run")
     decision = "done" if happened else "resend"
-    status, state = journal.call(
-        journal.backend.effect_decide, keys, effect, decision, codec.dumps(receipt)
-    )
+    status, state = journal.backend.effect_decide(keys, effect, decision, codec.dumps(receipt))
     if status is not Decided.DECIDED:
         raise NothingToDecide(keys.run, effect, state)
-    journal.call(journal.backend.make_due, keys, millis(journal.clock.now()))
+    journal.backend.make_due(keys, millis(journal.clock.now()))
     return journal.run_args(keys)
 
 
@@ -134,7 +132,7 @@ def fork(
         ControlRefused: no such run or step, or the new run id is taken.
     """
     source = journal.keys(workflow, run_id)
-    raw_meta, raw_steps = journal.call(journal.backend.journal, source)
+    raw_meta, raw_steps = journal.backend.journal(source)
     if not raw_meta:
         raise ControlRefused(source.run, "no such run")
     steps = {field.decode(): value for field, value in raw_steps.items()}
@@ -157,7 +155,7 @@ def fork(
     }
     if b"args" in raw_meta:
         fields["args"] = raw_meta[b"args"]
-    journal.call(journal.backend.write_copy, target, kept, fields, now)
+    journal.backend.write_copy(target, kept, fields, now)
     return target
 
 
@@ -168,7 +166,7 @@ def _claim(
     for n in range(1, 1000):
         name = wanted or f"{run_id}-fork{n}"
         keys = journal.keys(workflow, name)
-        if journal.call(journal.backend.reserve, keys, origin):
+        if journal.backend.reserve(keys, origin):
             return keys
         if wanted:
             raise ControlRefused(keys.run, "that run exists already; choose another --as")
@@ -203,12 +201,12 @@ def purge(journal: Journal, older_than: float, *, dry_run: bool = False) -> list
         The runs removed, oldest first; with ``dry_run``, those that would be, none removed.
     """
     cutoff = millis(journal.clock.now()) - int(older_than * 1000)
-    found = journal.call(journal.backend.runs_updated_before, cutoff)
+    found = journal.backend.runs_updated_before(cutoff)
     listed = [(journal.keyspace.parse_run(member.decode()), score) for member, score in found]
-    metas = journal.call(journal.backend.metas, [keys for keys, _ in listed], False)
+    metas = journal.backend.metas([keys for keys, _ in listed], False)
     purged: list[Purged] = []
     for (keys, score), raw in zip(listed, metas, strict=True):
-        meta = decode_meta(keys.run, raw)
+        meta = RunMeta.parse(keys.run, raw)
         status = meta.get("status", "")
         if status not in PURGEABLE or "updated_at" not in meta:
             continue
@@ -216,8 +214,7 @@ def purge(journal: Journal, older_than: float, *, dry_run: bool = False) -> list
             continue  # it may have acted: its keys say so, and its claims must stay
         if (
             dry_run
-            or journal.call(journal.backend.purge, keys, meta["updated_at"], score, PURGEABLE)
-            is Purging.DELETED
+            or journal.backend.purge(keys, meta["updated_at"], score, PURGEABLE) is Purging.DELETED
         ):
             purged.append(Purged(keys.run, status))
     return purged
@@ -230,7 +227,7 @@ def unsettled_effects(journal: Journal, keys: RunKeys) -> dict[str, str]:
     for them elsewhere may be in use by what they did. A revocable effect (a provider batch)
     is not among them: its application undoes it when the run is cancelled.
     """
-    raw = journal.call(journal.backend.effects, keys)
+    raw = journal.backend.effects(keys)
     revocable = {
         field.decode(errors="replace").removesuffix(":revocable")
         for field in raw

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
 from journal._cancel import CANCEL_FIELD
-from journal._delivery import decode_meta
 from journal._journal import Journal
 from journal._schema import codec
+from journal._schema.meta import RunMeta, Wait
 from journal._schema.records import Record, decode_effects, decode_journal, ordered
 from journal._schema.status import RunStatus
-from journal._waits import Wait
 
 # What an operator filters on: the stored status, refined where one word would mislead.
 STATES = (
@@ -29,7 +28,7 @@ STATES = (
 )
 
 
-def state_of(meta: dict[str, str]) -> str:
+def state_of(meta: Mapping[str, str]) -> str:
     """The run's state as an operator reads it.
 
     Its status, but ``parked`` for a parked run (stored as failed, so that it is retried only
@@ -62,7 +61,7 @@ class RunView:
     """
 
     run: str
-    meta: dict[str, str]
+    meta: RunMeta
     steps: list[Record]
     lease_holder: str | None
     lease_ttl_ms: int | None
@@ -89,10 +88,10 @@ class RunView:
 def inspect_run(journal: Journal, workflow: str, run_id: str) -> RunView:
     """One consistent read of a run (a MULTI of reads: one round trip, one snapshot)."""
     keys = journal.keys(workflow, run_id)
-    seen = journal.call(journal.backend.snapshot, keys)
+    seen = journal.backend.snapshot(keys)
     holder, ttl = seen.holder, seen.lease_ttl_ms
-    meta = decode_meta(keys.run, seen.meta)
-    wait = Wait.from_meta(keys.run, meta["wait"]) if meta.get("wait") else None
+    meta = RunMeta.parse(keys.run, seen.meta)
+    wait = meta.wait
     effects, details = decode_effects(seen.effects)
     return RunView(
         run=keys.run,
@@ -126,7 +125,7 @@ class RunRow:
     run_id: str
     state: str
     updated_ms: int
-    meta: dict[str, str]
+    meta: RunMeta
     steps: list[Record]
 
     @property
@@ -231,14 +230,14 @@ def _rows(
     before: Cursor | None = None,
     page: int = 100,
 ) -> Iterator[RunRow]:
-    members = journal.call(journal.backend.runs_newest, page)
+    members = journal.backend.runs_newest(page)
     if before is not None:
         members = _after(journal, members, before)
-    while chunk := journal.call(list, islice(members, page)):
+    while chunk := list(islice(members, page)):
         keys = [journal.keyspace.parse_run(member.decode()) for member, _ in chunk]
-        replies = iter(journal.call(journal.backend.metas, keys, with_steps))
+        replies = iter(journal.backend.metas(keys, with_steps))
         for run_keys, (_, score) in zip(keys, chunk, strict=True):
-            meta = decode_meta(run_keys.run, next(replies))
+            meta = RunMeta.parse(run_keys.run, next(replies))
             records = (
                 ordered(decode_journal(run_keys.run, next(replies)).values()) if with_steps else []
             )

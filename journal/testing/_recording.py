@@ -11,9 +11,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from journal._clock import Clock
-from journal._delivery import decode_meta, frozen_args
 from journal._journal import Journal
 from journal._schema.keys import RunKeys
+from journal._schema.meta import RunMeta
 from journal._schema.records import decode_fields
 from journal._workflow import Workflow
 from journal.errors import ControlRefused
@@ -51,13 +51,13 @@ class Recording:
         signals = {name.decode(): raw for name, raw in seen.signals.items()}
         return cls(keys, run_id, seen.meta, steps, signals)
 
-    def text_meta(self) -> dict[str, str]:
+    def text_meta(self) -> RunMeta:
         """The meta hash as text.
 
         Raises:
             CorruptJournal: a field this library did not write.
         """
-        return decode_meta(self.keys.run, self.meta)
+        return RunMeta.parse(self.keys.run, self.meta)
 
     def args(self) -> dict[str, Any]:
         """The options the run froze at its first start (none if it never started).
@@ -65,7 +65,7 @@ class Recording:
         Raises:
             CorruptJournal: they are not a JSON object, or the meta is unreadable.
         """
-        return frozen_args(self.keys, self.text_meta()) or {}
+        return self.text_meta().args or {}
 
     def seq(self, key: str) -> int:
         """The order in which step ``key`` was recorded.

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol, TypeVar
 
 from journal._clock import Clock
+from journal._lease import Holding
 from journal._redis.backend import (
     NO_WAIT,
     Confirmed,
@@ -34,7 +35,8 @@ from journal._redis.backend import (
 )
 from journal._run import Run, StepEvent, StepPolicy
 from journal._schema.keys import Keyspace, RunKeys
-from journal._waits import Suspend, Wait
+from journal._schema.meta import Wait
+from journal._waits import Suspend
 from journal._workflow import Workflow
 
 R = TypeVar("R")
@@ -238,42 +240,54 @@ def rehearse(
         Exception: whatever the body or the policy raised.
     """
     keys = Keyspace().run(workflow.name, run_id)
-    replayed: list[str] = []
-    ran: list[str] = []
-    lock = threading.Lock()
-
-    def observe(event: StepEvent) -> None:
-        with lock:
-            (replayed if event.replayed else ran).append(event.key)
-        if on_step is not None:
-            on_step(event)
-
+    steps = _Steps(on_step)
     run = _GatedRun(
         gates if gates is not None else {},
-        backend=MemoryStore(signals, policy),
-        keys=keys,
-        holder="rehearsal",
-        fence=0,
-        clock=clock,
+        holding=Holding(MemoryStore(signals, policy), keys, "rehearsal", 0, _Held(), clock),
         recorded=dict(recorded),
-        guard=_Held(),
-        on_step=observe,
+        on_step=steps.observe,
         policy=policy,
     )
     run.args = dict(args)
-    status, result, wait = "done", None, None
     try:
-        result = workflow.start(run)
+        result = workflow.invoke(run)
     except Suspend as suspend:
-        status, wait = "waiting", suspend.wait
-    seen = set(replayed)
-    return Rehearsal(
-        run=keys.run,
-        status=status,
-        result=result,
-        wait=wait,
-        replayed=tuple(replayed),
-        ran=tuple(ran),
-        unreplayed=tuple(key for key in recorded if key not in seen),
-        gates=dict(run.gates),
-    )
+        return steps.rehearsal(keys.run, "waiting", None, suspend.wait, recorded, run.gates)
+    return steps.rehearsal(keys.run, "done", result, None, recorded, run.gates)
+
+
+class _Steps:
+    """The steps a rehearsal replayed and ran, in order, from the threads of its maps too."""
+
+    def __init__(self, on_step: Callable[[StepEvent], None] | None) -> None:
+        self.replayed: list[str] = []
+        self.ran: list[str] = []
+        self._on_step = on_step
+        self._lock = threading.Lock()
+
+    def observe(self, event: StepEvent) -> None:
+        with self._lock:
+            (self.replayed if event.replayed else self.ran).append(event.key)
+        if self._on_step is not None:
+            self._on_step(event)
+
+    def rehearsal(
+        self,
+        run: str,
+        status: str,
+        result: Any,
+        wait: Wait | None,
+        recorded: Mapping[str, bytes],
+        gates: dict[str, int],
+    ) -> Rehearsal:
+        seen = set(self.replayed)
+        return Rehearsal(
+            run=run,
+            status=status,
+            result=result,
+            wait=wait,
+            replayed=tuple(self.replayed),
+            ran=tuple(self.ran),
+            unreplayed=tuple(key for key in recorded if key not in seen),
+            gates=dict(gates),
+        )

@@ -38,17 +38,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from journal._delivery import frozen_args
 from journal._journal import Journal
 from journal._redact import redact
 from journal._schema import codec, records
+from journal._schema.meta import RunMeta
 from journal._schema.records import Record
+from journal._schema.steps import StepKey
 from journal.errors import BadFixture, ControlRefused, CorruptJournal
 from journal.ops.views import inspect_run
 
 FORMAT = "journal-fixture"
 VERSION = 1
-VERSION_PREFIX = "version:"
 # Meta fields left out: the args travel decoded, and who held the lease (a token, a host, a
 # pid) is of no use to a replay and names a machine.
 NOT_EXPORTED = frozenset({"args", "holder", "holder_process"})
@@ -84,9 +84,9 @@ class Fixture:
     def versions(self) -> dict[str, int]:
         """Each version gate the run passed, and the version it recorded there."""
         return {
-            record.key[len(VERSION_PREFIX) :]: int(record.result)
+            record.key.removeprefix(StepKey.VERSION): int(record.result)
             for record in self.steps
-            if record.kind == "version" and record.key.startswith(VERSION_PREFIX)
+            if record.kind == "version" and record.key.startswith(StepKey.VERSION)
         }
 
     def recorded(self) -> dict[str, bytes]:
@@ -206,7 +206,7 @@ def export(journal: Journal, workflow: str, run_id: str) -> Fixture:
     if not view.meta:
         raise ControlRefused(view.run, "no such run")
     keys = journal.keys(workflow, run_id)
-    args = frozen_args(keys, view.meta) or {}
+    args = RunMeta(keys.run, view.meta).args or {}
     steps = tuple(
         dataclasses.replace(record, key=_masked(record.key), result=_masked(record.result))
         for record in view.steps

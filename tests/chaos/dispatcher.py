@@ -14,9 +14,9 @@ import os
 import signal
 from datetime import datetime
 
-from tasks import dispatch
-from tasks.celery_app import digest
 from tasks.runtime import process_runtime
+from tasks.worker import dispatch
+from tasks.worker.app import digest
 
 
 def main() -> None:

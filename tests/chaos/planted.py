@@ -43,7 +43,7 @@ BUGS = (
         "the send skips its confirmation before DATA (a send lost after it is sent again)",
         (
             (
-                "tasks/mail.py",
+                "tasks/mail/smtp.py",
                 "                if effect is not None:\n                    effect.confirm()\n"
                 "                envelope.transmit(client, effect, progress)",
                 "                envelope.transmit(client, effect, progress)",
@@ -55,7 +55,7 @@ BUGS = (
         "the dispatcher skips a week claimed by a dead dispatcher as if it were published",
         (
             (
-                "tasks/dispatch.py",
+                "tasks/worker/dispatch.py",
                 "    if client.set(marker, claim, xx=True, ex=CLAIM_TTL_S):\n"
                 "        return Held.OURS\n    return Held.ELSEWHERE",
                 "    return Held.PUBLISHED",
@@ -75,7 +75,7 @@ BUGS = (
                 "  if state and state ~= 'released' and effects[i] ~= 'send' then",
             ),
             (
-                "tasks/workflow.py",
+                "tasks/job/claims.py",
                 'if run_status(runtime, other) in ("cancelled", None) and not send_claimed('
                 "runtime, other)",
                 'if run_status(runtime, other) in ("cancelled", None)',
@@ -128,7 +128,7 @@ BUGS = (
         (
             (
                 "journal/_effects.py",
-                "            else:\n                effect.ambiguous(_one_line(error))",
+                "            else:\n                effect.ambiguous(one_line(error))",
                 "            else:\n                effect.release()",
             ),
         ),
@@ -138,7 +138,7 @@ BUGS = (
         "release accepts a run whose send is ambiguous",
         (
             (
-                "tasks/control.py",
+                "tasks/ops/actions.py",
                 '    if send != "released":  # read again, atomically, by the cancel below',
                 '    if send not in ("released", "ambiguous"):',
             ),
@@ -165,7 +165,7 @@ BUGS = (
         "the dispatcher's watermark moves past a week another dispatcher claims",
         (
             (
-                "tasks/dispatch.py",
+                "tasks/worker/dispatch.py",
                 "        gap = gap or held is Held.ELSEWHERE",
                 "        gap = False",
             ),

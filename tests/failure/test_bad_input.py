@@ -16,7 +16,7 @@ import pytest
 
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.forked_cli import ForkedCli
-from tests.support import Deployment, wait_until
+from tests.support import Deployment, only_index, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,7 @@ class Case:
         claims are kept but for the skipped run's own (a failed run keeps what it selected).
         """
         skipped = set(self.journal.keys("digest", skip_run).all()) if skip_run else set()
-        indexes = {self.journal.keyspace.runs, self.journal.keyspace.due}
+        indexes = {only_index(self.journal).runs, only_index(self.journal).due}
         state: dict[bytes, bytes | None] = {}
         for key in self.client.scan_iter(count=1000):
             name = key.decode()

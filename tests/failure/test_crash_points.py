@@ -8,7 +8,7 @@ flight at a time and every crash after a record (or, for ``before-save:send``, a
 that makes no model call), no call is ever lost in flight and none is made twice.
 
 The command line is started by ``ForkedCli``: a Python process that imports the CLI once and
-forks a child per invocation. Each child runs ``tasks.cli.entry``, the ``digest`` script, in
+forks a child per invocation. Each child runs ``tasks.ops.cli.entry``, the ``digest`` script, in
 its own process with its own environment, exit status and output files, but without paying
 the 1.5 s import of the SDK again: three invocations per point cost about a second, not six.
 """

@@ -20,13 +20,13 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from tasks.job.weeks import run_ids_due
 from tasks.keys import DigestKeys
-from tasks.schedule import run_ids_due
 from tests.support import ROOT, Deployment, as_bytes, wait_until
 
 pytestmark = pytest.mark.slow
 
-_DISPATCH = "from tasks.celery_app import dispatch_weekly; print(dispatch_weekly())"
+_DISPATCH = "from tasks.worker.app import dispatch_weekly; print(dispatch_weekly())"
 
 
 def dispatch(deployment: Deployment, *within: str, **env: str) -> subprocess.CompletedProcess[str]:

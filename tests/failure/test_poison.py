@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.support import JOURNAL, RUN, Deployment, item_ordered, wait_until
+from tests.support import JOURNAL, RUN, Deployment, item_ordered, only_index, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,7 @@ def test_poison_run_is_parked_then_retried_deliberately(
     assert len(deployment.outbox()) == 1
     assert fake_anthropic.calls == 9
     assert item_ordered(deployment.view(RUN).steps) == JOURNAL[:10]
-    assert client.zscore(deployment.runtime().journal.keyspace.due, f"digest:{RUN}") is None
+    assert client.zscore(only_index(deployment.runtime().journal).due, f"digest:{RUN}") is None
     assert client.get(keys.lease) is None
 
     # The parking delivery was acked: nothing redelivers the run, not even after the lease

@@ -21,6 +21,7 @@ from journal.batch import BatchEntry, BatchPolicy, BatchState, batches, cancel_b
 from journal.ops.actions import cancel
 from journal.ops.views import inspect_run
 from tests.conftest import MakeJournal
+from tests.support import execute
 
 T0 = 1_800_000_000.0
 ITEMS = ["a", "b", "c"]
@@ -213,7 +214,7 @@ def drive(
     """Execute until the run ends, moving the clock to each wake-up; the outcome, the waits."""
     waits: list[float] = []
     for _ in range(100):
-        outcome = journal.execute("wf", run_id, body)
+        outcome = execute(journal, "wf", run_id, body)
         if outcome.status != "waiting":
             return outcome, waits
         assert outcome.wait is not None and outcome.wait.until is not None
@@ -231,7 +232,7 @@ def test_one_batch_is_awaited_by_durable_sleeps_and_each_item_recorded(
 ) -> None:
     flow = Digestish(provider)
 
-    first = journal.execute("wf", "r1", flow.body)
+    first = execute(journal, "wf", "r1", flow.body)
 
     assert first.status == "waiting"  # suspended: no worker waits for the batch
     assert first.wait is not None and first.wait.step == "sleep:look:ask-1:1"
@@ -260,7 +261,7 @@ def test_one_batch_is_awaited_by_durable_sleeps_and_each_item_recorded(
     view = inspect_run(journal, "wf", "r1")
     assert {r.kind for r in view.steps if r.key.startswith("ask:")} == {"batch"}
     journal.client.hset(journal.keys("wf", "r1").meta, "status", "running")  # deliver again
-    replayed = journal.execute("wf", "r1", flow.body)
+    replayed = execute(journal, "wf", "r1", flow.body)
     assert (replayed.ran, replayed.result) == (0, outcome.result)  # a replay costs nothing
     assert provider.read == ["b1"] and len(provider.held) == 1
 
@@ -446,7 +447,7 @@ def test_an_operators_cancel_of_a_waiting_run_cancels_its_batch(
     journal: Journal, clock: ManualClock, provider: Provider
 ) -> None:
     flow = Digestish(provider)
-    assert journal.execute("wf", "r1", flow.body).status == "waiting"
+    assert execute(journal, "wf", "r1", flow.body).status == "waiting"
 
     landed = cancel(journal, "wf", "r1", "not this week")  # not refused: the batch is revocable
 
@@ -459,11 +460,11 @@ def test_a_holder_that_learns_of_a_cancel_cancels_its_batch(
     journal: Journal, clock: ManualClock, provider: Provider
 ) -> None:
     flow = Digestish(provider)
-    assert journal.execute("wf", "r1", flow.body).status == "waiting"
+    assert execute(journal, "wf", "r1", flow.body).status == "waiting"
     clock.advance(30)
     provider.on_retrieve = lambda: cancel(journal, "wf", "r1")  # lands while the run is held
 
-    outcome = journal.execute("wf", "r1", flow.body)
+    outcome = execute(journal, "wf", "r1", flow.body)
 
     assert outcome.status == "cancelled"
     assert provider.cancelled == ["b1"]
@@ -490,7 +491,7 @@ def test_a_cancel_while_the_creation_may_have_happened_finds_the_batch(
         )
 
     with pytest.raises(Lost):
-        journal.execute("wf", "r1", body)
+        execute(journal, "wf", "r1", body)
     assert journal.effect_states(journal.keys("wf", "r1")) == {"batch-ask-1": "ambiguous"}
 
     assert cancel(journal, "wf", "r1").immediate  # cancelled at once, not refused
@@ -501,9 +502,9 @@ def test_the_batches_a_run_records_are_what_operators_read(
     journal: Journal, clock: ManualClock, provider: Provider
 ) -> None:
     flow = Digestish(provider)
-    journal.execute("wf", "r1", flow.body)
+    execute(journal, "wf", "r1", flow.body)
     clock.advance(30)
-    waiting = journal.execute("wf", "r1", flow.body)
+    waiting = execute(journal, "wf", "r1", flow.body)
 
     view = inspect_run(journal, "wf", "r1")
     [shown] = batches(view.steps, view.effects, view.wait)

@@ -21,6 +21,7 @@ from journal import Effect, Journal, Keyspace, ManualClock, Run, connect
 from journal.errors import LeaseBusy
 from journal.ops.views import list_runs
 from tests.cluster import SLOTS, ValkeyCluster
+from tests.support import execute
 
 pytestmark = pytest.mark.slow
 
@@ -113,15 +114,15 @@ def test_a_run_with_steps_a_sleep_and_an_effect_ends_through_the_sweep(
         )
         return {"sum": first + second, "receipt": receipt}
 
-    assert journal.execute("wf", "r1", body).status == "waiting"
+    assert execute(journal, "wf", "r1", body).status == "waiting"
     assert journal.claim_due() == []
     clock.advance(61)
     (claimed,) = journal.claim_due()
     assert claimed.run == "wf:r1"
-    outcome = journal.execute(claimed.workflow, claimed.run_id, body)
+    outcome = execute(journal, claimed.workflow, claimed.run_id, body)
     assert (outcome.status, outcome.ran, outcome.replayed) == ("done", 2, 2)  # b, send; a, nap
     assert outcome.result == {"sum": 3, "receipt": {"key": "wf-r1-send"}}
-    assert journal.execute("wf", "r1", body).status == "already-done"
+    assert execute(journal, "wf", "r1", body).status == "already-done"
     assert calls == {"a": 1, "b": 1}
     assert sink.delivered == ["wf-r1-send"]
     clock.advance(10_000)
@@ -150,7 +151,7 @@ def test_ten_duplicate_deliveries_at_once_execute_the_run_once(
     def deliver(journal: Journal) -> None:
         barrier.wait()
         try:
-            status = journal.execute("wf", "dup", body).status
+            status = execute(journal, "wf", "dup", body).status
         except LeaseBusy:
             status = "busy"
         with lock:
@@ -177,8 +178,8 @@ def test_racing_sweepers_claim_every_due_run_of_every_shard_exactly_once(
     journal = make_cluster_journal(clock)
     runs = [f"due{n}" for n in range(60)]
     for run_id in runs:
-        assert journal.execute("wf", run_id, napper).status == "waiting"
-    journal.execute("wf", "later", lambda run: run.sleep("nap", 1000))
+        assert execute(journal, "wf", run_id, napper).status == "waiting"
+    execute(journal, "wf", "later", lambda run: run.sleep("nap", 1000))
     clock.advance(10)
     sweepers = [make_cluster_journal(clock, node=n % 6) for n in range(6)]
     barrier = threading.Barrier(len(sweepers))
@@ -209,7 +210,7 @@ def test_the_listing_merges_every_shard_newest_first(
     created = []
     for n in range(30):
         run_id = f"l{n}-{uuid.uuid4().hex[:4]}"
-        journal.execute("wf", run_id, lambda run: "ok")
+        execute(journal, "wf", run_id, lambda run: "ok")
         created.append(run_id)
         clock.advance(1)
     assert len({journal.keys("wf", run_id).shard for run_id in created}) > 1

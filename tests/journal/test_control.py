@@ -21,6 +21,7 @@ from journal.errors import ControlRefused, EffectUnderway
 from journal.ops.actions import cancel, fork, retry, unsettled_effects
 from journal.ops.views import inspect_run
 from tests.conftest import MakeJournal
+from tests.support import acquire, execute, only_index
 
 
 @pytest.fixture
@@ -49,7 +50,7 @@ def test_a_cancel_is_refused_once_an_effect_is_claimed_and_the_run_finishes(
         run.step("after", lambda: "bookkeeping")
         return "finished"
 
-    outcome = journal.execute("wf", "r", body)
+    outcome = execute(journal, "wf", "r", body)
 
     assert (outcome.status, outcome.result) == ("done", "finished")
     assert steps_of(journal, "r") == ["send", "after"]
@@ -67,7 +68,7 @@ def test_a_revocable_effect_does_not_refuse_a_cancel_nor_keep_the_run_from_a_pur
         run.sleep("look", 3600)
         return "finished"
 
-    assert journal.execute("wf", "r", body).status == "waiting"
+    assert execute(journal, "wf", "r", body).status == "waiting"
     keys = journal.keys("wf", "r")
     assert journal.effect_states(keys) == {"batch": "claimed"}  # not settled, yet revocable
 
@@ -96,7 +97,7 @@ def test_a_running_run_finishes_its_step_in_flight_and_starts_no_other(journal: 
         return "finished"
 
     outcomes: list[Any] = []
-    runner = threading.Thread(target=lambda: outcomes.append(journal.execute("wf", "r", body)))
+    runner = threading.Thread(target=lambda: outcomes.append(execute(journal, "wf", "r", body)))
     runner.start()
     assert in_step.wait(10)
 
@@ -114,8 +115,8 @@ def test_a_running_run_finishes_its_step_in_flight_and_starts_no_other(journal: 
         None,
     )
     assert steps_of(journal, "r") == ["a"]
-    assert journal.client.zscore(journal.keyspace.due, "wf:r") is None
-    assert journal.execute("wf", "r", body).status == "cancelled"
+    assert journal.client.zscore(only_index(journal).due, "wf:r") is None
+    assert execute(journal, "wf", "r", body).status == "cancelled"
     assert calls == ["a"]
 
 
@@ -124,16 +125,16 @@ def test_a_waiting_run_is_cancelled_at_once_and_never_woken(journal: Journal) ->
         run.step("a", lambda: 1)
         return run.wait_for_signal("go", timeout=600).payload
 
-    assert journal.execute("wf", "r", body).status == "waiting"
-    assert journal.client.zscore(journal.keyspace.due, "wf:r") is not None
+    assert execute(journal, "wf", "r", body).status == "waiting"
+    assert journal.client.zscore(only_index(journal).due, "wf:r") is not None
 
     assert cancel(journal, "wf", "r").immediate is True
 
     view = inspect_run(journal, "wf", "r")
     assert (view.status, view.wait) == ("cancelled", None)
-    assert journal.client.zscore(journal.keyspace.due, "wf:r") is None
+    assert journal.client.zscore(only_index(journal).due, "wf:r") is None
     journal.send_signal("wf", "r", "go", 1)
-    assert journal.execute("wf", "r", body).status == "cancelled"
+    assert execute(journal, "wf", "r", body).status == "cancelled"
     assert steps_of(journal, "r") == ["a", "wait:go"]
 
 
@@ -142,7 +143,7 @@ def test_a_run_about_to_wait_is_cancelled_instead(journal: Journal) -> None:
         run.step("a", lambda: cancel(journal, "wf", "r").immediate)
         return run.wait_for_signal("go", timeout=600).payload
 
-    outcome = journal.execute("wf", "r", body)
+    outcome = execute(journal, "wf", "r", body)
 
     assert outcome.status == "cancelled"
     assert inspect_run(journal, "wf", "r").status == "cancelled"
@@ -152,20 +153,20 @@ def test_a_run_about_to_wait_is_cancelled_instead(journal: Journal) -> None:
 def test_a_dead_holders_successor_cancels_before_its_first_step(journal: Journal) -> None:
     keys = journal.keys("wf", "r")
     journal.client.hset(keys.meta, mapping={"status": "running"})
-    Lease(keys, journal.backend, 60_000).acquire(0)  # a holder that will never come back
+    acquire(Lease(keys, journal.backend, 60_000), 0)  # a holder that will never come back
 
     assert cancel(journal, "wf", "r").immediate is False
     journal.client.delete(keys.lease)  # its lease expires
     calls: list[str] = []
 
-    outcome = journal.execute("wf", "r", lambda run: run.step("a", lambda: calls.append("a")))
+    outcome = execute(journal, "wf", "r", lambda run: run.step("a", lambda: calls.append("a")))
 
     assert (outcome.status, calls) == ("cancelled", [])
     assert inspect_run(journal, "wf", "r").status == "cancelled"
 
 
 def test_cancel_refuses_an_unknown_or_ended_run(journal: Journal) -> None:
-    journal.execute("wf", "r", lambda run: run.step("a", lambda: 1))
+    execute(journal, "wf", "r", lambda run: run.step("a", lambda: 1))
 
     with pytest.raises(ControlRefused, match=r"run wf:r: it is done already"):
         cancel(journal, "wf", "r")
@@ -179,13 +180,13 @@ def test_retry_takes_a_failed_run_only_and_unparks_it(journal: Journal) -> None:
         raise RuntimeError("down")
 
     with pytest.raises(RuntimeError):
-        journal.execute("wf", "r", boom, args={"to": "x"})
+        execute(journal, "wf", "r", boom, args={"to": "x"})
     keys = journal.keys("wf", "r")
     journal.client.hset(keys.meta, "parked", "1")
 
     assert retry(journal, "wf", "r") == {"to": "x"}
     assert "parked" not in journal.meta(keys)
-    assert journal.execute("wf", "r", lambda run: run.step("a", lambda: 2)).result == 1
+    assert execute(journal, "wf", "r", lambda run: run.step("a", lambda: 2)).result == 1
 
     with pytest.raises(ControlRefused, match=r"it is done; only a failed run can be retried"):
         retry(journal, "wf", "r")
@@ -203,11 +204,11 @@ def test_a_fork_keeps_the_steps_before_its_step_and_runs_the_rest_under_its_own_
 
         return [run.step(name, functools.partial(call, name)) for name in "abcd"]
 
-    journal.execute("wf", "r", body, args={"week": 42})
+    execute(journal, "wf", "r", body, args={"week": 42})
     calls.clear()
 
     forked = fork(journal, "wf", "r", "c")
-    outcome = journal.execute("wf", forked.run_id, body)
+    outcome = execute(journal, "wf", forked.run_id, body)
 
     assert forked.run_id == "r-fork1"
     assert calls == ["c", "d"]
@@ -238,7 +239,7 @@ def test_a_purge_keeps_a_failed_run_whose_effect_may_have_happened(
         return run.effect("send", act, timeout=10, repeatable=True)
 
     with pytest.raises(RuntimeError):
-        journal.execute("wf", "r", body)
+        execute(journal, "wf", "r", body)
     keys = journal.keys("wf", "r")
     assert journal.effect_states(keys) == {"send": settled}
     meta = journal.meta(keys)

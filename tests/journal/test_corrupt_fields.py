@@ -14,6 +14,7 @@ from journal import Journal, Run
 from journal.errors import CorruptJournal
 from journal.ops.views import inspect_run, list_runs
 from tests.conftest import MakeJournal
+from tests.support import execute
 
 
 def waits_for_approval(run: Run) -> object:
@@ -21,7 +22,7 @@ def waits_for_approval(run: Run) -> object:
 
 
 def waiting(journal: Journal) -> None:
-    assert journal.execute("wf", "r1", waits_for_approval).status == "waiting"
+    assert execute(journal, "wf", "r1", waits_for_approval).status == "waiting"
 
 
 @pytest.mark.parametrize(
@@ -43,7 +44,7 @@ def test_a_corrupt_wait_is_named_by_every_reader(
     journal.client.hset(meta, "wait", stored)
 
     readers: dict[str, Callable[[], object]] = {
-        "execute": lambda: journal.execute("wf", "r1", waits_for_approval),
+        "execute": lambda: execute(journal, "wf", "r1", waits_for_approval),
         "send_signal": lambda: journal.send_signal("wf", "r1", "approval", {"ok": True}),
         "inspect": lambda: inspect_run(journal, "wf", "r1"),
     }
@@ -68,7 +69,7 @@ def test_a_corrupt_signal_payload_is_named_by_the_run_and_by_inspection(
         inspect_run(journal, "wf", "r1")
     assert (caught.value.run, caught.value.field) == ("wf:r1", "signals.approval")
     with pytest.raises(CorruptJournal) as caught:
-        journal.execute("wf", "r1", waits_for_approval)
+        execute(journal, "wf", "r1", waits_for_approval)
     assert (caught.value.run, caught.value.field) == ("wf:r1", "signals.approval")
     assert journal.meta(keys)["status"] == "failed"
     assert "signals.approval" in journal.meta(keys)["last_error"]
@@ -84,12 +85,12 @@ def test_corrupt_meta_fields_are_refused_before_the_body_runs(
 ) -> None:
     journal = make_journal()
     keys = journal.keys("wf", "r1")
-    journal.execute("wf", "r1", lambda run: run.sleep("nap", 60), args={"to": "a@b"})
+    execute(journal, "wf", "r1", lambda run: run.sleep("nap", 60), args={"to": "a@b"})
     journal.client.hset(keys.meta, field, stored)
     ran: list[int] = []
 
     with pytest.raises(CorruptJournal) as caught:
-        journal.execute("wf", "r1", lambda run: ran.append(1))
+        execute(journal, "wf", "r1", lambda run: ran.append(1))
     assert (caught.value.run, caught.value.field) == ("wf:r1", f"meta.{field}")
     assert ran == []
     assert not journal.client.exists(keys.lease)  # given back: the next start is not delayed
@@ -109,7 +110,7 @@ def test_a_corrupt_counter_is_named_and_nothing_is_written(
 ) -> None:
     journal = make_journal()
     keys = journal.keys("wf", "r1")
-    journal.execute("wf", "r1", lambda run: run.sleep("nap", 60))
+    execute(journal, "wf", "r1", lambda run: run.sleep("nap", 60))
     name = getattr(keys, key)
     if field is None:
         journal.client.set(name, stored)
@@ -118,7 +119,7 @@ def test_a_corrupt_counter_is_named_and_nothing_is_written(
     meta_before = journal.client.hgetall(keys.meta)
 
     with pytest.raises(CorruptJournal) as caught:
-        journal.execute("wf", "r1", lambda run: None)
+        execute(journal, "wf", "r1", lambda run: None)
     assert caught.value.field == (f"meta.{field}" if field else "fence")
     assert "not an integer" in str(caught.value)
     assert journal.client.hgetall(keys.meta) == meta_before
@@ -132,13 +133,13 @@ def test_a_parked_run_with_a_corrupt_count_is_named_not_a_value_error(
     keys = journal.keys("wf", "r1")
     journal.client.hset(keys.meta, mapping={"parked": "1", "starts_without_progress": "many"})
     with pytest.raises(CorruptJournal) as caught:
-        journal.execute("wf", "r1", lambda run: None)
+        execute(journal, "wf", "r1", lambda run: None)
     assert caught.value.field == "meta.starts_without_progress"
 
 
 def test_a_listing_names_a_run_whose_meta_is_not_text(make_journal: MakeJournal) -> None:
     journal = make_journal()
-    journal.execute("wf", "r1", lambda run: None)
+    execute(journal, "wf", "r1", lambda run: None)
     journal.client.hset(journal.keys("wf", "r1").meta, "last_error", b"\xc3\x28")
     with pytest.raises(CorruptJournal) as caught:
         list_runs(journal)

@@ -26,7 +26,7 @@ from celery.signals import before_task_publish, task_postrun
 from celery.worker import state
 from kombu.exceptions import OperationalError
 
-from journal import Journal, Keyspace, Run, Settings
+from journal import Journal, Keyspace, Run, Settings, workflow
 from journal.errors import InvalidArguments, InvalidRunId
 from journal.integrations.celery import Durable, DurableWorkflow, at_least_once_settings
 
@@ -119,7 +119,7 @@ def build(
     )
     durable = Durable(app, lambda: journal, **durable_options)
 
-    task = durable.workflow("wf", task_name=f"{app.main}.wf")(body)
+    task = durable.register(workflow("wf")(body), task_name=f"{app.main}.wf")
     return Deployed(app, durable, journal, task, Published(task.name), server)
 
 
@@ -348,24 +348,25 @@ def test_typed_options_are_checked_at_enqueue_and_the_body_gets_them_typed(
     deployed = deploy()
     seen: list[Options] = []
 
-    @deployed.durable.workflow("typed", task_name=f"{deployed.app.main}.typed", options=Options)
+    @workflow("typed", options=Options, journal=lambda: deployed.journal)
     def typed(run: Run, options: Options) -> dict[str, Any]:
         seen.append(options)
         return run.step("a", lambda: {"to": options.to, "copies": options.copies})
 
+    delivered = deployed.durable.register(typed, task_name=f"{deployed.app.main}.typed")
     for bad, problem in (
         ({"colour": "red"}, "got an unexpected keyword argument 'colour'"),
         ({"copies": "2"}, "copies='2' is not int"),
     ):
         with pytest.raises(InvalidArguments) as refused:
-            typed.delay("r1", **bad)
+            delivered.delay("r1", **bad)
         assert str(refused.value) == (
             f"run typed:r1: invalid arguments: {problem}; nothing was started; "
             "the workflow takes to, copies"
         )
     keys = deployed.journal.keys("typed", "r1")
     with worker(deployed):
-        typed.send("r1", Options(to="a@b"))
+        delivered.start("r1", Options(to="a@b"))
         deadline = time.monotonic() + 10
         while deployed.journal.meta(keys).get("status") != "done":
             assert time.monotonic() < deadline, "the typed delivery did not finish"
@@ -374,14 +375,14 @@ def test_typed_options_are_checked_at_enqueue_and_the_body_gets_them_typed(
     # Only what was given travels and is frozen: a field left at its default is not.
     assert deployed.journal.meta(keys)["args"] == '{"to":"a@b"}'
 
-    # The same object runs a run here, with the same journal and the same checks.
-    here = typed.run_here("r2", Options(copies=3))
+    # The same workflow runs a run here, with the same journal and the same checks.
+    here = typed.start("r2", Options(copies=3))
     assert (here.status, here.result, here.ran) == ("done", {"to": None, "copies": 3}, 1)
-    again = typed.run_here("r2")  # a resumed run replays with the options it froze
+    again = typed.start("r2")  # a resumed run replays with the options it froze
     assert (again.status, again.result) == ("already-done", {"to": None, "copies": 3})
     assert seen[-1] == Options(copies=3)
     with pytest.raises(InvalidArguments):
-        typed.run_here("r3", Options(copies="x"))  # type: ignore[arg-type]
+        typed.start("r3", Options(copies="x"))  # type: ignore[arg-type]
     assert deployed.journal.client.exists(deployed.journal.keys("typed", "r3").meta) == 0
 
 

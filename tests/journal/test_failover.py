@@ -23,7 +23,7 @@ import pytest
 from journal import Journal, Keyspace, Run, Settings, connect
 from journal.errors import LeaseBusy, NotDurable
 from tests.cluster import Node, ValkeyCluster, valkey_cluster
-from tests.support import as_text, wait_until
+from tests.support import as_text, execute, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -90,7 +90,7 @@ class Failover:
 
         def started() -> Any:
             try:
-                return journal.execute("wf", "r1", self.body)
+                return execute(journal, "wf", "r1", self.body)
             except LeaseBusy:
                 return None
 
@@ -101,7 +101,7 @@ def test_with_replica_waits_a_failover_loses_no_recorded_step(cluster: ValkeyClu
     fo = Failover(cluster, wait_replicas=1, lease_ttl=5.0)  # the lease outlives the failover
     fo.hooks["s4"] = fo.fail_over  # the master dies while s4 runs: s1..s3 were recorded
     with pytest.raises(NotDurable) as caught:
-        fo.journal(cluster.nodes[0]).execute("wf", "r1", fo.body)
+        execute(fo.journal(cluster.nodes[0]), "wf", "r1", fo.body)
     # s4's record found the new master, which has no replica left to confirm it: not trusted.
     assert (caught.value.step, caught.value.detail) == ("s4", "0 of 1 replicas acknowledged it")
     assert fo.calls == {"s1": 1, "s2": 1, "s3": 1, "s4": 1}
@@ -117,7 +117,7 @@ def test_with_replica_waits_a_record_the_replica_lacks_stops_the_run(
     fo = Failover(cluster, wait_replicas=1)
     fo.hooks["s3"] = fo.hold_replica  # s3's record reaches the master alone
     with pytest.raises(NotDurable) as caught:
-        fo.journal(cluster.nodes[0]).execute("wf", "r1", fo.body)
+        execute(fo.journal(cluster.nodes[0]), "wf", "r1", fo.body)
     assert (caught.value.step, caught.value.detail) == ("s3", "0 of 1 replicas acknowledged it")
     assert fo.calls == {"s1": 1, "s2": 1, "s3": 1}  # nothing went on from the unconfirmed s3
     fo.fail_over()
@@ -134,7 +134,7 @@ def test_without_replica_waits_a_failover_loses_what_the_replica_had_not_receive
     fo.hooks["s3"] = fo.hold_replica  # from s3 on, records reach the master alone
     fo.hooks["s5"] = fo.fail_over  # the master dies while s5 runs: s3, s4 were recorded there
     journal = fo.journal(cluster.nodes[0])
-    outcome = journal.execute("wf", "r1", fo.body)
+    outcome = execute(journal, "wf", "r1", fo.body)
     # The cluster client followed the failover and the run went on, from memory...
     assert (outcome.status, outcome.ran, outcome.result) == ("done", 6, [s.upper() for s in STEPS])
     assert fo.calls == dict.fromkeys(STEPS, 1)

@@ -74,7 +74,7 @@ def record(journal: Journal, calls: Counter[str], *, ship: bool = True) -> Fixtu
     flow = order(calls)
     if ship:
         journal.send_signal("order", "o1", "ship", {"by": "carrier"})
-    flow.run_here("o1", {"customer": f"https://user:{SECRET}@example.com"}, journal=journal)
+    flow.start("o1", {"customer": f"https://user:{SECRET}@example.com"}, journal=journal)
     calls.clear()
     return export(journal, "order", "o1")
 
@@ -115,7 +115,7 @@ def test_an_export_masks_every_secret(
     redaction.add_secret(journal_secret)
     flow = order(calls)
     journal.send_signal("order", "o1", "ship", {"token": journal_secret})
-    flow.run_here("o1", {"customer": f"redis://:{SECRET}@db:6379"}, journal=journal)
+    flow.start("o1", {"customer": f"redis://:{SECRET}@db:6379"}, journal=journal)
 
     text = export(journal, "order", "o1").dumps()
 
@@ -250,7 +250,7 @@ def test_check_run_stops_where_a_failed_run_would_go_on(journal: Journal) -> Non
         run.step("b", lambda: 1 / 0)
 
     with pytest.raises(ZeroDivisionError):
-        Workflow("flaky", failing).run_here("f1", journal=journal)
+        Workflow("flaky", failing).start("f1", journal=journal)
 
     verdict = check_run(journal, Workflow("flaky", failing), "f1")
 

@@ -15,7 +15,7 @@ import redis
 
 from journal import Journal, Keyspace, Run, Settings
 from journal.errors import JournalError
-from tests.support import ThrowawayValkeys, watched_client
+from tests.support import ThrowawayValkeys, execute, watched_client
 
 # Each test starts a Valkey configured its own way (appendfsync, WAITAOF support).
 pytestmark = pytest.mark.slow
@@ -82,7 +82,7 @@ def record_packets(journal: Journal, packets: Packets) -> list[list[bytes]]:
 
 def warm_up(journal: Journal, packets: Packets) -> None:
     """One run first, so scripts are loaded and connections made; then forget what it sent."""
-    journal.execute("wf", "warm-up", three_steps([]))
+    execute(journal, "wf", "warm-up", three_steps([]))
     journal.client.config_resetstat()
     packets.clear()
 
@@ -99,7 +99,7 @@ def test_each_record_is_sent_with_waitaof_in_one_packet_and_still_records(
     journal = Journal(client, keyspace=Keyspace("j"), settings=Settings(fsync_records=True))
     warm_up(journal, packets)
     calls: list[str] = []
-    outcome = journal.execute("wf", "r1", three_steps(calls))
+    outcome = execute(journal, "wf", "r1", three_steps(calls))
     assert (outcome.status, outcome.result, outcome.ran) == ("done", ["A", "B", "C"], 3)
     assert calls == ["a", "b", "c"]
     assert client.hlen(journal.keys("wf", "r1").steps) == 3
@@ -113,7 +113,7 @@ def test_without_the_setting_a_record_is_the_script_alone(valkey: StartValkey) -
     client, packets = valkey("--appendonly", "yes", "--appendfsync", "everysec")
     journal = Journal(client, keyspace=Keyspace("j"))
     warm_up(journal, packets)
-    journal.execute("wf", "r1", three_steps([]))
+    execute(journal, "wf", "r1", three_steps([]))
     assert record_packets(journal, packets) == [[b"EVALSHA"]] * 3
     assert sent(packets, b"WAITAOF") == []
 
@@ -122,7 +122,7 @@ def test_a_fsynced_record_costs_one_round_trip(valkey: StartValkey) -> None:
     client, packets = valkey("--appendonly", "yes", "--appendfsync", "everysec")
     journal = Journal(client, keyspace=Keyspace("j"), settings=Settings(fsync_records=True))
     warm_up(journal, packets)
-    journal.execute("wf", "r1", three_steps([]))
+    execute(journal, "wf", "r1", three_steps([]))
     assert sent(packets, b"SCRIPT") == []
 
 
@@ -152,6 +152,6 @@ def test_on_a_server_without_waitaof_the_setting_is_refused_before_any_step(
     calls: list[str] = []
     with pytest.raises(JournalError, match="WAITAOF"):
         journal = Journal(client, keyspace=Keyspace(prefix), settings=Settings(fsync_records=True))
-        journal.execute("wf", "r1", three_steps(calls))
+        execute(journal, "wf", "r1", three_steps(calls))
     assert calls == []
     assert client.exists(f"{prefix}:{{wf:r1}}:steps") == 0

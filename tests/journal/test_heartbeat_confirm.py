@@ -17,7 +17,7 @@ from journal._cancel import CANCEL_FIELD, Cancelled
 from journal._lease import Heartbeat, Lease
 from journal.errors import CorruptJournal, LeaseLost
 from tests.conftest import MakeJournal
-from tests.support import recorded_events
+from tests.support import acquire, recorded_events
 
 TTL_MS = 60_000
 
@@ -25,7 +25,7 @@ TTL_MS = 60_000
 def held(journal: Journal) -> tuple[Lease, Heartbeat]:
     """The lease of wf:r1 and a heartbeat for it that was never started."""
     lease = Lease(journal.keys("wf", "r1"), journal.backend, TTL_MS)
-    grant = lease.acquire(0)
+    grant = acquire(lease, 0)
     return lease, Heartbeat(lease, grant.holder, grant.confirmed_at)
 
 
@@ -33,7 +33,7 @@ def test_confirm_learns_of_a_takeover_the_beat_never_saw(make_journal: MakeJourn
     journal = make_journal()
     _, heartbeat = held(journal)
     journal.client.delete(journal.keys("wf", "r1").lease)  # expired while this holder slept
-    Lease(journal.keys("wf", "r1"), journal.backend, TTL_MS).acquire(0)  # and another took it
+    acquire(Lease(journal.keys("wf", "r1"), journal.backend, TTL_MS), 0)  # and another took it
     with recorded_events() as events, pytest.raises(LeaseLost) as caught:
         heartbeat.confirm()
     assert events == [("renewal_failed", "", 1.0)]  # what the operator's counter sees
@@ -99,7 +99,7 @@ def test_a_fence_counter_that_is_not_an_integer_is_refused_naming_run_and_key(
     keys = journal.keys("wf", "r1")
     journal.client.set(keys.fence, "seven")
     with pytest.raises(CorruptJournal) as caught:
-        Lease(keys, journal.backend, TTL_MS).acquire(0)
+        acquire(Lease(keys, journal.backend, TTL_MS), 0)
     assert (caught.value.run, caught.value.field, caught.value.detail) == (
         "wf:r1",
         "fence",  # the script names the counter it could not read

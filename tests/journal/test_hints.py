@@ -10,6 +10,7 @@ import redis
 
 from journal import Hints, Journal, Keyspace
 from journal.errors import RunParked, StoreUnavailable
+from tests.support import execute
 
 
 def test_a_journal_without_hints_names_its_own_api() -> None:
@@ -27,7 +28,7 @@ def test_the_application_s_hints_reach_the_store_error(tmp_path: Path, prefix: s
         gone, keyspace=Keyspace(prefix), url="unix://nobody", hints=Hints(store_down="run X")
     )
     with pytest.raises(StoreUnavailable) as caught:
-        journal.execute("wf", "r1", lambda run: run.step("a", lambda: 1))
+        execute(journal, "wf", "r1", lambda run: run.step("a", lambda: 1))
     assert str(caught.value).endswith("; run X")
 
 

@@ -18,6 +18,7 @@ from journal import Outcome, Run
 from journal._holder import ProcessIdentity
 from journal.errors import LeaseBusy, LeaseLost
 from tests.conftest import MakeJournal
+from tests.support import execute
 
 PID_MAX = int(Path("/proc/sys/kernel/pid_max").read_text())
 
@@ -101,13 +102,13 @@ def hold_then_vanish(
         journal.client.hset(keys.meta, "holder_process", holder.encode())
         second = make_journal(lease_ttl=30.0)
         try:
-            seen.append(second.execute("w", "r1", lambda other: other.step("b", lambda: 2)))
+            seen.append(execute(second, "w", "r1", lambda other: other.step("b", lambda: 2)))
         except LeaseBusy as busy:
             seen.append(busy)
         run.step("a", lambda: 1)
 
     try:
-        journal.execute("w", "r1", body)
+        execute(journal, "w", "r1", body)
     except LeaseLost as lost:
         return held[0], (seen[0], lost)
     return held[0], (seen[0], None)

@@ -14,7 +14,7 @@ import pytest
 from journal import Journal, ManualClock, RetryPolicy, Run, StepEvent
 from journal.errors import ReplayMismatch
 from tests.conftest import MakeJournal
-from tests.support import wait_until
+from tests.support import execute, wait_until
 
 
 def rerun(journal: Journal) -> None:
@@ -41,7 +41,7 @@ def test_a_map_runs_three_items_at_a_time_by_default_on_threads_named_after_it(
             running.remove(name)
         return name
 
-    outcome = journal.execute("wf", "r1", lambda run: run.map("week", list("abcd"), item, key=str))
+    outcome = execute(journal, "wf", "r1", lambda run: run.map("week", list("abcd"), item, key=str))
     assert outcome.result == list("abcd")
     assert max(peak) == 3
     assert names == {"week"}
@@ -60,8 +60,11 @@ def test_a_map_refuses_duplicate_keys_and_a_width_below_one_saying_which(
 ) -> None:
     journal = make_journal()
     with pytest.raises(ValueError) as caught:
-        journal.execute(
-            "wf", "r1", lambda run: run.map("m", items, str, key=str, concurrency=concurrency)
+        execute(
+            journal,
+            "wf",
+            "r1",
+            lambda run: run.map("m", items, str, key=str, concurrency=concurrency),
         )
     assert str(caught.value) == says
 
@@ -70,10 +73,10 @@ def test_a_map_of_new_items_after_unreplayed_steps_names_its_first_item_as_the_d
     make_journal: MakeJournal,
 ) -> None:
     journal = make_journal()
-    journal.execute("wf", "r1", lambda run: run.step("old", lambda: 1))
+    execute(journal, "wf", "r1", lambda run: run.step("old", lambda: 1))
     rerun(journal)
     with pytest.raises(ReplayMismatch) as caught:
-        journal.execute("wf", "r1", lambda run: run.map("m", ["a", "b"], str, key=str))
+        execute(journal, "wf", "r1", lambda run: run.map("m", ["a", "b"], str, key=str))
     assert (caught.value.recorded, caught.value.requested, caught.value.position) == (
         "old",
         "m:a",
@@ -94,7 +97,8 @@ def test_a_map_item_retries_under_the_maps_policy(make_journal: MakeJournal) -> 
 
     policy = RetryPolicy(base_delay=0.5, retryable=lambda e: isinstance(e, ConnectionResetError))
     events: list[StepEvent] = []
-    outcome = journal.execute(
+    outcome = execute(
+        journal,
         "wf",
         "r1",
         lambda run: run.map("m", ["a", "b"], item, key=str, retry=policy),
@@ -105,8 +109,12 @@ def test_a_map_item_retries_under_the_maps_policy(make_journal: MakeJournal) -> 
     assert len(clock.slept) == 2
     rerun(journal)
     events.clear()
-    journal.execute(
-        "wf", "r1", lambda run: run.map("m", ["a", "b"], item, key=str), on_step=events.append
+    execute(
+        journal,
+        "wf",
+        "r1",
+        lambda run: run.map("m", ["a", "b"], item, key=str),
+        on_step=events.append,
     )
     assert events == [StepEvent("m:a", True, "step", 1), StepEvent("m:b", True, "step", 3)]
 
@@ -115,7 +123,7 @@ def test_no_item_thread_is_left_behind_when_a_report_fails(
     make_journal: MakeJournal,
 ) -> None:
     journal = make_journal()
-    journal.execute("wf", "r1", lambda run: run.step("left:a", lambda: "A"))
+    execute(journal, "wf", "r1", lambda run: run.step("left:a", lambda: "A"))
     rerun(journal)
     # Journal so far: left:a recorded, left:b not. Replaying left:a reports to a hook that fails.
 
@@ -127,7 +135,7 @@ def test_no_item_thread_is_left_behind_when_a_report_fails(
         return run.map("left", ["a", "b"], str.upper, key=str)
 
     with pytest.raises(RuntimeError, match="the dashboard is down"):
-        journal.execute("wf", "r1", body, on_step=hook)
+        execute(journal, "wf", "r1", body, on_step=hook)
 
     def no_item_thread_left() -> bool:
         return not any(t.name.startswith("left_") for t in threading.enumerate())

@@ -43,7 +43,7 @@ from journal.errors import (
     UnknownScriptStatus,
 )
 from tests.conftest import MakeJournal
-from tests.support import Relay, as_bytes, wait_until
+from tests.support import Relay, acquire, as_bytes, execute, only_index, wait_until
 
 T0 = 1_800_000_000.0
 TTL_MS = 5_000
@@ -81,12 +81,12 @@ def crash(run: Run) -> None:
 def test_each_grant_increments_the_fence_and_sets_a_lease_that_expires(
     journal: Journal, keys: RunKeys
 ) -> None:
-    first = lease(journal).acquire(millis(T0))
+    first = acquire(lease(journal), millis(T0))
     assert (first.fence, first.holder.split(":")[0]) == (1, "1")
     assert journal.client.get(keys.lease) == first.holder.encode()
     assert 4_000 < journal.client.pttl(keys.lease) <= TTL_MS
     assert lease(journal).release(first.holder)
-    second = lease(journal).acquire(millis(T0) + 7)
+    second = acquire(lease(journal), millis(T0) + 7)
     assert second.fence == 2
     assert journal.client.get(keys.fence) == b"2"
     meta = journal.meta(keys)
@@ -98,10 +98,10 @@ def test_each_grant_increments_the_fence_and_sets_a_lease_that_expires(
 def test_a_live_lease_is_busy_and_the_refused_start_writes_nothing(
     journal: Journal, keys: RunKeys
 ) -> None:
-    grant = lease(journal).acquire(millis(T0))
+    grant = acquire(lease(journal), millis(T0))
     before = journal.meta(keys)
     with pytest.raises(LeaseBusy) as busy:
-        lease(journal).acquire(millis(T0) + 1)
+        acquire(lease(journal), millis(T0) + 1)
     assert busy.value.holder == "1"
     assert 4_000 < busy.value.remaining_ms <= TTL_MS
     assert journal.client.get(keys.lease) == grant.holder.encode()
@@ -110,7 +110,7 @@ def test_a_live_lease_is_busy_and_the_refused_start_writes_nothing(
 
 
 def test_only_the_holder_proved_dead_is_taken_over(journal: Journal, keys: RunKeys) -> None:
-    grant = lease(journal).acquire(millis(T0))
+    grant = acquire(lease(journal), millis(T0))
     me = ProcessIdentity.current().encode()
     script_keys = [keys.lease, keys.fence, keys.meta, keys.steps]
 
@@ -127,21 +127,21 @@ def test_only_the_holder_proved_dead_is_taken_over(journal: Journal, keys: RunKe
 def test_an_opening_that_finds_the_run_ended_takes_it_out_of_the_due_index(
     journal: Journal, keys: RunKeys
 ) -> None:
-    journal.execute("wf", "r1", lambda run: "done once")
-    journal.client.zadd(journal.keyspace.due, {keys.run: 1})  # put back by hand
+    execute(journal, "wf", "r1", lambda run: "done once")
+    journal.client.zadd(only_index(journal).due, {keys.run: 1})  # put back by hand
     fence = journal.client.get(keys.fence)
 
-    outcome = journal.execute("wf", "r1", lambda run: "never again")
+    outcome = execute(journal, "wf", "r1", lambda run: "never again")
 
     assert (outcome.status, outcome.result) == ("already-done", "done once")
-    assert journal.client.zscore(journal.keyspace.due, keys.run) is None
+    assert journal.client.zscore(only_index(journal).due, keys.run) is None
     assert journal.client.get(keys.fence) == fence  # no lease was taken
 
 
 def test_an_opening_refuses_an_unreadable_wait_and_writes_nothing(
     journal: Journal, keys: RunKeys
 ) -> None:
-    journal.execute("wf", "r1", lambda run: run.sleep("nap", 60))
+    execute(journal, "wf", "r1", lambda run: run.sleep("nap", 60))
     journal.client.hset(keys.meta, "wait", b'{"kind": "sleep"}')  # no step
     before = journal.client.hgetall(keys.meta)
     opening = journal.runner._opening(None)
@@ -157,15 +157,15 @@ def test_a_renewal_pushes_the_run_due_past_its_new_expiry(journal: Journal, keys
     held = journal.runner._lease(keys)
     grant = held.open(millis(T0), journal.runner._opening(None))
     assert isinstance(grant, Grant)
-    first = journal.client.zscore(journal.keyspace.due, keys.run)
+    first = journal.client.zscore(only_index(journal).due, keys.run)
     assert first is not None and isinstance(journal.clock, ManualClock)
     journal.clock.advance(7)
 
     assert held.renew(grant.holder) == 1
 
-    assert journal.client.zscore(journal.keyspace.due, keys.run) == first + 7_000
+    assert journal.client.zscore(only_index(journal).due, keys.run) == first + 7_000
     assert held.renew("1:not-the-token") == 0
-    assert journal.client.zscore(journal.keyspace.due, keys.run) == first + 7_000
+    assert journal.client.zscore(only_index(journal).due, keys.run) == first + 7_000
 
 
 # -- stalled starts, parking and reset ---------------------------------------------------------
@@ -175,7 +175,7 @@ def test_starts_that_record_nothing_are_counted_and_progress_resets_the_count(
     journal: Journal, keys: RunKeys
 ) -> None:
     def start() -> int:
-        grant = lease(journal).acquire(millis(T0))
+        grant = acquire(lease(journal), millis(T0))
         assert lease(journal).release(grant.holder)
         return grant.starts_without_progress
 
@@ -191,26 +191,26 @@ def test_a_run_that_keeps_dying_at_start_is_parked_until_reset(
     journal = make_journal(clock=ManualClock(T0), max_stalled_starts=2)
     for _ in range(2):  # two starts die; each leaves its lease to expire
         with pytest.raises(SystemExit):
-            journal.execute("wf", "r1", crash)
+            execute(journal, "wf", "r1", crash)
         journal.client.delete(keys.lease)
     with pytest.raises(RunParked) as parked:
-        journal.execute("wf", "r1", crash)
+        execute(journal, "wf", "r1", crash)
     assert parked.value.starts == 2
     meta = journal.meta(keys)
     assert (meta["status"], meta["parked"], meta["starts_without_progress"]) == ("failed", "1", "2")
     assert meta["last_error"] == str(parked.value)
     assert journal.client.get(keys.lease) is None  # the parking start gave its lease back
-    assert journal.client.zscore(journal.keyspace.due, keys.run) is None
+    assert journal.client.zscore(only_index(journal).due, keys.run) is None
 
     with pytest.raises(RunParked, match="after 2 starts"):
-        journal.execute("wf", "r1", crash)
+        execute(journal, "wf", "r1", crash)
     assert journal.client.get(keys.fence) == b"3"  # refused before taking the lease
 
     assert journal.reset("wf", "r1")
     meta = journal.meta(keys)
     assert ("parked" in meta, "last_error" in meta) == (False, False)
     assert meta["starts_without_progress"] == "0"
-    outcome = journal.execute("wf", "r1", lambda run: run.step("a", lambda: "A"))
+    outcome = execute(journal, "wf", "r1", lambda run: run.step("a", lambda: "A"))
     assert (outcome.status, outcome.result) == ("done", "A")
     assert journal.meta(keys)["starts_without_progress"] == "0"
     assert not journal.reset("wf", "r1")  # not parked: left as it is
@@ -224,18 +224,18 @@ def test_a_start_that_suspends_or_fails_clears_the_stall_count(
 ) -> None:
     journal = make_journal(clock=ManualClock(T0), max_stalled_starts=2)
     for _ in range(4):  # woken early each time: the sleep replays and suspends, recording nothing
-        assert journal.execute("wf", "r1", lambda run: run.sleep("nap", 10)).status == "waiting"
+        assert execute(journal, "wf", "r1", lambda run: run.sleep("nap", 10)).status == "waiting"
         assert journal.meta(keys)["starts_without_progress"] == "0"
     failing = journal.keys("wf", "r2")
     for _ in range(4):  # a start that dies, then one that fails: the failure is progress
         with pytest.raises(SystemExit):
-            journal.execute("wf", "r2", crash)
+            execute(journal, "wf", "r2", crash)
         journal.client.delete(failing.lease)
         with pytest.raises(ZeroDivisionError):
-            journal.execute("wf", "r2", lambda run: run.step("a", lambda: 1 / 0))
+            execute(journal, "wf", "r2", lambda run: run.step("a", lambda: 1 / 0))
         assert journal.meta(failing)["starts_without_progress"] == "0"
     with pytest.raises(SystemExit):
-        journal.execute("wf", "r1", crash)
+        execute(journal, "wf", "r1", crash)
     assert journal.meta(keys)["starts_without_progress"] == "1"
 
 
@@ -243,7 +243,7 @@ def test_a_start_that_suspends_or_fails_clears_the_stall_count(
 
 
 def test_the_record_script_answers_each_of_its_four_codes(journal: Journal, keys: RunKeys) -> None:
-    grant = lease(journal).acquire(millis(T0))
+    grant = acquire(lease(journal), millis(T0))
     script_keys = [keys.lease, keys.steps, keys.meta]
 
     def record(holder: str, value: object) -> Any:
@@ -269,7 +269,7 @@ def test_a_step_recorded_meanwhile_is_adopted_and_not_overwritten(
         # Another thread of this holder records the step while this one computes it.
         return run.step("a", lambda: journal.client.hset(keys.steps, "a", record_of("won")) and 1)
 
-    outcome = journal.execute("wf", "r1", racing, on_step=events.append)
+    outcome = execute(journal, "wf", "r1", racing, on_step=events.append)
     assert outcome.result == "won"
     assert journal.client.hget(keys.steps, "a") == record_of("won")
     assert events == [StepEvent("a", True, "step", 1)]
@@ -283,7 +283,7 @@ def test_a_step_finished_after_the_lease_expired_is_not_recorded(
         run.step("b", lambda: journal.client.delete(keys.lease) and "B")
 
     with pytest.raises(LeaseLost) as lost:
-        journal.execute("wf", "r1", body)
+        execute(journal, "wf", "r1", body)
     assert type(lost.value) is LeaseLost
     assert "the lease expired before 'b' could be recorded" in str(lost.value)
     assert journal.client.hkeys(keys.steps) == [b"a"]
@@ -297,7 +297,7 @@ def test_a_step_finished_after_another_holder_took_over_is_fenced(
         run.step("b", lambda: journal.client.set(keys.lease, "2:winner") and "B")
 
     with pytest.raises(Fenced, match="'b' refused: the run is now held by 2:winner"):
-        journal.execute("wf", "r1", body)
+        execute(journal, "wf", "r1", body)
     assert journal.client.hlen(keys.steps) == 0
     assert journal.client.get(keys.lease) == b"2:winner"
 
@@ -318,7 +318,7 @@ def test_a_retry_after_a_back_off_checks_the_lease_before_it_runs_again(
     # A 0.2 s back-off: past half the TTL, so the boundary asks Redis before the next attempt.
     policy = RetryPolicy(base_delay=0.2, retryable=lambda e: True, retry_after=lambda e: 0.2)
     with pytest.raises(LeaseLost) as lost:
-        journal.execute("wf", "r1", lambda run: run.step("a", flaky, retry=policy))
+        execute(journal, "wf", "r1", lambda run: run.step("a", flaky, retry=policy))
     assert type(lost.value) is LeaseLost  # stopped at the boundary, not refused at the record
     assert attempts == [1]
 
@@ -327,7 +327,7 @@ def test_a_retry_after_a_back_off_checks_the_lease_before_it_runs_again(
 
 
 def test_release_deletes_only_the_callers_own_lease(journal: Journal, keys: RunKeys) -> None:
-    grant = lease(journal).acquire(millis(T0))
+    grant = acquire(lease(journal), millis(T0))
     assert not lease(journal).release("1:not-the-token")
     assert not lease(journal).release("2:" + grant.holder.split(":")[1])
     assert journal.client.get(keys.lease) == grant.holder.encode()
@@ -337,7 +337,7 @@ def test_release_deletes_only_the_callers_own_lease(journal: Journal, keys: RunK
 
 
 def test_renewal_extends_only_the_callers_own_lease(journal: Journal, keys: RunKeys) -> None:
-    grant = lease(journal).acquire(millis(T0))
+    grant = acquire(lease(journal), millis(T0))
     journal.client.pexpire(keys.lease, 1_000)
     assert not lease(journal).renew("1:not-the-token")
     assert journal.client.pttl(keys.lease) <= 1_000
@@ -353,7 +353,7 @@ def test_a_cancel_is_learnt_at_a_renewal_and_stops_the_next_step(
 ) -> None:
     journal = make_journal(lease_ttl=0.3)
     held = lease(journal, 300)
-    grant = held.acquire(0)
+    grant = acquire(held, 0)
     assert held.renew(grant.holder) == 1
     journal.client.hset(keys.meta, "cancel", "wrong week")
     assert held.renew(grant.holder) == 2  # extended, and told
@@ -367,12 +367,12 @@ def test_a_cancel_is_learnt_at_a_renewal_and_stops_the_next_step(
 
 
 def close_keys(journal: Journal, keys: RunKeys) -> list[str]:
-    return [keys.lease, keys.meta, keys.signals, journal.keyspace.runs, journal.keyspace.due]
+    return [keys.lease, keys.meta, keys.signals, only_index(journal).runs, only_index(journal).due]
 
 
 def test_the_close_script_answers_each_of_its_four_codes(journal: Journal, keys: RunKeys) -> None:
-    grant = lease(journal).acquire(millis(T0))
-    journal.client.zadd(journal.keyspace.due, {keys.run: 5})
+    grant = acquire(lease(journal), millis(T0))
+    journal.client.zadd(only_index(journal).due, {keys.run: 5})
 
     def close(
         holder: str, signal: str, due: str, *fields: str, delete: tuple[str, ...] = ()
@@ -387,24 +387,24 @@ def test_the_close_script_answers_each_of_its_four_codes(journal: Journal, keys:
     assert close("1:not-the-token", "", "", "status", "other") == -2
     assert journal.client.get(keys.lease) == grant.holder.encode()  # refusals write nothing
     assert "status" not in journal.meta(keys)
-    assert journal.client.zscore(journal.keyspace.due, keys.run) == 5
+    assert journal.client.zscore(only_index(journal).due, keys.run) == 5
     journal.client.hset(keys.meta, "note", "n")
     assert close(grant.holder, "", "9", "status", "waiting", delete=("note",)) == 1
     assert (journal.meta(keys)["status"], "note" in journal.meta(keys)) == ("waiting", False)
-    assert journal.client.zscore(journal.keyspace.due, keys.run) == 9
-    assert journal.client.zscore(journal.keyspace.runs, keys.run) == 7
+    assert journal.client.zscore(only_index(journal).due, keys.run) == 9
+    assert journal.client.zscore(only_index(journal).runs, keys.run) == 7
     assert not journal.client.exists(keys.lease)  # released in the same script
     assert close(grant.holder, "", "", "status", "expired") == -1
     assert journal.meta(keys)["status"] == "waiting"
-    assert journal.client.zscore(journal.keyspace.due, keys.run) == 9
+    assert journal.client.zscore(only_index(journal).due, keys.run) == 9
 
-    again = lease(journal).acquire(millis(T0))
+    again = acquire(lease(journal), millis(T0))
     assert close(again.holder, "", "", "status", "done") == 1
-    assert journal.client.zscore(journal.keyspace.due, keys.run) is None  # "" leaves due
+    assert journal.client.zscore(only_index(journal).due, keys.run) is None  # "" leaves due
 
 
 def test_a_wait_is_not_saved_over_a_pending_cancel(journal: Journal, keys: RunKeys) -> None:
-    grant = lease(journal).acquire(millis(T0))
+    grant = acquire(lease(journal), millis(T0))
 
     def close(unless_cancelled: str, *fields: str) -> Any:
         return journal.backend.scripts.close(
@@ -424,7 +424,7 @@ def test_a_run_that_lost_its_lease_before_saving_its_status_saves_nothing(
     journal: Journal, keys: RunKeys
 ) -> None:
     with pytest.raises(LeaseLost, match="lost before the run's status could be saved"):
-        journal.execute("wf", "r1", lambda run: journal.client.delete(keys.lease) and "done")
+        execute(journal, "wf", "r1", lambda run: journal.client.delete(keys.lease) and "done")
     meta = journal.meta(keys)
     assert (meta["status"], "outcome" in meta) == ("running", False)
 
@@ -437,7 +437,7 @@ def test_a_run_taken_over_before_saving_its_status_leaves_the_new_holder_alone(
         raise RuntimeError("the body failed after the takeover")
 
     with pytest.raises(RuntimeError):
-        journal.execute("wf", "r1", body)
+        execute(journal, "wf", "r1", body)
     meta = journal.meta(keys)
     assert (meta["status"], "last_error" in meta) == ("running", False)
     assert journal.client.get(keys.lease) == b"2:winner"
@@ -447,7 +447,7 @@ def test_a_run_taken_over_before_saving_its_status_leaves_the_new_holder_alone(
 
 
 def test_the_effect_scripts_answer_each_of_their_codes(journal: Journal, keys: RunKeys) -> None:
-    first = lease(journal).acquire(millis(T0))
+    first = acquire(lease(journal), millis(T0))
     me = ProcessIdentity.current().encode()
     script_keys = [keys.lease, keys.effects]
     scripts = journal.backend.scripts
@@ -482,7 +482,7 @@ def test_the_effect_scripts_answer_each_of_their_codes(journal: Journal, keys: R
     assert claim(first.holder, 1) == [-1]
     assert confirm(first.holder, 1) == -1
 
-    second = lease(journal).acquire(millis(T0))
+    second = acquire(lease(journal), millis(T0))
     busy = claim(second.holder, 2)  # fence 1 may still act: wait, or prove it dead
     assert busy[0] == 3 and 55_000 < busy[1] <= 60_000 and busy[2] == me.encode()
     deadline = busy[3]
@@ -505,7 +505,7 @@ def test_the_effect_scripts_answer_each_of_their_codes(journal: Journal, keys: R
     assert settle(second.holder, 2, "released", b"") == -3  # known stays known
     assert lease(journal).release(second.holder)
 
-    third = lease(journal).acquire(millis(T0))
+    third = acquire(lease(journal), millis(T0))
     journal.client.hset(keys.effects, "send", "3:0:claimed")  # claimed, never confirmed
     assert settle("9:someone-else", 3, "released", b"") == 2  # its own fence, lease or not
     assert state() == b"3:0:released"
@@ -520,14 +520,14 @@ def test_an_effect_whose_lease_is_gone_is_never_called(journal: Journal, keys: R
         run.effect("send", lambda effect: called.append("send"), timeout=5)
 
     with pytest.raises(Fenced, match="effect 'send' refused"):
-        journal.execute("wf", "r1", body)
+        execute(journal, "wf", "r1", body)
 
     def expired(run: Run) -> None:
         journal.client.delete(journal.keys("wf", "r2").lease)
         run.effect("send", lambda effect: called.append("send"), timeout=5)
 
     with pytest.raises(LeaseLost, match="expired before effect 'send' could be claimed"):
-        journal.execute("wf", "r2", expired)
+        execute(journal, "wf", "r2", expired)
     assert called == []
     assert journal.client.hlen(keys.effects) == 0
 
@@ -542,7 +542,7 @@ def test_a_receipt_after_a_takeover_is_saved_and_the_run_woken(
         return "sent"
 
     with pytest.raises(LeaseLost, match="lost while effect 'send' ran"):
-        journal.execute("wf", "r1", lambda run: run.effect("send", act, timeout=5))
+        execute(journal, "wf", "r1", lambda run: run.effect("send", act, timeout=5))
     # The claimant knows it acted, and says so: the next holder hands the receipt over.
     assert journal.client.hget(keys.effects, "send:receipt") == b'{"id":7}'
     assert as_bytes(journal.client.hget(keys.effects, "send")).endswith(b":done")
@@ -566,14 +566,14 @@ def test_a_script_answering_an_unknown_status_stops_the_run(
     backend = copy.copy(journal.backend)
     backend.scripts = dataclasses.replace(journal.backend.scripts, renew=foreign)
     lease_with = Lease(keys, backend, TTL_MS)
-    grant = lease_with.acquire(millis(T0))
+    grant = acquire(lease_with, millis(T0))
     with pytest.raises(UnknownScriptStatus, match="script renew returned unknown status"):
         lease_with.renew(grant.holder)
     assert lease_with.release(grant.holder)
 
     journal.backend.scripts = dataclasses.replace(journal.backend.scripts, record=foreign)
     with pytest.raises(UnknownScriptStatus, match="script record returned unknown status"):
-        journal.execute("wf", "r1", lambda run: run.step("a", lambda: "A"))
+        execute(journal, "wf", "r1", lambda run: run.step("a", lambda: "A"))
     assert journal.client.hlen(keys.steps) == 0
 
 
@@ -625,14 +625,34 @@ def test_redis_lost_mid_step_is_store_unavailable_and_fails_nothing(
         return [run.step("a", lambda: "A"), run.step("b", lambda: (cuts and cuts.pop()()) or "B")]
 
     with pytest.raises(StoreUnavailable, match="cannot reach the journal store"):
-        journal.execute("wf", "r1", body)
+        execute(journal, "wf", "r1", body)
     outage.restore()
     meta = journal.meta(keys)
     assert (meta["status"], "last_error" in meta) == ("running", False)
     assert journal.client.hkeys(keys.steps) == [b"a"]
     journal.client.delete(keys.lease)  # it expires: nobody could give it back
-    outcome = journal.execute("wf", "r1", body)
+    outcome = execute(journal, "wf", "r1", body)
     assert (outcome.result, outcome.ran, outcome.replayed) == (["A", "B"], 1, 1)
+
+
+def test_the_store_lost_under_an_applications_own_command_is_store_unavailable_too(
+    outage: Outage, prefix: str
+) -> None:
+    journal = Journal(outage.client, keyspace=Keyspace(prefix), clock=ManualClock(T0))
+    keys = journal.keys("wf", "r1")
+
+    def reads_its_own_key() -> str:
+        outage.cut()
+        return str(outage.client.get(f"{prefix}:the-apps-own-key"))  # not the journal's command
+
+    def body(run: Run) -> str:
+        return run.step("a", reads_its_own_key)
+
+    with pytest.raises(StoreUnavailable, match="cannot reach the journal store"):
+        execute(journal, "wf", "r1", body)
+    outage.restore()
+    meta = journal.meta(keys)
+    assert (meta["status"], "last_error" in meta) == ("running", False)  # not the run's failure
 
 
 def test_a_renewal_that_hits_a_redis_error_is_retried_at_the_next_beat(
@@ -640,7 +660,7 @@ def test_a_renewal_that_hits_a_redis_error_is_retried_at_the_next_beat(
 ) -> None:
     journal = Journal(outage.client, keyspace=Keyspace(prefix), settings=Settings(lease_ttl=0.3))
     held = lease(journal, 300)
-    grant = held.acquire(0)
+    grant = acquire(held, 0)
     heartbeat = Heartbeat(held, grant.holder, grant.confirmed_at).start()
     try:
         outage.cut()
@@ -662,7 +682,7 @@ def test_a_short_lease_added_while_the_beats_sleep_on_a_long_one_is_renewed_in_t
     journal = make_journal()
     slow = Lease(journal.keys("wf", "slow"), journal.backend, 60_000)
     fast = Lease(journal.keys("wf", "fast"), journal.backend, 300)
-    slow_grant, fast_grant = slow.acquire(0), fast.acquire(0)
+    slow_grant, fast_grant = acquire(slow, 0), acquire(fast, 0)
     sleeper = Heartbeat(slow, slow_grant.holder, slow_grant.confirmed_at).start()
     time.sleep(0.05)  # the thread now sleeps until the slow beat is due, 20 s away
     beating = Heartbeat(fast, fast_grant.holder, fast_grant.confirmed_at).start()
@@ -683,7 +703,7 @@ def test_ensure_renews_synchronously_when_the_beat_is_held_back(
 ) -> None:
     journal = make_journal(lease_ttl=0.3)
     held = lease(journal, 300)
-    grant = held.acquire(0)
+    grant = acquire(held, 0)
     # Never started: no beat renews. Each heartbeat is told when the lease was last confirmed.
     fresh = Heartbeat(held, grant.holder, grant.confirmed_at)
     fresh.ensure()  # just confirmed: nothing to ask Redis
@@ -714,7 +734,7 @@ def test_a_lost_lease_is_logged_once_whether_the_boundary_or_the_beat_finds_it(
 ) -> None:
     journal = make_journal(lease_ttl=0.3)
     held = lease(journal, 300)
-    grant = held.acquire(0)
+    grant = acquire(held, 0)
     taken = Heartbeat(held, grant.holder, time.monotonic() - 0.16)  # past half the TTL
     journal.client.set(keys.lease, "2:winner")
 
@@ -737,11 +757,11 @@ def test_a_confirmation_dates_from_before_its_request_not_from_its_late_reply(
         held = lease(journal, 300)
         # Connected, and the scripts loaded on this server, before replies start to lag: a
         # NOSCRIPT retry would cost two more lagging round trips than the one this measures.
-        held.release(held.acquire(0).holder)
+        held.release(acquire(held, 0).holder)
         held.renew("0:none")
         relay.lag = 0.2  # each reply arrives 0.2 s after its request: past half the TTL
         asked = time.monotonic()
-        grant = held.acquire(0)
+        grant = acquire(held, 0)
         assert grant.confirmed_at - asked < 0.1
         heartbeat = Heartbeat(held, grant.holder, grant.confirmed_at)
         heartbeat.ensure()  # the grant is 0.2 s old by the time it arrived: renew now
@@ -763,7 +783,7 @@ def test_the_beat_renews_at_a_third_of_the_ttl_and_stops_when_lost(
 ) -> None:
     journal = make_journal(lease_ttl=0.3)
     held = lease(journal, 300)
-    grant = held.acquire(0)
+    grant = acquire(held, 0)
     heartbeat = Heartbeat(held, grant.holder, grant.confirmed_at)
     heartbeat.start()
     try:

@@ -19,7 +19,7 @@ from journal._redis.backend import Purging
 from journal._schema.keys import RunKeys
 from journal.ops.actions import PURGEABLE
 from tests.conftest import MakeJournal
-from tests.support import as_text
+from tests.support import acquire, as_text, execute
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def failed_run(journal: Journal, run_id: str = "r") -> RunKeys:
         raise RuntimeError("the model refused")
 
     with pytest.raises(RuntimeError, match="the model refused"):
-        journal.execute("wf", run_id, body)
+        execute(journal, "wf", run_id, body)
     keys = journal.keys("wf", run_id)
     assert journal.meta(keys)["status"] == "failed"
     return keys
@@ -68,7 +68,7 @@ def test_a_held_run_is_kept_though_its_meta_is_as_read_and_ended(
 ) -> None:
     keys = failed_run(journal)
     # A delivery takes the lease to start the run again; the purge reads the meta after.
-    Lease(keys, journal.backend, 60_000).acquire(millis(journal.clock.now()))
+    acquire(Lease(keys, journal.backend, 60_000), millis(journal.clock.now()))
     meta = journal.meta(keys)
     assert (meta["status"], store.exists(keys.lease)) == ("failed", 1)
     before = stored(store, keys)
@@ -87,7 +87,7 @@ def test_a_run_updated_since_its_meta_was_read_is_kept(
     keys = failed_run(journal)
     read = journal.meta(keys)
     # Meanwhile a delivery took the lease (writing the run's meta) and its lease lapsed.
-    Lease(keys, journal.backend, 60_000).acquire(int(read["updated_at"]) + 1)
+    acquire(Lease(keys, journal.backend, 60_000), int(read["updated_at"]) + 1)
     store.delete(keys.lease)
     assert journal.meta(keys)["status"] == "failed"  # ended still, unheld: only newer
     before = stored(store, keys)
@@ -110,7 +110,7 @@ def test_a_run_that_has_not_ended_is_kept(journal: Journal, store: redis.Redis) 
         run.sleep("until monday", 3600)
         return "sent"
 
-    assert journal.execute("wf", "r", body).status == "waiting"
+    assert execute(journal, "wf", "r", body).status == "waiting"
     keys = journal.keys("wf", "r")
     meta = journal.meta(keys)
     assert store.exists(keys.lease) == 0  # unheld, unchanged: only its status says no
@@ -132,7 +132,7 @@ def test_a_done_run_goes_with_its_settled_effect_and_leaves_both_indexes(
     def body(run: Run) -> str:
         return run.effect("send", send, timeout=10)
 
-    assert journal.execute("wf", "r", body).status == "done"
+    assert execute(journal, "wf", "r", body).status == "done"
     keys = journal.keys("wf", "r")
     # Its result is a step of a finished run: the claim can stay confirmed, nothing is open.
     assert journal.effect_states(keys) == {"send": "confirmed"}

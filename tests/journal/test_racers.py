@@ -24,7 +24,7 @@ from journal._redis.scripts import Scripts
 from journal._schema.keys import RunKeys
 from journal._schema.records import Record
 from journal.errors import LeaseBusy
-from tests.support import returning
+from tests.support import acquire, execute, returning
 
 RACERS = 20
 TTL_S = 10.0
@@ -78,7 +78,7 @@ def test_threads_sharing_a_run_record_one_value_and_all_get_it_back(journal: Jou
             thread.join(timeout=20)
         return run.step("same", lambda: {"racer": "late"})  # replayed: the stored value
 
-    outcome = journal.execute("wf", "r1", body, on_step=events.append)
+    outcome = execute(journal, "wf", "r1", body, on_step=events.append)
     keys = journal.keys("wf", "r1")
     raw = journal.client.hget(keys.steps, "same")
     assert isinstance(raw, bytes)
@@ -125,8 +125,8 @@ def test_map_threads_replaying_steps_while_one_records_share_the_run_safely(
         return run.map("sum", list(range(8)), one, key=str, concurrency=8)
 
     with pytest.raises(RuntimeError, match="crash"):
-        journal.execute("wf", "r1", first)
-    outcome = journal.execute("wf", "r1", second)
+        execute(journal, "wf", "r1", first)
+    outcome = execute(journal, "wf", "r1", second)
     assert outcome.result == [0, 1] + [sum(parts)] * 6
     assert (outcome.ran, outcome.replayed) == (7, 1 + 6 * len(parts))
     raw = journal.client.hgetall(journal.keys("wf", "r1").steps)
@@ -150,7 +150,7 @@ def test_processes_with_one_holder_record_one_value_and_all_get_it_back(
     journal: Journal, shared_redis_url: str
 ) -> None:
     keys = journal.keys("wf", "r1")
-    grant = Lease(keys, journal.backend, 10_000).acquire(0)
+    grant = acquire(Lease(keys, journal.backend, 10_000), 0)
     journal.client.script_load(journal.backend.scripts.record.script)  # no racer pays a NOSCRIPT
     barrier = PROCESSES.Barrier(RACERS)
     results = PROCESSES.Queue()
@@ -193,7 +193,7 @@ def test_threads_acquiring_one_lease_yield_one_holder_and_busy_others(journal: J
     def racer() -> None:
         barrier.wait(timeout=10)
         try:
-            journal.execute("wf", "r1", body)
+            execute(journal, "wf", "r1", body)
         except LeaseBusy as exc:
             busy.append(exc)
             if len(busy) == RACERS - 1:
@@ -218,7 +218,7 @@ def acquire_in_process(
     journal.meta(journal.keys("wf", "r1"))  # connect before the start line
     barrier.wait(timeout=30)
     try:
-        outcome = journal.execute("wf", "r1", lambda run: release.wait(30) and run.fence)
+        outcome = execute(journal, "wf", "r1", lambda run: release.wait(30) and run.fence)
     except LeaseBusy as exc:
         results.put((i, "busy", exc))
     else:

@@ -19,6 +19,7 @@ from journal._schema.records import Record, decode_journal, ordered
 from journal.errors import CorruptJournal
 from journal.ops.views import inspect_run
 from tests.conftest import MakeJournal
+from tests.support import execute
 
 RUN = "wf:r1"
 FULL = {
@@ -111,7 +112,7 @@ def test_inspection_shows_each_kind_and_group_as_recorded(make_journal: MakeJour
         run.version("v", 2)
         return run.map("m", ["x"], lambda item: item, key=str)
 
-    journal.execute("wf", "r1", body)
+    execute(journal, "wf", "r1", body)
     steps = inspect_run(journal, "wf", "r1").steps
     assert [(s.key, s.kind, s.group, s.seq) for s in steps] == [
         ("now:t", "now", None, 1),
@@ -132,7 +133,7 @@ def test_replay_refuses_a_record_without_its_result_or_seq_naming_run_and_step(
     journal = make_journal()
     journal.client.hset(journal.keys("wf", "r1").steps, "a", orjson.dumps(stored))
     with pytest.raises(CorruptJournal) as caught:
-        journal.execute("wf", "r1", lambda run: run.step("a", lambda: 1))
+        execute(journal, "wf", "r1", lambda run: run.step("a", lambda: 1))
     assert (caught.value.run, caught.value.field, caught.value.detail) == (
         RUN,
         "a",
@@ -152,7 +153,7 @@ def test_a_corrupt_record_met_by_a_map_or_a_helper_names_run_and_step(
     for key, body in readers.items():
         journal.client.hset(steps, key, b'{"seq": 1}')
         with pytest.raises(CorruptJournal) as caught:
-            journal.execute("wf", "r1", body)
+            execute(journal, "wf", "r1", body)
         assert (caught.value.run, caught.value.field) == (RUN, key)
         journal.client.hdel(steps, key)
         journal.client.hdel(journal.keys("wf", "r1").meta, "status")

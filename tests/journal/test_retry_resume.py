@@ -10,9 +10,9 @@ Each failed attempt counts one ``retry`` event. Found by mutation testing (docs/
 from __future__ import annotations
 
 from journal import ManualClock, RetryPolicy, Run, StepEvent
-from journal._waits import Wait
+from journal._schema.meta import Wait
 from tests.conftest import MakeJournal
-from tests.support import recorded_events
+from tests.support import execute, recorded_events
 
 T0 = 1_800_000_000.0
 
@@ -53,7 +53,7 @@ def test_a_retry_wait_is_kept_early_ended_on_time_and_counts_every_attempt(
         return run.step("call", flaky, retry=POLICY)
 
     def deliver() -> tuple[str, Wait | None]:
-        outcome = journal.execute("wf", "r1", body, on_step=events.append)
+        outcome = execute(journal, "wf", "r1", body, on_step=events.append)
         return outcome.status, outcome.wait
 
     first_wait = Wait("retry", "call", until=T0 + 60, attempt=1, reason="429")
@@ -89,10 +89,10 @@ def test_a_retry_wait_of_one_step_does_not_resume_another(make_journal: MakeJour
         run.step("first", lambda: "ok")
         return run.step("call", flaky, retry=POLICY)
 
-    journal.execute("wf", "r1", body)
+    execute(journal, "wf", "r1", body)
     journal.client.hdel(journal.keys("wf", "r1").steps, "first")  # as if it had not recorded
     clock.advance(60)
-    outcome = journal.execute("wf", "r1", body, on_step=events.append)
+    outcome = execute(journal, "wf", "r1", body, on_step=events.append)
     assert outcome.status == "done"
     assert events == [StepEvent("first", False, "step", 1), StepEvent("call", False, "step", 2)]
 
@@ -109,6 +109,6 @@ def test_a_back_off_of_exactly_suspend_over_blocks_instead_of_suspending(
         retry_after=lambda error: 10.0,
         suspend_over=10.0,
     )
-    outcome = journal.execute("wf", "r1", lambda run: run.step("call", flaky, retry=policy))
+    outcome = execute(journal, "wf", "r1", lambda run: run.step("call", flaky, retry=policy))
     assert (outcome.status, outcome.result, flaky.calls) == ("done", "answer", 2)
     assert clock.slept == [10.0]

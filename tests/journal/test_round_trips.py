@@ -21,7 +21,7 @@ import redis
 
 from journal import Journal, Keyspace, Run
 from journal._redis.scripts import Client
-from tests.support import returning
+from tests.support import execute, returning
 
 STEPS = 10
 
@@ -84,19 +84,19 @@ def steps(count: int) -> Callable[[Run], str]:
 @pytest.fixture
 def journal(own_client: redis.Redis, prefix: str) -> Journal:
     journal = Journal(own_client, keyspace=Keyspace(prefix))
-    journal.execute("wf", "warm-up", steps(1))  # a warm process: its scripts are loaded
+    execute(journal, "wf", "warm-up", steps(1))  # a warm process: its scripts are loaded
     return journal
 
 
 def test_a_run_of_new_steps_costs_one_round_trip_per_step_plus_two(journal: Journal) -> None:
-    sent = round_trips(journal.client, lambda: journal.execute("wf", "r1", steps(STEPS)))
+    sent = round_trips(journal.client, lambda: execute(journal, "wf", "r1", steps(STEPS)))
     assert len(sent) == STEPS + 2, sent
     assert [command.split()[0] for command in sent] == ["EVALSHA"] * (STEPS + 2)
 
 
 def test_a_delivery_is_counted_in_the_opening_round_trip(journal: Journal) -> None:
     def deliver() -> None:
-        journal.execute("wf", "r1", steps(STEPS), args={"to": "a@b"}, delivered=True)
+        execute(journal, "wf", "r1", steps(STEPS), args={"to": "a@b"}, delivered=True)
 
     assert len(round_trips(journal.client, deliver)) == STEPS + 2
     assert journal.meta(journal.keys("wf", "r1"))["deliveries"] == "1"
@@ -107,14 +107,31 @@ def test_a_resumed_run_replays_in_its_opening_round_trip(journal: Journal) -> No
         steps(STEPS)(run)
         run.sleep("nap", 0.05)
 
-    assert journal.execute("wf", "r1", napper).status == "waiting"
+    assert execute(journal, "wf", "r1", napper).status == "waiting"
     journal.clock.sleep(0.06)
-    resumed = lambda: journal.execute("wf", "r1", napper)  # noqa: E731
+    resumed = lambda: execute(journal, "wf", "r1", napper)  # noqa: E731
     sent = round_trips(journal.client, resumed)
     assert len(sent) == 2, sent  # open (the journal comes with it) and close: nothing recorded
 
 
 def test_a_finished_run_costs_one_round_trip(journal: Journal) -> None:
-    journal.execute("wf", "r1", steps(STEPS))
-    sent = round_trips(journal.client, lambda: journal.execute("wf", "r1", steps(STEPS)))
+    execute(journal, "wf", "r1", steps(STEPS))
+    sent = round_trips(journal.client, lambda: execute(journal, "wf", "r1", steps(STEPS)))
     assert len(sent) == 1, sent
+
+
+def test_a_new_process_on_a_server_without_the_scripts_loads_them_in_one_round_trip(
+    own_client: redis.Redis, prefix: str
+) -> None:
+    own_client.script_flush()  # this suite's own server: a restart, or a failover, forgets them
+
+    def first_run() -> None:
+        journal = Journal(own_client, keyspace=Keyspace(prefix))
+        execute(journal, "wf", "r1", steps(STEPS))
+
+    sent = round_trips(own_client, first_run)
+    # The first script misses, every script is loaded in one transaction and the first is sent
+    # again: two round trips once, then the warm run's S + 2, with no EVAL of a source.
+    assert len(sent) == STEPS + 4, sent
+    assert sent[0].startswith("EVALSHA") and sent[1] == "MULTI" and sent[2].startswith("EVALSHA")
+    assert not any(command.startswith("EVAL ") for command in sent)

@@ -11,6 +11,7 @@ from redis.crc import key_slot
 from journal import Journal, Run
 from journal.errors import InvalidRunId
 from tests.conftest import MakeJournal
+from tests.support import execute
 
 INVALID = {
     "": "it is empty",
@@ -38,7 +39,7 @@ def keys_under(store: redis.Redis, prefix: str) -> list[bytes]:
 def every_entry_point(journal: Journal, run_id: str) -> list[str]:
     """Call each public operation that takes a run id; return the ones that did not refuse."""
     calls: dict[str, Callable[[], object]] = {
-        "execute": lambda: journal.execute("digest", run_id, lambda run: run.step("x", int)),
+        "execute": lambda: execute(journal, "digest", run_id, lambda run: run.step("x", int)),
         "keys": lambda: journal.keys("digest", run_id),
         "reset": lambda: journal.reset("digest", run_id),
         "delete": lambda: journal.delete("digest", run_id),
@@ -68,7 +69,7 @@ def test_the_refusal_is_one_line_naming_the_problem(make_journal: MakeJournal, r
     journal = make_journal()
     body_ran: list[Run] = []
     with pytest.raises(InvalidRunId) as info:
-        journal.execute("digest", run_id, body_ran.append)
+        execute(journal, "digest", run_id, body_ran.append)
     message = str(info.value)
     assert body_ran == []
     assert "\n" not in message
@@ -81,7 +82,7 @@ def test_the_refusal_is_one_line_naming_the_problem(make_journal: MakeJournal, r
 def test_a_non_string_run_id_is_refused_too(make_journal: MakeJournal) -> None:
     with pytest.raises(InvalidRunId, match="it must be a string"):
         # The wrong type is the point: callers without a type checker pass anything.
-        make_journal().execute("digest", 2026, lambda run: None)  # type: ignore[arg-type]
+        execute(make_journal(), "digest", 2026, lambda run: None)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("run_id", VALID, ids=lambda r: r if len(r) < 20 else f"{len(r)} chars")
@@ -89,7 +90,7 @@ def test_a_valid_run_id_is_accepted_and_keyed_by_itself(
     make_journal: MakeJournal, store: redis.Redis, prefix: str, run_id: str
 ) -> None:
     journal = make_journal()
-    outcome = journal.execute("digest", run_id, lambda run: run.step("x", lambda: run.run_id))
+    outcome = execute(journal, "digest", run_id, lambda run: run.step("x", lambda: run.run_id))
     assert (outcome.status, outcome.result, outcome.run) == ("done", run_id, f"digest:{run_id}")
     assert store.hget(f"{prefix}:{{digest:{run_id}}}:steps", "x") is not None
 
@@ -114,7 +115,7 @@ def test_every_key_a_run_creates_shares_its_hash_tag_and_slot(
         seen.update(keys_under(store, prefix))  # lease and fence exist only while running
         return result
 
-    journal.execute("digest", "2026-w42", body)
+    execute(journal, "digest", "2026-w42", body)
     journal.send_signal("digest", "2026-w42", "approve", {"by": "ops"})
     seen.update(keys_under(store, prefix))
     indexes = {f"{prefix}:runs", f"{prefix}:due"}

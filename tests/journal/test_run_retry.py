@@ -8,7 +8,7 @@ succeeds or the retry deadline passes and it is failed for good, logged at ERROR
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import pytest
 
@@ -18,6 +18,7 @@ from journal._delivery import STREAK
 from journal.errors import GaveUp, RetryScheduled
 from journal.ops.views import inspect_run
 from tests.conftest import MakeJournal
+from tests.support import execute, only_index
 
 T0 = 1_800_000_000.0
 
@@ -53,13 +54,13 @@ def flaky(fails: list[BaseException], ran: list[str]) -> Callable[[Run], str]:
     return body
 
 
-def streak(meta: dict[str, str]) -> dict[str, str]:
+def streak(meta: Mapping[str, str]) -> dict[str, str]:
     """The meta fields that record a streak of transient failures."""
     return {name: value for name, value in meta.items() if name in STREAK}
 
 
 def due_at(journal: Journal, run: str = "wf:r1") -> float | None:
-    score = journal.client.zscore(journal.keyspace.due, run)
+    score = journal.client.zscore(only_index(journal).due, run)
     return None if score is None else score / 1000
 
 
@@ -72,7 +73,7 @@ def test_a_transient_failure_stays_due_and_the_sweep_retries_it(
     body = flaky([Outage("the model API is down")], ran)
 
     with pytest.raises(RetryScheduled) as caught:
-        journal.execute("wf", "r1", body)
+        execute(journal, "wf", "r1", body)
 
     scheduled = caught.value
     assert isinstance(scheduled.__cause__, Outage)
@@ -99,7 +100,7 @@ def test_a_transient_failure_stays_due_and_the_sweep_retries_it(
     clock.advance(0.001)
     assert [keys.run for keys in journal.claim_due()] == ["wf:r1"]
 
-    outcome = journal.execute("wf", "r1", body)
+    outcome = execute(journal, "wf", "r1", body)
     assert (outcome.status, outcome.result, outcome.replayed) == ("done", "sent", 1)
     assert ran == ["first", "second", "second"]  # the recorded step is not run again
     view = inspect_run(journal, "wf", "r1")
@@ -118,7 +119,7 @@ def test_the_back_off_doubles_up_to_its_cap(make_journal: MakeJournal) -> None:
     ceilings = []
     for _ in range(9):
         with pytest.raises(RetryScheduled) as caught:
-            journal.execute("wf", "r1", body)
+            execute(journal, "wf", "r1", body)
         waited = caught.value.retry_at - clock.now()
         ceiling = next(c for c in (60, 120, 240, 480, 960, 1920, 3600) if waited <= c)
         assert waited >= ceiling * 0.9
@@ -138,7 +139,7 @@ def test_after_the_deadline_the_run_is_failed_for_good(make_journal: MakeJournal
     retries = []
     while True:
         try:
-            journal.execute("wf", "r1", body)
+            execute(journal, "wf", "r1", body)
         except RetryScheduled as scheduled:
             retries.append(scheduled.retry_at)
             clock.advance(scheduled.retry_at - clock.now())
@@ -176,14 +177,14 @@ def test_a_deliberate_start_after_giving_up_earns_a_new_retry_window(
     journal: Journal = make_journal(clock=clock, run_retry=retrying(give_up_after=60))
     body = flaky([Outage("a"), Outage("b"), Outage("c")], [])
     with pytest.raises(RetryScheduled):
-        journal.execute("wf", "r1", body)
+        execute(journal, "wf", "r1", body)
     clock.advance(60)
     with pytest.raises(GaveUp):
-        journal.execute("wf", "r1", body)
+        execute(journal, "wf", "r1", body)
 
     clock.advance(3600)
     with pytest.raises(RetryScheduled) as caught:
-        journal.execute("wf", "r1", body)
+        execute(journal, "wf", "r1", body)
 
     assert caught.value.give_up_at == clock.now() + 60
     view = inspect_run(journal, "wf", "r1")
@@ -208,7 +209,7 @@ def test_any_other_failure_is_final_at_once(
     journal: Journal = make_journal(clock=clock, run_retry=run_retry)
 
     with pytest.raises(type(failure)):
-        journal.execute("wf", "r1", flaky([failure], []))
+        execute(journal, "wf", "r1", flaky([failure], []))
 
     view = inspect_run(journal, "wf", "r1")
     assert view.status == "failed"
@@ -222,11 +223,11 @@ def test_a_final_failure_ends_a_streak(make_journal: MakeJournal) -> None:
     journal: Journal = make_journal(clock=clock, run_retry=retrying())
     body = flaky([Outage("down"), Refused("out of credit")], [])
     with pytest.raises(RetryScheduled):
-        journal.execute("wf", "r1", body)
+        execute(journal, "wf", "r1", body)
     clock.advance(60)
 
     with pytest.raises(Refused):
-        journal.execute("wf", "r1", body)
+        execute(journal, "wf", "r1", body)
 
     view = inspect_run(journal, "wf", "r1")
     assert (view.status, streak(view.meta)) == ("failed", {})
@@ -246,8 +247,8 @@ def test_a_retrying_run_started_early_runs_and_shows_running(make_journal: MakeJ
         return "sent"
 
     with pytest.raises(RetryScheduled):
-        journal.execute("wf", "r1", body)
-    assert journal.execute("wf", "r1", body).status == "done"  # a manual start, before its time
+        execute(journal, "wf", "r1", body)
+    assert execute(journal, "wf", "r1", body).status == "done"  # a manual start, before its time
 
     assert seen == [("running", None), ("running", None)]
 

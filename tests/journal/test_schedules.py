@@ -1,6 +1,6 @@
 """The real journal under generated schedules: Hypothesis interleaves simulated workers.
 
-The model check (test_model.py) proves the protocol; this runs the real scripts and the real
+The SPIN check (test_spin.py) proves the protocol; this runs the real scripts and the real
 Python around them. Each simulated worker walks the phases ``Journal.execute`` walks (meta
 read and acquire, announce and open, step ``s0``, step ``s1``, the fenced effect ``send``,
 finish), one phase per rule, so any worker may be paused between any two phases while others

@@ -29,7 +29,7 @@ from journal._redis.backend import (
 from journal._schema.keys import RunKeys
 from journal.errors import CorruptJournal
 from tests.conftest import MakeJournal
-from tests.support import as_text
+from tests.support import acquire, as_text, execute
 
 LIVE = 9_999_999_999_999  # a deadline no test outlives
 PAST = 1  # a deadline long gone
@@ -52,7 +52,7 @@ def hash_of(store: redis.Redis, key: str) -> dict[str, str]:
 
 def take(journal: Journal, keys: RunKeys) -> Grant:
     """The lease, taken alone by a new holder (with the next fence)."""
-    return Lease(keys, journal.backend, 60_000).acquire(1000)
+    return acquire(Lease(keys, journal.backend, 60_000), 1000)
 
 
 def test_a_close_that_only_deletes_fields_deletes_them_and_gives_the_lease_back(
@@ -93,7 +93,7 @@ def test_a_delivery_counter_that_is_not_an_integer_is_refused_before_anything_st
     ran: list[str] = []
 
     with pytest.raises(CorruptJournal) as refused:
-        journal.execute("wf", "r", lambda run: ran.append("body"), delivered=True)
+        execute(journal, "wf", "r", lambda run: ran.append("body"), delivered=True)
 
     assert refused.value.field == "meta.deliveries"
     assert ran == []

@@ -13,6 +13,7 @@ import pytest
 
 from journal import Journal, Keyspace, ManualClock, Run
 from journal.ops.views import list_runs
+from tests.support import execute
 
 T0 = 1_800_000_000.0
 
@@ -24,7 +25,6 @@ def test_one_shard_on_one_server_keeps_the_layout_it_always_had() -> None:
     assert keys.steps == "journal:{digest:2026-w42}:steps"
     assert keys.lease == "journal:{digest:2026-w42}:lease"
     assert (keys.index.runs, keys.index.due) == ("journal:runs", "journal:due")
-    assert (keyspace.runs, keyspace.due) == ("journal:runs", "journal:due")
     assert [(i.runs, i.due) for i in keyspace.indexes()] == [("journal:runs", "journal:due")]
 
 
@@ -38,8 +38,6 @@ def test_a_sharded_run_carries_its_shards_hash_tag_as_its_indexes_do(keyspace: K
     assert (keys.index.runs, keys.index.due) == (f"{tag}:runs", f"{tag}:due")
     assert keys.index in keyspace.indexes()
     assert keyspace.parse_run("digest:2026-w42") == keys
-    with pytest.raises(ValueError, match="sharded"):
-        keyspace.due  # noqa: B018 - a sharded keyspace has no one due index
 
 
 def test_runs_spread_over_every_shard_and_stay_where_they_were_put() -> None:
@@ -66,7 +64,7 @@ def test_sharded_on_one_server_the_sweep_and_the_listing_see_every_shard() -> No
 
     runs = [f"r{n}" for n in range(20)]
     for run_id in runs:
-        journal.execute("wf", run_id, napper)
+        execute(journal, "wf", run_id, napper)
         clock.advance(1)
     assert len({journal.keys("wf", run_id).shard for run_id in runs}) == 4
     assert [row.run_id for row in list_runs(journal)] == runs[::-1]
@@ -75,5 +73,5 @@ def test_sharded_on_one_server_the_sweep_and_the_listing_see_every_shard() -> No
     assert Counter(keys.run_id for keys in claimed) == Counter(runs)
     assert journal.claim_due() == []
     for keys in claimed:
-        assert journal.execute("wf", keys.run_id, napper).status == "done"
+        assert execute(journal, "wf", keys.run_id, napper).status == "done"
     assert {row.state for row in list_runs(journal)} == {"done"}

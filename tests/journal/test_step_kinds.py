@@ -19,7 +19,7 @@ from journal._clock import millis
 from journal._lease import Lease
 from journal.errors import CorruptJournal, Fenced, LeaseLost, UnserializableResult
 from tests.conftest import MakeJournal
-from tests.support import recorded_events
+from tests.support import acquire, execute, recorded_events
 
 T0 = 1_800_000_000.0
 
@@ -66,13 +66,13 @@ def test_each_helper_reports_its_own_key_and_kind_when_it_runs_and_when_it_repla
     journal = make_journal(clock=ManualClock(T0))
     journal.send_signal("wf", "r1", "go", {"ok": 1})
     first_events: list[StepEvent] = []
-    first = journal.execute(
-        "wf", "r1", lambda run: summary(helpers(run)), on_step=first_events.append
+    first = execute(
+        journal, "wf", "r1", lambda run: summary(helpers(run)), on_step=first_events.append
     )
     rerun(journal)
     again_events: list[StepEvent] = []
-    again = journal.execute(
-        "wf", "r1", lambda run: summary(helpers(run)), on_step=again_events.append
+    again = execute(
+        journal, "wf", "r1", lambda run: summary(helpers(run)), on_step=again_events.append
     )
 
     assert first.result == [T0, 36, 2, False, None, True, {"ok": 1}]
@@ -88,7 +88,7 @@ def test_each_helper_stores_its_kind_and_a_timed_out_wait_stores_no_payload(
 ) -> None:
     journal = make_journal(clock=ManualClock(T0))
     journal.send_signal("wf", "r1", "go", {"ok": 1})
-    journal.execute("wf", "r1", helpers)
+    execute(journal, "wf", "r1", helpers)
     raw = cast(dict[bytes, bytes], journal.client.hgetall(journal.keys("wf", "r1").steps))
     stored = {key.decode(): orjson.loads(value) for key, value in raw.items()}
     assert {key: record["kind"] for key, record in stored.items()} == dict(HELPERS)
@@ -101,7 +101,7 @@ def test_each_helper_stores_its_kind_and_a_timed_out_wait_stores_no_payload(
 def test_a_step_after_replayed_helpers_is_new_and_runs_once(make_journal: MakeJournal) -> None:
     journal = make_journal(clock=ManualClock(T0))
     journal.send_signal("wf", "r1", "go", {"ok": 1})
-    journal.execute("wf", "r1", helpers)
+    execute(journal, "wf", "r1", helpers)
     rerun(journal)
     calls: list[str] = []
 
@@ -113,7 +113,7 @@ def test_a_step_after_replayed_helpers_is_new_and_runs_once(make_journal: MakeJo
         helpers(run)
         return run.step("after", after)
 
-    outcome = journal.execute("wf", "r1", more)
+    outcome = execute(journal, "wf", "r1", more)
     assert (outcome.status, outcome.result, calls) == ("done", "new", ["after"])
     assert (outcome.ran, outcome.replayed) == (1, 8)
 
@@ -127,7 +127,7 @@ def test_a_map_item_left_over_from_an_earlier_attempt_is_not_drift_for_the_new_i
     must not see it as older history: no ReplayMismatch, and the gate records the new version.
     """
     journal = make_journal(clock=ManualClock(T0))
-    journal.execute("wf", "r1", lambda run: run.map("m", ["a", "b"], str.upper, key=str))
+    execute(journal, "wf", "r1", lambda run: run.map("m", ["a", "b"], str.upper, key=str))
     rerun(journal)
 
     def body(run: Run) -> list[Any]:
@@ -136,7 +136,7 @@ def test_a_map_item_left_over_from_an_earlier_attempt_is_not_drift_for_the_new_i
 
         return run.map("m", ["a", "c"], item, key=str)
 
-    outcome = journal.execute("wf", "r1", body)
+    outcome = execute(journal, "wf", "r1", body)
     assert outcome.status == "done"
     assert outcome.result == ["A", [2, "c"]]
     assert (outcome.ran, outcome.replayed) == (3, 1)
@@ -146,11 +146,11 @@ def test_a_corrupt_record_met_by_the_drift_check_is_named_by_run_and_step(
     make_journal: MakeJournal,
 ) -> None:
     journal = make_journal(clock=ManualClock(T0))
-    journal.execute("wf", "r1", lambda run: run.step("a", lambda: 1))
+    execute(journal, "wf", "r1", lambda run: run.step("a", lambda: 1))
     rerun(journal)
     journal.client.hset(journal.keys("wf", "r1").steps, "a", b"{")
     with pytest.raises(CorruptJournal) as caught:
-        journal.execute("wf", "r1", lambda run: run.step("b", lambda: 2))
+        execute(journal, "wf", "r1", lambda run: run.step("b", lambda: 2))
     assert (caught.value.run, caught.value.field) == ("wf:r1", "a")
     assert caught.value.detail.startswith("not valid JSON: ")
 
@@ -167,8 +167,8 @@ def test_an_effect_records_its_kind_its_single_attempt_and_when_it_started(
         return "sent"
 
     first: list[StepEvent] = []
-    journal.execute(
-        "wf", "r1", lambda run: run.effect("send", send, timeout=60), on_step=first.append
+    execute(
+        journal, "wf", "r1", lambda run: run.effect("send", send, timeout=60), on_step=first.append
     )
     raw = journal.client.hget(journal.keys("wf", "r1").steps, "send")
     assert raw is not None
@@ -177,8 +177,8 @@ def test_an_effect_records_its_kind_its_single_attempt_and_when_it_started(
     assert (stored["started_at"], stored["finished_at"]) == (millis(T0), millis(T0 + 2))
     rerun(journal)
     again: list[StepEvent] = []
-    outcome = journal.execute(
-        "wf", "r1", lambda run: run.effect("send", send, timeout=60), on_step=again.append
+    outcome = execute(
+        journal, "wf", "r1", lambda run: run.effect("send", send, timeout=60), on_step=again.append
     )
     assert outcome.result == "sent"
     assert (first, again) == (
@@ -194,8 +194,8 @@ def test_a_record_from_before_kinds_and_attempts_replays_as_a_first_attempt_step
     older = {"result": "A", "seq": 1, "fence": 1, "started_at": 0, "finished_at": 0}
     journal.client.hset(journal.keys("wf", "r1").steps, "a", orjson.dumps(older))
     events: list[StepEvent] = []
-    outcome = journal.execute(
-        "wf", "r1", lambda run: run.step("a", lambda: "B"), on_step=events.append
+    outcome = execute(
+        journal, "wf", "r1", lambda run: run.step("a", lambda: "B"), on_step=events.append
     )
     assert outcome.result == "A"
     assert events == [StepEvent("a", True, "step", 1)]
@@ -206,7 +206,7 @@ def test_a_result_json_cannot_hold_is_refused_naming_run_and_step(
 ) -> None:
     journal = make_journal()
     with pytest.raises(UnserializableResult) as caught:
-        journal.execute("wf", "r1", lambda run: run.step("a", object))
+        execute(journal, "wf", "r1", lambda run: run.step("a", object))
     assert (caught.value.run, caught.value.step) == ("wf:r1", "a")
     assert caught.value.detail == "Type is not JSON serializable: object"
 
@@ -222,7 +222,7 @@ def test_a_record_refused_for_an_expired_or_moved_lease_names_the_run(
         return run.step("a", lambda: 1)
 
     with pytest.raises(LeaseLost) as lost:
-        journal.execute("wf", "r1", expired)
+        execute(journal, "wf", "r1", expired)
     assert (lost.value.run, lost.value.detail) == (
         "wf:r1",
         "the lease expired before 'a' could be recorded",
@@ -230,14 +230,14 @@ def test_a_record_refused_for_an_expired_or_moved_lease_names_the_run(
 
     def moved(run: Run) -> int:
         journal.client.delete(lease_key)
-        taker = Lease(journal.keys("wf", "r1"), journal.backend, 60_000).acquire(0)
+        taker = acquire(Lease(journal.keys("wf", "r1"), journal.backend, 60_000), 0)
         moved_to.append(taker.holder)
         return run.step("b", lambda: 2)
 
     moved_to: list[str] = []
     journal.client.hdel(journal.keys("wf", "r1").meta, "status")
     with recorded_events() as events, pytest.raises(Fenced) as fenced:
-        journal.execute("wf", "r1", moved)
+        execute(journal, "wf", "r1", moved)
     assert (fenced.value.run, fenced.value.detail) == (
         "wf:r1",
         f"'b' refused: the run is now held by {moved_to[0]}",

@@ -23,7 +23,7 @@ from journal.errors import (
     UnserializableResult,
 )
 from tests.conftest import MakeJournal
-from tests.support import as_bytes, as_text, wait_until
+from tests.support import as_bytes, as_text, execute, only_index, wait_until
 
 
 def test_a_step_runs_once_and_a_later_attempt_replays_it(make_journal: MakeJournal) -> None:
@@ -33,10 +33,10 @@ def test_a_step_runs_once_and_a_later_attempt_replays_it(make_journal: MakeJourn
     def body(run: Run) -> int:
         return run.step("x", lambda: calls.append(1) or len(calls))
 
-    first = journal.execute("wf", "r1", body)
+    first = execute(journal, "wf", "r1", body)
     journal.client.hdel(journal.keys("wf", "r1").meta, "status")  # force a second execution
     events: list[StepEvent] = []
-    second = journal.execute("wf", "r1", body, on_step=events.append)
+    second = execute(journal, "wf", "r1", body, on_step=events.append)
     assert (first.result, second.result) == (1, 1)
     assert len(calls) == 1
     assert events == [StepEvent("x", True, "step", 1)]
@@ -46,8 +46,8 @@ def test_a_step_runs_once_and_a_later_attempt_replays_it(make_journal: MakeJourn
 def test_a_finished_run_is_already_done_and_does_not_run(make_journal: MakeJournal) -> None:
     journal = make_journal()
     calls: list[int] = []
-    journal.execute("wf", "r1", lambda run: run.step("x", lambda: calls.append(1) or "v"))
-    again = journal.execute("wf", "r1", lambda run: run.step("x", lambda: calls.append(1) or "w"))
+    execute(journal, "wf", "r1", lambda run: run.step("x", lambda: calls.append(1) or "v"))
+    again = execute(journal, "wf", "r1", lambda run: run.step("x", lambda: calls.append(1) or "w"))
     assert again.status == "already-done"
     assert again.result == "v"
     assert calls == [1]
@@ -55,7 +55,7 @@ def test_a_finished_run_is_already_done_and_does_not_run(make_journal: MakeJourn
 
 def test_the_record_holds_seq_attempt_fence_and_times(make_journal: MakeJournal) -> None:
     journal = make_journal(clock=ManualClock(1000.0))
-    journal.execute("wf", "r1", lambda run: [run.step("a", lambda: 1), run.step("b", lambda: 2)])
+    execute(journal, "wf", "r1", lambda run: [run.step("a", lambda: 1), run.step("b", lambda: 2)])
     raw = journal.client.hgetall(journal.keys("wf", "r1").steps)
     import orjson
 
@@ -95,9 +95,9 @@ def test_crash_mid_run_resumes_without_repeating_finished_steps(make_journal: Ma
         return run_body
 
     with pytest.raises(Crash):
-        journal.execute("wf", "r1", body(True))
+        execute(journal, "wf", "r1", body(True))
     assert journal.meta(journal.keys("wf", "r1"))["status"] == "failed"
-    outcome = journal.execute("wf", "r1", body(False))
+    outcome = execute(journal, "wf", "r1", body(False))
     assert outcome.result == ["A", "B", "C"]
     assert calls == ["a", "b", "c"]
     assert (outcome.ran, outcome.replayed) == (1, 2)
@@ -108,7 +108,7 @@ def test_non_json_result_is_refused_at_record_time_naming_the_step(
 ) -> None:
     journal = make_journal()
     with pytest.raises(UnserializableResult, match="'bad'"):
-        journal.execute("wf", "r1", lambda run: run.step("bad", lambda: {1, 2}))
+        execute(journal, "wf", "r1", lambda run: run.step("bad", lambda: {1, 2}))
     assert journal.client.hlen(journal.keys("wf", "r1").steps) == 0
 
 
@@ -117,7 +117,7 @@ def test_corrupt_field_raises_naming_run_and_field(make_journal: MakeJournal) ->
     keys = journal.keys("wf", "r1")
     journal.client.hset(keys.steps, "summarize:i1", b'{"result": "half')
     with pytest.raises(CorruptJournal) as info:
-        journal.execute("wf", "r1", lambda run: run.step("summarize:i1", lambda: "again"))
+        execute(journal, "wf", "r1", lambda run: run.step("summarize:i1", lambda: "again"))
     assert info.value.run == "wf:r1" and info.value.field == "summarize:i1"
     assert journal.client.hget(keys.steps, "summarize:i1") == b'{"result": "half'
 
@@ -126,7 +126,7 @@ def test_a_record_missing_fields_is_corrupt_too(make_journal: MakeJournal) -> No
     journal = make_journal()
     journal.client.hset(journal.keys("wf", "r1").steps, "x", b'{"result": 1}')
     with pytest.raises(CorruptJournal, match="'x'"):
-        journal.execute("wf", "r1", lambda run: run.step("x", lambda: 2))
+        execute(journal, "wf", "r1", lambda run: run.step("x", lambda: 2))
 
 
 def test_drift_inserting_a_step_before_recorded_ones(make_journal: MakeJournal) -> None:
@@ -139,7 +139,7 @@ def test_drift_inserting_a_step_before_recorded_ones(make_journal: MakeJournal) 
         raise RuntimeError("stop before done")
 
     with pytest.raises(RuntimeError):
-        journal.execute("wf", "r1", v1)
+        execute(journal, "wf", "r1", v1)
 
     def v2(run: Run) -> None:
         run.step("select", lambda: 1)
@@ -147,7 +147,7 @@ def test_drift_inserting_a_step_before_recorded_ones(make_journal: MakeJournal) 
         run.step("compose", lambda: 2)
 
     with pytest.raises(ReplayMismatch) as info:
-        journal.execute("wf", "r1", v2)
+        execute(journal, "wf", "r1", v2)
     assert (info.value.recorded, info.value.requested) == ("compose", "enrich")
     assert "compose" in str(info.value) and "enrich" in str(info.value)
     assert journal.client.hexists(keys.steps, "enrich") == 0
@@ -161,9 +161,9 @@ def test_appending_a_step_after_recorded_ones_is_not_drift(make_journal: MakeJou
         raise RuntimeError("crash")
 
     with pytest.raises(RuntimeError):
-        journal.execute("wf", "r1", v1)
-    outcome = journal.execute(
-        "wf", "r1", lambda run: [run.step("a", lambda: 9), run.step("b", lambda: 2)]
+        execute(journal, "wf", "r1", v1)
+    outcome = execute(
+        journal, "wf", "r1", lambda run: [run.step("a", lambda: 9), run.step("b", lambda: 2)]
     )
     assert outcome.result == [1, 2]
 
@@ -189,10 +189,10 @@ def test_map_records_each_item_and_a_resumed_map_runs_only_the_rest(
         return out
 
     with pytest.raises(RuntimeError, match="boom"):
-        journal.execute("wf", "r1", body)
+        execute(journal, "wf", "r1", body)
     assert calls == list("abcd")  # e and f were never started
     calls.extend(["x"] * 10)  # let d succeed now
-    outcome = journal.execute("wf", "r1", body)
+    outcome = execute(journal, "wf", "r1", body)
     assert outcome.result == ["aa", "bb", "cc", "dd", "ee", "ff"]
     assert calls[-3:] == ["d", "e", "f"]
 
@@ -213,8 +213,8 @@ def test_map_runs_n_at_a_time(make_journal: MakeJournal) -> None:
             running -= 1
         return item
 
-    outcome = journal.execute(
-        "wf", "r1", lambda run: run.map("m", list(range(9)), work, key=str, concurrency=3)
+    outcome = execute(
+        journal, "wf", "r1", lambda run: run.map("m", list(range(9)), work, key=str, concurrency=3)
     )
     assert outcome.result == list(range(9))
     assert peak == 3
@@ -247,7 +247,8 @@ def test_map_records_each_answer_at_once_and_reports_in_item_order(
         # What a crash at this point would leave behind: the journal at the report.
         seen.append((event.key, sorted(as_text(k) for k in journal.client.hkeys(keys.steps))))
 
-    outcome = journal.execute(
+    outcome = execute(
+        journal,
         "wf",
         "r1",
         lambda run: run.map("s", ["a", "b", "c"], call, key=str, concurrency=3),
@@ -274,7 +275,8 @@ def test_a_failed_map_item_does_not_hold_back_the_items_after_it(make_journal: M
         return item
 
     with pytest.raises(RuntimeError, match="boom on a"):
-        journal.execute(
+        execute(
+            journal,
             "wf",
             "r1",
             lambda run: run.map("s", ["a", "b", "c"], call, key=str, concurrency=3),
@@ -282,7 +284,8 @@ def test_a_failed_map_item_does_not_hold_back_the_items_after_it(make_journal: M
         )
     assert events == ["s:b", "s:c"]
     resumed: list[tuple[str, bool]] = []
-    outcome = journal.execute(
+    outcome = execute(
+        journal,
         "wf",
         "r1",
         lambda run: run.map("s", ["a", "b", "c"], str.upper, key=str, concurrency=3),
@@ -302,9 +305,10 @@ def test_map_group_may_complete_in_any_order_without_drift(make_journal: MakeJou
         raise RuntimeError("crash before compose")
 
     with pytest.raises(RuntimeError):
-        journal.execute("wf", "r1", first)
+        execute(journal, "wf", "r1", first)
     journal.client.hdel(keys.steps, "s:a")  # as if a had not completed before the crash
-    outcome = journal.execute(
+    outcome = execute(
+        journal,
         "wf",
         "r1",
         lambda run: [
@@ -323,10 +327,10 @@ def test_deterministic_helpers_replay_their_first_value(make_journal: MakeJourna
     def body(run: Run) -> list[object]:
         return [run.now("started"), run.uuid("request"), run.idempotency_key("send")]
 
-    first = journal.execute("wf", "r1", body)
+    first = execute(journal, "wf", "r1", body)
     journal.client.hdel(keys.meta, "status")
     clock.advance(100)
-    second = journal.execute("wf", "r1", body)
+    second = execute(journal, "wf", "r1", body)
     assert first.result == second.result
     assert first.result[0] == 5000.0
     assert first.result[2] == "wf-r1-send"
@@ -351,7 +355,7 @@ def test_retry_policy_retries_transient_errors_then_gives_up(make_journal: MakeJ
         retryable=lambda e: isinstance(e, Transient),
         retry_after=lambda e: getattr(e, "retry_after", None),
     )
-    outcome = journal.execute("wf", "r1", lambda run: run.step("s", flaky, retry=policy))
+    outcome = execute(journal, "wf", "r1", lambda run: run.step("s", flaky, retry=policy))
     assert outcome.result == "ok"
     assert len(attempts) == 3
     assert clock.slept == [7.0, 7.0]  # the server's hint beats a shorter back-off
@@ -365,7 +369,7 @@ def test_retry_policy_retries_transient_errors_then_gives_up(make_journal: MakeJ
         raise Transient()
 
     with pytest.raises(Transient):
-        journal.execute("wf", "r2", lambda run: run.step("s", always, retry=policy))
+        execute(journal, "wf", "r2", lambda run: run.step("s", always, retry=policy))
     assert len(attempts) == 5
 
 
@@ -379,12 +383,12 @@ def test_live_lease_blocks_a_second_holder_who_learns_the_time_left(
     def slow(run: Run) -> int:
         return run.step("x", lambda: entered.set() or (release.wait(5) and 1))
 
-    worker = threading.Thread(target=journal.execute, args=("wf", "r1", slow))
+    worker = threading.Thread(target=execute, args=(journal, "wf", "r1", slow))
     worker.start()
     assert entered.wait(5)
     try:
         with pytest.raises(LeaseBusy) as info:
-            journal.execute("wf", "r1", slow)
+            execute(journal, "wf", "r1", slow)
         assert 3000 < info.value.remaining_ms <= 5000
     finally:
         release.set()
@@ -396,15 +400,15 @@ def test_an_expired_lease_is_taken_over(make_journal: MakeJournal) -> None:
     keys = journal.keys("wf", "r1")
     journal.client.set(keys.lease, "7:deadworker", px=300)  # left by a crashed holder
     with pytest.raises(LeaseBusy):
-        journal.execute("wf", "r1", lambda run: 1)
+        execute(journal, "wf", "r1", lambda run: 1)
     time.sleep(0.4)
-    assert journal.execute("wf", "r1", lambda run: run.step("x", lambda: 1)).status == "done"
+    assert execute(journal, "wf", "r1", lambda run: run.step("x", lambda: 1)).status == "done"
 
 
 def test_heartbeat_keeps_the_lease_through_a_step_of_three_ttls(make_journal: MakeJournal) -> None:
     journal = make_journal(lease_ttl=0.6)
-    outcome = journal.execute(
-        "wf", "r1", lambda run: run.step("long", lambda: time.sleep(1.8) or 1)
+    outcome = execute(
+        journal, "wf", "r1", lambda run: run.step("long", lambda: time.sleep(1.8) or 1)
     )
     assert outcome.status == "done"
     assert journal.meta(journal.keys("wf", "r1"))["status"] == "done"
@@ -424,7 +428,7 @@ def test_a_holder_whose_lease_was_taken_over_records_nothing_and_stops(
         ran_after.append("side effect")
 
     with pytest.raises(Fenced):
-        journal.execute("wf", "r1", body)
+        execute(journal, "wf", "r1", body)
     assert ran_after == []
     assert journal.client.hkeys(keys.steps) == [b"a"]
     assert journal.client.get(keys.lease) == b"99:usurper"
@@ -446,12 +450,12 @@ def test_a_paused_holder_whose_lease_was_reacquired_elsewhere_runs_and_records_n
     def zombie(run: Run) -> None:
         run.step("a", lambda: "zombie-a")
         journal.client.delete(keys.lease)  # the expiry a paused process would suffer
-        winner_result.append(other.execute("wf", "r1", winner).result)
+        winner_result.append(execute(other, "wf", "r1", winner).result)
         time.sleep(0.2)  # more than half the TTL without a confirmed renewal
         run.step("b", lambda: effects.append("zombie-b") or "zombie-b")
 
     with pytest.raises(LeaseLost):
-        journal.execute("wf", "r1", zombie)
+        execute(journal, "wf", "r1", zombie)
     assert effects == []  # the side effect never ran
     assert winner_result == [["zombie-a", "w-b"]]
     assert journal.client.hget(keys.steps, "b") is not None
@@ -474,7 +478,7 @@ def test_script_flush_mid_run_does_not_break_the_next_record(
         journal.client.script_flush()
         return [a, run.step("b", lambda: 2)]
 
-    assert journal.execute("wf", "r1", body).result == [1, 2]
+    assert execute(journal, "wf", "r1", body).result == [1, 2]
 
 
 @pytest.mark.parametrize("backend", ["redis", "fakeredis"])
@@ -504,14 +508,14 @@ def test_a_script_cache_emptied_before_every_call_breaks_no_call(
     def body(run: Run) -> list[int]:
         return [run.step("a", lambda: 1), run.step("b", lambda: 2)]
 
-    assert journal.execute("wf", "r1", body).result == [1, 2]
-    assert journal.execute("wf", "r1", body).status == "already-done"
+    assert execute(journal, "wf", "r1", body).result == [1, 2]
+    assert execute(journal, "wf", "r1", body).status == "already-done"
 
 
 def test_runs_are_indexed_for_listing(make_journal: MakeJournal) -> None:
     journal = make_journal()
     for run_id in ["w1", "w2"]:
-        journal.execute("wf", run_id, lambda run: run.step("x", lambda: 1))
-    members = journal.client.zrange(journal.keyspace.runs, 0, -1)
+        execute(journal, "wf", run_id, lambda run: run.step("x", lambda: 1))
+    members = journal.client.zrange(only_index(journal).runs, 0, -1)
     assert sorted(members) == [b"wf:w1", b"wf:w2"]
-    assert journal.client.zcard(journal.keyspace.due) == 0
+    assert journal.client.zcard(only_index(journal).due) == 0

@@ -2,7 +2,7 @@
 
 Also the rule behind it: no countdown longer than a fraction of the broker's visibility
 timeout, since a Redis broker redelivers an unacked message after that timeout (the retries'
-countdowns are in ``test_durable.py``, the digest app's cap in ``tests/tasks/test_celery_app.py``).
+countdowns are in ``test_durable.py``, the digest app's cap in ``tests/tasks/worker/test_app.py``).
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
-from journal import Journal, ManualClock, Outcome, Run
+from journal import Journal, ManualClock, Outcome, Run, workflow
 from journal._clock import millis
-from journal._waits import Wait
+from journal._schema.meta import Wait
 from journal.integrations.celery import Durable
 from tests.conftest import MakeJournal
+from tests.support import execute, only_index
 
 T0 = 1_800_000_000.0
 SWEEPERS = 20
@@ -50,9 +51,9 @@ def test_racing_sweepers_claim_each_due_run_exactly_once(make_journal: MakeJourn
     due = [f"due{i}" for i in range(12)]
     later = [f"later{i}" for i in range(3)]
     for run_id in due:
-        assert journal.execute("wf", run_id, napper(10)).status == "waiting"
+        assert execute(journal, "wf", run_id, napper(10)).status == "waiting"
     for run_id in later:
-        journal.execute("wf", run_id, napper(1000))
+        execute(journal, "wf", run_id, napper(1000))
     clock.advance(10)
     sweepers: list[Journal] = [make_journal(clock=clock) for _ in range(SWEEPERS)]
     barrier = threading.Barrier(SWEEPERS)
@@ -74,9 +75,9 @@ def test_racing_sweepers_claim_each_due_run_exactly_once(make_journal: MakeJourn
     assert Counter(claimed) == Counter(f"wf:{run_id}" for run_id in due)
     rearmed = millis(T0 + 10 + journal.settings.rearm_after)
     for run_id in due:
-        assert journal.client.zscore(journal.keyspace.due, f"wf:{run_id}") == rearmed
+        assert journal.client.zscore(only_index(journal).due, f"wf:{run_id}") == rearmed
     for run_id in later:
-        assert journal.client.zscore(journal.keyspace.due, f"wf:{run_id}") == millis(T0 + 1000)
+        assert journal.client.zscore(only_index(journal).due, f"wf:{run_id}") == millis(T0 + 1000)
 
 
 def test_a_claimed_run_whose_message_was_lost_is_claimed_again_later(
@@ -84,7 +85,7 @@ def test_a_claimed_run_whose_message_was_lost_is_claimed_again_later(
 ) -> None:
     clock = ManualClock(T0)
     journal: Journal = make_journal(clock=clock, rearm_after=120.0)
-    journal.execute("wf", "r1", napper(10))
+    execute(journal, "wf", "r1", napper(10))
     assert journal.claim_due() == []
     clock.advance(10)
     assert [keys.run for keys in journal.claim_due()] == ["wf:r1"]
@@ -94,7 +95,7 @@ def test_a_claimed_run_whose_message_was_lost_is_claimed_again_later(
     clock.advance(0.001)
     assert [keys.run for keys in journal.claim_due()] == ["wf:r1"]  # that message was lost
 
-    assert journal.execute("wf", "r1", napper(10)).status == "done"
+    assert execute(journal, "wf", "r1", napper(10)).status == "done"
     clock.advance(1000)
     assert journal.claim_due() == []
 
@@ -108,11 +109,11 @@ def test_a_running_run_is_due_at_its_lease_expiry_so_a_dead_worker_is_recovered(
 
     def dies(run: Run) -> None:
         run.step("a", lambda: 1)
-        seen.append(journal.client.zscore(journal.keyspace.due, "wf:r1"))
+        seen.append(journal.client.zscore(only_index(journal).due, "wf:r1"))
         raise SystemExit("the worker process ends mid-run")
 
     with pytest.raises(SystemExit):
-        journal.execute("wf", "r1", dies)
+        execute(journal, "wf", "r1", dies)
     assert seen == [millis(T0 + 35)]
     clock.advance(34.999)
     assert journal.claim_due() == []
@@ -135,13 +136,15 @@ def test_the_sweep_task_delivers_due_runs_of_registered_workflows(
     calls: list[str] = []
     body = napper(10, calls)
 
-    @durable.workflow("wf", task_name="t.wf")
+    @workflow("wf")
     def wf(run: Run, **options: object) -> str:
         return body(run)
 
+    durable.register(wf, task_name="t.wf")
+
     for run_id in ["r1", "r2"]:
-        journal.execute("wf", run_id, body, args={"week": run_id})
-    journal.execute("orphan", "r3", napper(10))  # a workflow this app does not know
+        execute(journal, "wf", run_id, body, args={"week": run_id})
+    execute(journal, "orphan", "r3", napper(10))  # a workflow this app does not know
     assert durable.sweep() == 0
 
     clock.advance(10)
@@ -165,12 +168,14 @@ def test_a_run_whose_state_cannot_be_read_is_skipped_and_the_rest_of_the_batch_e
     app.conf.task_default_queue = queue = f"q{uuid.uuid4().hex[:8]}"
     durable = Durable(app, lambda: journal)
 
-    @durable.workflow("wf", task_name="t.wf")
+    @workflow("wf")
     def wf(run: Run, **options: object) -> str:
         return napper(10)(run)
 
+    durable.register(wf, task_name="t.wf")
+
     for run_id in ["r1", "r2", "r3", "r4"]:
-        journal.execute("wf", run_id, napper(10), args={"week": run_id})
+        execute(journal, "wf", run_id, napper(10), args={"week": run_id})
     journal.client.hset(journal.keys("wf", "r2").meta, "args", b"{not json")
     journal.client.hset(journal.keys("wf", "r4").meta, "holder", b"\xff\xfe")
     clock.advance(10)
@@ -190,7 +195,7 @@ def test_a_run_whose_state_cannot_be_read_is_skipped_and_the_rest_of_the_batch_e
     assert "run wf:r2" in skipped[0] and "'meta.args' is corrupt" in skipped[0]
     assert "run wf:r4" in skipped[1] and "'meta.holder' is corrupt" in skipped[1]
     for run_id in ["r2", "r4"]:  # still due: named again by every later sweep until repaired
-        assert journal.client.zscore(journal.keyspace.due, f"wf:{run_id}") is not None
+        assert journal.client.zscore(only_index(journal).due, f"wf:{run_id}") is not None
 
 
 # -- no long countdowns -----------------------------------------------------------------------
@@ -205,9 +210,11 @@ def test_a_wait_gets_a_countdown_only_within_max_countdown() -> None:
     app.conf.task_default_queue = queue = f"q{uuid.uuid4().hex[:8]}"
     durable = Durable(app, no_journal, max_countdown=10.0)
 
-    @durable.workflow("wf", task_name="t.wf")
+    @workflow("wf")
     def wf(run: Run) -> None:
         return None
+
+    durable.register(wf, task_name="t.wf")
 
     task = durable.tasks["wf"]
     now = time.time()

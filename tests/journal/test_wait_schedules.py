@@ -44,12 +44,12 @@ from hypothesis.stateful import (
 from journal import Effect, Journal, Keyspace, ManualClock, Run, Settings
 from journal._clock import millis
 from journal._schema import codec
+from journal._schema.meta import Wait
 from journal._schema.records import decode_fields
 from journal._schema.status import RunStatus, may_follow
-from journal._waits import Wait
 from journal.contrib.embedded import valkey_server_binary
 from journal.errors import LeaseBusy, LeaseLost, StoreUnavailable
-from tests.support import as_bytes, as_text, schedule_profiles, wait_until
+from tests.support import as_bytes, as_text, execute, only_index, schedule_profiles, wait_until
 
 PROFILE = schedule_profiles("waits", ci=(150, 20), long=(5_000, 40))
 
@@ -297,7 +297,7 @@ class WaitSchedules(RuleBasedStateMachine):
     def deliver(self) -> str:
         """One delivery to its end; how it ended."""
         try:
-            return self.journal().execute(WORKFLOW, RUN_ID, self.body).status
+            return execute(self.journal(), WORKFLOW, RUN_ID, self.body).status
         except LeaseBusy:
             return "busy"
         except LeaseLost:
@@ -434,7 +434,7 @@ class WaitSchedules(RuleBasedStateMachine):
         for keys in self.journal().claim_due():
             # Claimed is re-armed in the same script: no other sweeper can claim it until then.
             now = self.clock.now()
-            score = self.plain.client.zscore(self.keyspace.due, keys.run)
+            score = self.plain.client.zscore(only_index(self).due, keys.run)
             assert score == millis(now + self.settings.rearm_after), "claimed, not re-armed"
             self.seen.last_claim = now
 
@@ -470,7 +470,7 @@ class WaitSchedules(RuleBasedStateMachine):
             "signals": client.hgetall(self.keys.signals),
             "effects": client.hgetall(self.keys.effects),
             "fence": client.get(self.keys.fence),
-            "due": client.zscore(self.keyspace.due, self.keys.run),
+            "due": client.zscore(only_index(self).due, self.keys.run),
         }
 
     # -- what must hold between rules ---------------------------------------------------------
@@ -485,7 +485,7 @@ class WaitSchedules(RuleBasedStateMachine):
         if meta.get("status") != "waiting":
             return
         wait = Wait.from_meta(self.keys.run, meta["wait"])
-        score = self.plain.client.zscore(self.keyspace.due, self.keys.run)
+        score = self.plain.client.zscore(only_index(self).due, self.keys.run)
         assert score is not None, f"waiting for {wait.step} and in no index: it never wakes"
         # A sweep's claim re-arms the entry (its delivery may be lost; the re-arm is the safety
         # net), so due means due by the later of that and the time the wait ends: now, if what

@@ -19,9 +19,11 @@ from journal._clock import millis
 from journal._delivery import Runner
 from journal._redis.backend import Closed
 from journal._schema.keys import RunKeys
-from journal._waits import Suspend, Wait
+from journal._schema.meta import Wait
+from journal._waits import Suspend
 from journal.ops.views import inspect_run
 from tests.conftest import MakeJournal
+from tests.support import execute, only_index
 
 T0 = 1_800_000_000.0
 X = TypeVar("X")
@@ -39,7 +41,7 @@ def journal(make_journal: MakeJournal, clock: ManualClock) -> Journal:
 
 def due_ms(journal: Journal, keys: RunKeys) -> float | None:
     """The run's score in the due index, or None when nothing will wake it."""
-    score = journal.client.zscore(journal.keyspace.due, keys.run)
+    score = journal.client.zscore(only_index(journal).due, keys.run)
     return None if score is None else float(score)
 
 
@@ -83,7 +85,7 @@ def test_sleep_records_its_wake_time_and_frees_the_lease(
 
     body = cool_off(calls)
 
-    outcome = journal.execute("wf", "r1", body)
+    outcome = execute(journal, "wf", "r1", body)
 
     assert outcome.status == "waiting"
     assert outcome.wait == Wait(kind="sleep", step="sleep:cool-off", until=T0 + 60)
@@ -115,9 +117,9 @@ def test_sleep_woken_early_suspends_again_until_the_same_time_then_goes_on(
 
     body = cool_off(calls)
 
-    journal.execute("wf", "r1", body)
+    execute(journal, "wf", "r1", body)
     clock.advance(59)
-    early = journal.execute("wf", "r1", body)
+    early = execute(journal, "wf", "r1", body)
 
     assert early.status == "waiting"
     assert early.wait is not None and early.wait.until == T0 + 60  # not 59 + 60
@@ -127,7 +129,7 @@ def test_sleep_woken_early_suspends_again_until_the_same_time_then_goes_on(
     assert journal.client.exists(keys.lease) == 0
 
     clock.advance(1)
-    woken = journal.execute("wf", "r1", body)
+    woken = execute(journal, "wf", "r1", body)
 
     assert (woken.status, woken.result) == ("done", "a")
     assert (woken.ran, woken.replayed) == (1, 2)
@@ -143,7 +145,7 @@ def test_a_suspended_run_leaves_no_heartbeat_behind(
     journal: Journal = make_journal(clock=clock, lease_ttl=0.3)  # renewed every 0.1 s
     keys = journal.keys("wf", "r1")
 
-    outcome = journal.execute("wf", "r1", lambda run: run.sleep("nap", 3600))
+    outcome = execute(journal, "wf", "r1", lambda run: run.sleep("nap", 3600))
 
     assert outcome.status == "waiting"
     time.sleep(0.35)  # three renewal periods, for a leaked heartbeat to show itself
@@ -158,7 +160,7 @@ def test_a_sleep_already_over_when_reached_does_not_suspend(
         run.sleep("none", 0)
         return "went on"
 
-    outcome = journal.execute("wf", "r1", body)
+    outcome = execute(journal, "wf", "r1", body)
     assert (outcome.status, outcome.result) == ("done", "went on")
 
 
@@ -185,12 +187,12 @@ def test_a_signal_sent_before_the_run_waits_is_not_lost(
         run.sleep("first", 30)
         return run.wait_for_signal("approval", timeout=600)
 
-    assert journal.execute("wf", "r1", body).status == "waiting"
+    assert execute(journal, "wf", "r1", body).status == "waiting"
     assert journal.send_signal("wf", "r1", "approval", {"ok": 1}) is True
     assert due_ms(journal, keys) == millis(T0 + 30)  # a sleep is not cut short by a signal
 
     clock.advance(30)
-    outcome = journal.execute("wf", "r1", body)
+    outcome = execute(journal, "wf", "r1", body)
 
     assert outcome.status == "done"
     assert outcome.result == SignalResult(True, {"ok": 1})
@@ -199,7 +201,7 @@ def test_a_signal_sent_before_the_run_waits_is_not_lost(
 def test_a_signal_sent_before_the_run_exists_is_kept_for_it(journal: Journal) -> None:
     calls, body = waiter()
     assert journal.send_signal("wf", "r1", "approval", "yes") is True
-    outcome = journal.execute("wf", "r1", body)
+    outcome = execute(journal, "wf", "r1", body)
     assert (outcome.status, outcome.result) == ("done", {"received": True, "payload": "yes"})
     assert calls == ["draft"]
 
@@ -210,7 +212,7 @@ def test_a_signal_wakes_a_suspended_run_and_its_next_execution_returns_the_paylo
     keys = journal.keys("wf", "r1")
     calls, body = waiter(timeout=600)
 
-    first = journal.execute("wf", "r1", body)
+    first = execute(journal, "wf", "r1", body)
 
     assert first.status == "waiting"
     assert first.wait == Wait("signal", "signal:approval", until=T0 + 600, signal="approval")
@@ -221,7 +223,7 @@ def test_a_signal_wakes_a_suspended_run_and_its_next_execution_returns_the_paylo
     assert journal.send_signal("wf", "r1", "approval", {"approved": True}) is True
     assert due_ms(journal, keys) == millis(T0 + 5)  # due now: the next sweep claims it
 
-    woken = journal.execute("wf", "r1", body)
+    woken = execute(journal, "wf", "r1", body)
 
     assert woken.status == "done"
     assert woken.result == {"received": True, "payload": {"approved": True}}
@@ -236,7 +238,7 @@ def test_a_signal_wait_with_no_timeout_leaves_the_due_index_until_signalled(
 ) -> None:
     keys = journal.keys("wf", "r1")
     _, body = waiter(timeout=None)
-    first = journal.execute("wf", "r1", body)
+    first = execute(journal, "wf", "r1", body)
     assert first.wait is not None and first.wait.until is None
     assert due_ms(journal, keys) is None
     clock.advance(1)
@@ -249,17 +251,17 @@ def test_the_timeout_ends_the_wait_and_a_later_signal_does_not_change_it(
 ) -> None:
     keys = journal.keys("wf", "r1")
     calls, body = waiter(timeout=60)
-    journal.execute("wf", "r1", body)
+    execute(journal, "wf", "r1", body)
     clock.advance(59.999)
-    assert journal.execute("wf", "r1", body).status == "waiting"
+    assert execute(journal, "wf", "r1", body).status == "waiting"
 
     clock.advance(0.001)
-    expired = journal.execute("wf", "r1", body)
+    expired = execute(journal, "wf", "r1", body)
 
     assert expired.result == {"received": False, "payload": None}
     assert journal.send_signal("wf", "r1", "approval", "too late") is True
     rerun(journal, keys)
-    replayed = journal.execute("wf", "r1", body)
+    replayed = execute(journal, "wf", "r1", body)
     assert replayed.result == {"received": False, "payload": None}
     assert (replayed.ran, replayed.replayed) == (0, 3)
     assert calls == ["draft"]
@@ -270,15 +272,15 @@ def test_the_first_signal_wins_and_is_what_every_replay_returns(
 ) -> None:
     keys = journal.keys("wf", "r1")
     _, body = waiter()
-    journal.execute("wf", "r1", body)
+    execute(journal, "wf", "r1", body)
     assert journal.send_signal("wf", "r1", "approval", "first") is True
     assert journal.send_signal("wf", "r1", "approval", "second") is False
-    assert journal.execute("wf", "r1", body).result["payload"] == "first"
+    assert execute(journal, "wf", "r1", body).result["payload"] == "first"
 
     # Even if the stored signal were replaced now, the journal holds the answer the run saw.
     journal.client.hset(keys.signals, "approval", orjson.dumps("third"))
     rerun(journal, keys)
-    assert journal.execute("wf", "r1", body).result["payload"] == "first"
+    assert execute(journal, "wf", "r1", body).result["payload"] == "first"
     assert journal.send_signal("wf", "r1", "approval", "fourth") is False
 
 
@@ -298,7 +300,7 @@ def test_a_signal_between_the_check_and_the_suspension_is_taken_at_once(
             attempts.append(1)
             raise
 
-    outcome = journal.execute("wf", "r1", body)
+    outcome = execute(journal, "wf", "r1", body)
 
     assert (outcome.status, outcome.result) == ("done", SignalResult(True, "raced"))
     assert attempts == [1]
@@ -308,6 +310,10 @@ def test_a_signal_between_the_check_and_the_suspension_is_taken_at_once(
 
 class SignalAfterWaitIsRecorded(Runner):
     """Delivers the signal right after the wait is recorded and the lease given back."""
+
+    def __init__(self, journal: Journal) -> None:
+        super().__init__(journal.backend, journal.settings, journal.clock, journal.hints)
+        self.journal = journal
 
     def _close(
         self,
@@ -338,12 +344,12 @@ def test_a_signal_right_after_the_wait_is_recorded_still_wakes_the_run(
     keys = journal.keys("wf", "r1")
     _, body = waiter(timeout=timeout)
 
-    first = racy.execute("wf", "r1", body)
+    first = execute(racy, "wf", "r1", body)
 
     assert first.status == "waiting"
     assert due_ms(journal, keys) == millis(T0)  # due now, not at the timeout (or never)
     assert [k.run for k in journal.claim_due()] == ["wf:r1"]
-    woken = journal.execute("wf", "r1", body)
+    woken = execute(journal, "wf", "r1", body)
     assert woken.result == {"received": True, "payload": "late"}
 
 
@@ -364,15 +370,15 @@ def test_signals_racing_suspensions_are_never_lost(journal: Journal) -> None:
         sender.start()
 
         def racing_body(run: Run, barrier: threading.Barrier = barrier) -> object:
-            if not run.has("draft"):
+            if not run._cursor.has("draft"):
                 barrier.wait(timeout=5)
             return body(run)
 
-        outcome = journal.execute("wf", run_id, racing_body)
+        outcome = execute(journal, "wf", run_id, racing_body)
         sender.join(timeout=5)
         if outcome.status == "waiting":
             assert due_ms(journal, keys) == millis(journal.clock.now()), run_id
-            outcome = journal.execute("wf", run_id, racing_body)
+            outcome = execute(journal, "wf", run_id, racing_body)
         assert outcome.result == {"received": True, "payload": "go"}, run_id
 
 
@@ -381,7 +387,7 @@ def test_signals_racing_suspensions_are_never_lost(journal: Journal) -> None:
 
 def test_a_new_run_records_the_current_version(journal: Journal) -> None:
     keys = journal.keys("wf", "r1")
-    outcome = journal.execute("wf", "r1", lambda run: run.version("enrich", 2))
+    outcome = execute(journal, "wf", "r1", lambda run: run.version("enrich", 2))
     assert outcome.result == 2
     record = stored(journal, keys, "version:enrich")
     assert (record["result"], record["kind"]) == (2, "version")
@@ -408,10 +414,10 @@ def test_a_run_recorded_before_the_gate_gets_0_and_keeps_its_old_path(
         run.sleep("review", 60)
         return [version, composed]
 
-    assert journal.execute("wf", "r1", old_code).status == "waiting"
-    assert journal.execute("wf", "r1", new_code).status == "waiting"  # no ReplayMismatch
+    assert execute(journal, "wf", "r1", old_code).status == "waiting"
+    assert execute(journal, "wf", "r1", new_code).status == "waiting"  # no ReplayMismatch
     clock.advance(60)
-    outcome = journal.execute("wf", "r1", new_code)
+    outcome = execute(journal, "wf", "r1", new_code)
 
     assert outcome.result == [0, "old"]
     assert calls == ["select", "compose"]
@@ -430,10 +436,10 @@ def test_a_recorded_version_is_replayed_even_when_the_code_moved_on(
 
         return body
 
-    assert journal.execute("wf", "r1", code(1)).status == "waiting"
+    assert execute(journal, "wf", "r1", code(1)).status == "waiting"
     clock.advance(60)
-    assert journal.execute("wf", "r1", code(2)).result == 1
-    assert journal.execute("wf", "r2", code(2)).status == "waiting"
-    assert journal.execute("wf", "r2", code(3)).status == "waiting"  # woken early, still 2
+    assert execute(journal, "wf", "r1", code(2)).result == 1
+    assert execute(journal, "wf", "r2", code(2)).status == "waiting"
+    assert execute(journal, "wf", "r2", code(3)).status == "waiting"  # woken early, still 2
     clock.advance(60)
-    assert journal.execute("wf", "r2", code(3)).result == 2
+    assert execute(journal, "wf", "r2", code(3)).result == 2

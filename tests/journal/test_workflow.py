@@ -37,13 +37,13 @@ def test_typed_options_run_here_are_frozen_as_given_and_replayed(
         text = run.step("text", lambda: f"hello {options.to}")
         return text.upper() if options.loud else text
 
-    first = greet.run_here("r1", Greeting(to="ada", loud=True))
+    first = greet.start("r1", Greeting(to="ada", loud=True))
     assert (first.status, first.result, first.ran) == ("done", "HELLO ADA", 1)
     # Only the fields given: a field left at its default is neither sent nor frozen.
     assert journal.meta(journal.keys("greet", "r1"))["args"] == '{"to":"ada","loud":true}'
     assert greet.encode(Greeting()) == {}
 
-    again = greet.run_here("r1", Greeting(to="someone else"))  # a started run keeps its own
+    again = greet.start("r1", Greeting(to="someone else"))  # a started run keeps its own
     assert (again.status, again.result) == ("already-done", "HELLO ADA")
     assert seen == [Greeting(to="ada", loud=True)]
 
@@ -57,8 +57,8 @@ def test_defaults_fill_what_was_left_out_and_the_caller_wins(
     def greet(run: Run, options: Greeting) -> str:
         return run.step("text", lambda: f"hello {options.to}")
 
-    assert greet.run_here("r1").result == "hello env"
-    assert greet.run_here("r2", Greeting(to="ada")).result == "hello ada"
+    assert greet.start("r1").result == "hello env"
+    assert greet.start("r2", Greeting(to="ada")).result == "hello ada"
     assert journal.meta(journal.keys("greet", "r1"))["args"] == '{"to":"env"}'
 
 
@@ -80,9 +80,9 @@ def test_bad_options_and_run_ids_are_refused_before_anything_is_written(
         "the workflow takes to, loud"
     )
     with pytest.raises(InvalidArguments, match="unexpected keyword argument 'volume'"):
-        greet.execute("r1", {"volume": 11})
+        greet._start("r1", {"volume": 11})  # a delivery's options, as they travel
     with pytest.raises(InvalidRunId):
-        greet.run_here("no such/run")
+        greet.start("no such/run")
     assert calls == []
     assert journal.client.keys(f"{journal.keyspace.prefix}:*") == []
 
@@ -98,14 +98,14 @@ def test_frozen_options_the_code_no_longer_takes_fail_the_run_by_name(
     # An older version of the workflow took a `colour` and froze it; the run then failed.
     before: Workflow[dict[str, Any], str] = Workflow("greet", older, journal=lambda: journal)
     with pytest.raises(RuntimeError):
-        before.run_here("r1", {"colour": "red"})
+        before.start("r1", {"colour": "red"})
 
     @workflow("greet", options=Greeting, journal=lambda: journal)
     def greet(run: Run, options: Greeting) -> str:
         return "hi"
 
     with pytest.raises(InvalidArguments, match="unexpected keyword argument 'colour'"):
-        greet.run_here("r1")
+        greet.start("r1")
     meta = journal.meta(journal.keys("greet", "r1"))
     assert meta["status"] == "failed"
     assert "colour" in meta["last_error"]
@@ -122,18 +122,18 @@ def test_keyword_options_and_observers_compose(make_journal: Callable[..., Journ
     def kw(run: Run, *, name: str = "x") -> str:
         return run.step("a", lambda: name)
 
-    outcome = kw.run_here("r1", {"name": "y"}, on_step=lambda e: order.append(f"caller {e.key}"))
+    outcome = kw.start("r1", {"name": "y"}, on_step=lambda e: order.append(f"caller {e.key}"))
     assert outcome.result == "y"
     assert order == ["caller a", "own a"]  # the caller prints first, then the workflow's hook
     with pytest.raises(InvalidArguments, match="name=3 is not str"):
-        kw.run_here("r2", {"name": 3})
+        kw.start("r2", {"name": 3})
 
 
 @pytest.mark.slow
 def test_defining_and_running_a_workflow_imports_no_celery() -> None:
     # What lets `digest run` start without paying for Celery's import.
     probe = (
-        "import sys, journal, tasks.cli, tasks.workflow; "
+        "import sys, journal, tasks.ops.cli, tasks.job.workflow; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('celery', 'kombu')))"
     )
     done = subprocess.run(

@@ -20,7 +20,7 @@ import pytest
 
 from journal.contrib.embedded import stop_embedded
 from tasks.config import Config
-from tasks.schedule import iso_week_run_id
+from tasks.job.weeks import iso_week_run_id
 from tests.support import ROOT
 
 pytestmark = pytest.mark.slow

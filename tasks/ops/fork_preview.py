@@ -1,0 +1,95 @@
+"""A fork rehearsed in memory: the email it would send, beside the one its run sent.
+
+``digest fork RUN --from STEP --dry-run`` answers "what would this digest say if it ran again
+from STEP?" (after a prompt edit, say) without a trace: the run's journal is read in one
+snapshot, and both emails come from the dry-run workflow (``preview``: every step but send
+and mark-seen) replayed in memory (``journal.testing.Recording``):
+
+- the original's, from every recorded step (nothing runs; no email if it never composed);
+- the fork's, from the steps recorded before STEP, the rest run for real (model calls
+  included) into a scratch journal that lives in this process only.
+
+Nothing is written to Redis or sent: the steps the fork runs only read the store (the seen
+set, the claims), and an effect is never reached in memory. The fork keeps the run's id, so
+the two emails differ only where the fork's steps answered differently.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any
+
+from journal.errors import ControlRefused
+from journal.testing import Frontier, Recording, RunOn, StopAtFrontier
+from tasks.job.workflow import digest, preview
+from tasks.runtime import Runtime
+
+
+@dataclass(frozen=True)
+class ForkPreview:
+    """The two emails and what the fork ran.
+
+    Attributes:
+        run: the full id of the forked run; step: the step it forks from.
+        original: the email the run's recorded steps make, or None if it never composed one.
+        forked: the email the fork would send.
+        ran: the steps the fork ran for real, in the order they finished.
+        model_calls: how many of them called the model.
+    """
+
+    run: str
+    step: str
+    original: dict[str, str] | None
+    forked: dict[str, str]
+    ran: tuple[str, ...]
+    model_calls: int
+
+    def diff(self) -> str:
+        """The two emails as a unified diff; empty when they are the same."""
+        before = email_text(self.original) if self.original is not None else ""
+        return "".join(
+            difflib.unified_diff(
+                before.splitlines(keepends=True),
+                email_text(self.forked).splitlines(keepends=True),
+                fromfile=f"{self.run} (recorded)",
+                tofile=f"{self.run} forked from {self.step} (dry run)",
+            )
+        )
+
+
+def preview_fork(runtime: Runtime, run_id: str, step: str) -> ForkPreview:
+    """Rehearse the fork of ``run_id`` from ``step`` in memory (see the module).
+
+    Raises:
+        ControlRefused: no such run or step, or the fork would stop before its email.
+    """
+    clock = runtime.journal.clock
+    recording = Recording.load(runtime.journal, digest.name, run_id)
+    run = recording.keys.run
+    kept = recording.before(step)
+    try:
+        original = _email(recording.replay(preview, policy=StopAtFrontier(), clock=clock).result)
+    except Frontier:
+        original = None  # it stopped before composing: there is no email to compare with
+    try:
+        fork = kept.replay(preview, policy=RunOn(), clock=clock)
+    except Frontier as stopped:
+        raise ControlRefused(run, f"a fork from {step!r} stops at {stopped.key!r}") from None
+    forked = _email(fork.result)
+    if forked is None:
+        raise ControlRefused(run, f"a fork from {step!r} sends no email ({fork.result})")
+    calls = fork.result.get("model_calls", 0) if isinstance(fork.result, dict) else 0
+    return ForkPreview(run, step, original, forked, fork.ran, int(calls))
+
+
+def email_text(email: dict[str, str]) -> str:
+    """An email as its reader sees it: the headers that matter, a blank line, the body."""
+    return f"To: {email['to']}\nSubject: {email['subject']}\n\n{email['body']}\n"
+
+
+def _email(result: Any) -> dict[str, str] | None:
+    """The email of a dry run's report; None for a report without one (nothing new)."""
+    if isinstance(result, dict) and isinstance(result.get("email"), dict):
+        return dict(result["email"])
+    return None

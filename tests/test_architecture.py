@@ -1,0 +1,60 @@
+"""docs/architecture.md held to the code: its modules exist, and every module is on it.
+
+The page is written by hand (a picture drawn from the imports would say less about what each
+room holds); these tests make it fail the day a module is added, moved or renamed without it,
+and the day the path of a run id it walks through names a function the code no longer has.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from tests.support import ROOT
+
+PAGE = ROOT / "docs" / "architecture.md"
+ROW = re.compile(r"^\| `((?:journal|tasks)/[\w/]+\.py)` \|", re.MULTILINE)
+# A module named in backquotes, then one of its names: `journal/_run.py` `Run.step`.
+NAMED = re.compile(r"`((?:journal|tasks)/[\w/]+\.py)` `(\w+(?:\.\w+)?)`")
+PATH = re.compile(r"`((?:journal|tasks)/[\w/.]+\.(?:py|lua))`")
+
+
+def modules_with_code() -> set[str]:
+    """Every module of both packages but a package's ``__init__.py`` that holds a docstring."""
+    found = set()
+    for package in ("journal", "tasks"):
+        for path in (ROOT / package).rglob("*.py"):
+            body = ast.parse(path.read_text()).body
+            docstring_only = len(body) == 1 and isinstance(body[0], ast.Expr)
+            if not (path.name == "__init__.py" and docstring_only):
+                found.add(path.relative_to(ROOT).as_posix())
+    return found
+
+
+def defines(module: str, dotted: str) -> bool:
+    """Whether ``module`` defines ``dotted``: a top-level name, or a method of a class."""
+    nodes: list[ast.stmt] = ast.parse((ROOT / module).read_text()).body
+    for part in dotted.split("."):
+        named = [
+            node
+            for node in nodes
+            if isinstance(node, ast.FunctionDef | ast.ClassDef) and node.name == part
+        ]
+        if not named:
+            return False
+        nodes = named[0].body
+    return True
+
+
+def test_every_module_is_on_the_page_and_every_module_on_it_exists() -> None:
+    listed = set(ROW.findall(PAGE.read_text()))
+    assert sorted(modules_with_code() - listed) == [], "modules missing from the page"
+    assert sorted(path for path in listed if not (ROOT / path).is_file()) == []
+
+
+def test_every_path_and_name_the_page_walks_through_is_in_the_code() -> None:
+    page = PAGE.read_text()
+    assert sorted(path for path in PATH.findall(page) if not (ROOT / path).is_file()) == []
+    named = NAMED.findall(page)
+    assert len(named) >= 8, "the walk from digest.delay to the keys names its functions"
+    assert [f"{module} {name}" for module, name in named if not defines(module, name)] == []
