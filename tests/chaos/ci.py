@@ -23,7 +23,6 @@ SEEDS = Path(__file__).with_name("seeds.txt")
 CI_BUGS = (
     ("b", "dispatch"),
     ("c", "cancel-send"),
-    ("d", "slow-item"),
     ("f", "ambiguous-send"),
     ("g", "failed-ambiguous"),
 )
