@@ -189,6 +189,7 @@ class Campaign:
         self._order = itertools.count()
         self._pool = ThreadPoolExecutor(max_workers=6, thread_name_prefix="chaos")
         self._pending: list[Future[None]] = []
+        self._valkey_lock = threading.Lock()
         self.started = time.time()
         self.quiet = False
         self.published: set[str] = set()
@@ -417,14 +418,26 @@ class Campaign:
         self.log.add("beat-start")
 
     def _on_kill_valkey(self, down: float) -> None:
+        if not self._valkey_up():
+            # Its restart is already due: a second one would start a second server on the same
+            # socket and AOF, the first still serving the clients that reached it.
+            self.log.add("skipped", fault="kill-valkey", why="valkey is already down")
+            return
         self.stack.valkey.kill()
         self.log.add("kill-valkey", window=down, down=down)
         self._later_at(
             down, "restart valkey", lambda: self._background("restart valkey", self._restart_valkey)
         )
 
+    def _valkey_up(self) -> bool:
+        process = self.stack.valkey.process
+        return process is not None and process.poll() is None
+
     def _restart_valkey(self) -> None:
-        self.stack.valkey.start()
+        with self._valkey_lock:  # one server at a time, whichever thread restarts it
+            if self._valkey_up():
+                return
+            self.stack.valkey.start()
         self.log.add("valkey-start")
 
     def _on_smtp_hold(self, phase: str, seconds: float) -> None:
@@ -865,7 +878,7 @@ class Campaign:
 
     def _revive(self) -> None:
         """Start whatever the faults left dead: Valkey, either worker, beat."""
-        if self.stack.valkey.process is None or self.stack.valkey.process.poll() is not None:
+        if not self._valkey_up():
             self._restart_valkey()
         for name, worker in list(self.stack.workers.items()):
             if worker.process.poll() is not None:
