@@ -167,9 +167,32 @@ def connect_checked(
         redis.ConnectionError: the store did not answer.
     """
     plain = redis.Redis.from_url(url, **options)
-    # One transaction, so that it is one round trip to count as well as to wait for. A server
-    # that refuses one of the commands outright (CONFIG renamed, WAITAOF unknown) aborts it:
-    # that server is asked one command at a time, as check_persistence asks.
+    replies, asked_at = _asked_at_once(plain, clock)
+    if not replies:  # a command refused outright: asked one at a time, as check_persistence
+        plain.close()
+        return _checked_apart(journal_connect(url, **options), url, clock, logger, accept)
+    *configs, info, waitaof, server_time = replies
+    info = info if isinstance(info, dict) else {}
+    if info.get("cluster_enabled") in (1, "1"):
+        plain.close()
+        cluster = redis.RedisCluster.from_url(url, **options)
+        return _checked_apart(cluster, url, clock, logger, accept)
+    if accept is not None:
+        accept(False)
+    found = _settings_found(configs, info)
+    _judge(plain, found, not isinstance(waitaof, Exception), _server_of(info), logger)
+    if isinstance(server_time, Exception):
+        raise server_time
+    _judge_skew(url, asked_at, server_time, MAX_SKEW_S)
+    return plain
+
+
+def _asked_at_once(plain: redis.Redis, clock: Clock) -> tuple[list[Any], float]:
+    """The start-up questions' replies, in one transaction (none if one is refused outright).
+
+    One transaction, so that it is one round trip to count as well as to wait for; the time
+    returned is the middle of it on ``clock``, what the server's TIME is held against.
+    """
     pipe = plain.pipeline(transaction=True)
     for name in ("appendonly", "appendfsync", "maxmemory-policy"):
         pipe.config_get(name)
@@ -184,45 +207,40 @@ def connect_checked(
     except BaseException:
         plain.close()
         raise
-    after = clock.now()
-    if not replies:
-        plain.close()
-        client = journal_connect(url, **options)
-        if accept is not None:
-            accept(isinstance(client, redis.RedisCluster))
-        check_persistence(client, logger=logger)
-        check_skew(client, clock, url)
-        return client
-    *configs, info, waitaof, server_time = replies
-    info = info if isinstance(info, dict) else {}
-    cluster = info.get("cluster_enabled") in (1, "1")
+    return replies, (before + clock.now()) / 2
+
+
+def _checked_apart(
+    client: Client,
+    url: str,
+    clock: Clock,
+    logger: logging.Logger | None,
+    accept: Callable[[bool], None] | None,
+) -> Client:
+    """A store checked one question at a time: a cluster, or a server that refused one."""
     if accept is not None:
-        accept(cluster)
-    if cluster:
-        plain.close()
-        client = redis.RedisCluster.from_url(url, **options)
-        check_persistence(client, logger=logger)
-        check_skew(client, clock, url)
-        return client
-    found: tuple[bool, str, str] | None = None
+        accept(isinstance(client, redis.RedisCluster))
+    check_persistence(client, logger=logger)
+    check_skew(client, clock, url)
+    return client
+
+
+def _settings_found(configs: list[Any], info: dict[str, Any]) -> tuple[bool, str, str] | None:
+    """Persistence settings from CONFIG GET, else from INFO (where CONFIG is disabled)."""
     if not any(isinstance(reply, Exception) for reply in configs):
         text = {_text(k): _text(v) for reply in configs for k, v in reply.items()}
-        found = (
+        return (
             text.get("appendonly") == "yes",
             text.get("appendfsync", UNKNOWN),
             text.get("maxmemory-policy", UNKNOWN),
         )
-    elif "aof_enabled" in info:  # CONFIG disabled, as managed services often do
-        found = (
+    if "aof_enabled" in info:  # CONFIG disabled, as managed services often do
+        return (
             int(info["aof_enabled"]) == 1,
             UNKNOWN,
             _text(info.get("maxmemory_policy", UNKNOWN)),
         )
-    _judge(plain, found, not isinstance(waitaof, Exception), _server_of(info), logger)
-    if isinstance(server_time, Exception):
-        raise server_time
-    _judge_skew(url, (before + after) / 2, server_time, MAX_SKEW_S)
-    return plain
+    return None
 
 
 def wait_for_local_fsync(client: redis.Redis, timeout_ms: int = 1000) -> int:
