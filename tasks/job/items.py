@@ -64,9 +64,10 @@ def load_items(source: str | Path, timeout: float = 10.0) -> list[Item]:
     """
     name = str(source)
     if feeds.is_url(name):
-        raw = feeds.fetch(name, timeout)
+        fetched = feeds.fetch(name, timeout)
+        raw = fetched.body
         if not raw.lstrip().startswith((b"[", b"\xef\xbb\xbf[")):
-            entries = feeds.feed_entries(name, raw)
+            entries = feeds.feed_entries(name, raw, fetched.content_type)
             if entries is None:
                 raise BadInput(
                     f"{name}: neither a JSON list of updates nor an Atom or RSS feed; point "
