@@ -425,9 +425,7 @@ class FakeAnthropic:
         model: str | None = None,
     ) -> None:
         """Answer the next ``times`` matching calls with ``status``; later ones succeed."""
-        fault = Fault(
-            status, dict(headers or {}), message, contains, error_type, error_code, model
-        )
+        fault = Fault(status, dict(headers or {}), message, contains, error_type, error_code, model)
         with self._lock:
             self._queue.append((fault, times))
 
@@ -443,9 +441,7 @@ class FakeAnthropic:
         model: str | None = None,
     ) -> None:
         """Answer every call whose prompt contains ``contains`` with ``status``."""
-        fault = Fault(
-            status, dict(headers or {}), message, contains, error_type, error_code, model
-        )
+        fault = Fault(status, dict(headers or {}), message, contains, error_type, error_code, model)
         with self._lock:
             self._rules.append(fault)
 
