@@ -23,6 +23,7 @@ from tasks.job.workflow import run_digest
 from tasks.keys import DigestKeys
 from tasks.llm.client import AnthropicSummarizer
 from tasks.mail.smtp import FileOutbox
+from tasks.ops.cli.render import render_view
 from tasks.runtime import Runtime
 from tests.fakes.anthropic_server import PROMPT_TOO_LONG, FakeAnthropic
 from tests.support import execute
@@ -104,6 +105,9 @@ def test_an_overloaded_primary_falls_back_and_the_journal_names_the_fallback(
     tokens = (summary.result["input_tokens"], summary.result["output_tokens"])
     assert summary.result["cost_usd"] == pytest.approx((tokens[0] * 3 + tokens[1] * 15) / 1e6)
     assert summary.attempt == ATTEMPTS + 1
+    shown = render_view(view).splitlines()
+    [line] = [line for line in shown if line.startswith("summarize:a ")]
+    assert line.endswith(f"[{FALLBACK}] summary of Item a")  # digest show names who answered
 
 
 def test_a_resumed_run_never_asks_the_primary_again_for_what_the_fallback_answered(
