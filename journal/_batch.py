@@ -244,9 +244,12 @@ def effect_key(prefix: str, n: int) -> str:
     return f"batch-{prefix}-{n}"
 
 
+LOOK = "look:"
+
+
 def look_key(prefix: str, n: int, k: int) -> str:
-    """Look ``k`` at batch ``n``; its sleep is ``sleep:`` and this."""
-    return f"look:{prefix}-{n}:{k}"
+    """Look ``k`` at batch ``n``; its sleep is ``StepKey.SLEEP`` and this."""
+    return f"{LOOK}{prefix}-{n}:{k}"
 
 
 def cancel_key(prefix: str, n: int) -> str:

@@ -58,6 +58,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from journal._batch import (
+    LOOK,
     BatchApi,
     BatchEntry,
     BatchPolicy,
@@ -81,6 +82,7 @@ __all__ = [
     "BatchView",
     "batches",
     "cancel_batches",
+    "is_batch_look",
 ]
 
 log = logging.getLogger(__name__)
@@ -208,3 +210,12 @@ def cancel_batches(journal: Journal, workflow: str, run_id: str, api: BatchApi) 
                     "run %s: could not cancel batch %s: %s", keys.run, batch_id, one_line(error)
                 )
     return asked
+
+
+def is_batch_look(step: str) -> bool:
+    """Whether ``step`` is a batch's durable sleep between two looks at it.
+
+    What a run waiting on one says to an operator: it waits for a provider's batch, not for a
+    timer of its own.
+    """
+    return step.startswith(StepKey.SLEEP.of(LOOK))

@@ -26,6 +26,9 @@ from tasks.job.summarize import CallCounter, compose_opening, model_retry_policy
 from tasks.mail.smtp import Email
 from tasks.runtime import Runtime, process_config, process_runtime
 
+APPROVAL = "approval"
+"""The signal an approval (or a rejection) is sent as: ``digest approve`` and the console."""
+
 T = TypeVar("T")
 
 
@@ -198,7 +201,7 @@ def await_approval(run: Run, timeout: float, email: Email) -> tuple[Email, Refus
     handed back is the one the journal holds, on the first attempt as on a replay.
     """
     email = typed_step(run, "draft", EMAIL, lambda: email)
-    decision = run.wait_for_signal("approval", timeout=timeout)
+    decision = run.wait_for_signal(APPROVAL, timeout=timeout)
     reason = _refusal(decision, draft_digest(email_json(email)))
     if reason is None:
         return email, None

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from journal import StepKey
 from journal.batch import cancel_batches
 from journal.errors import ControlRefused, EffectUnderway, NothingToDecide
 from journal.ops import actions as control
@@ -19,7 +20,7 @@ from tasks.errors import BadInput
 from tasks.job.claims import STUCK, holdings, let_go
 from tasks.job.report import decide_send, draft_digest
 from tasks.job.weeks import is_week_id
-from tasks.job.workflow import digest
+from tasks.job.workflow import APPROVAL, digest
 from tasks.llm.batches import AnthropicBatches
 from tasks.mail.smtp import Receipt
 from tasks.runtime import Runtime
@@ -239,12 +240,12 @@ def decide(runtime: Runtime, run_id: str, decision: dict[str, Any]) -> Answer:
             decision was made before.
     """
     view = inspect_run(runtime.journal, WORKFLOW, run_id)
-    gate = view.step("signal:approval")
+    gate = view.step(StepKey.SIGNAL.of(APPROVAL))
     if gate is not None and not gate.result["received"]:
         # The journal holds the run's answer, and a late decision would never be read.
         raise BadInput(f"{WORKFLOW}:{run_id} expired waiting for a decision; that outcome stands")
     draft = view.step("draft")
-    waiting = view.status == "waiting" and view.wait is not None and view.wait.signal == "approval"
+    waiting = view.status == "waiting" and view.wait is not None and view.wait.signal == APPROVAL
     if not waiting or draft is None:
         # Deciding early would approve a draft nobody has seen, or one that does not exist yet.
         state = "it does not exist" if view.status == "new" else f"it is {view.status}"
@@ -257,7 +258,7 @@ def decide(runtime: Runtime, run_id: str, decision: dict[str, Any]) -> Answer:
     digest = draft_digest(draft.result)
     decided = {**decision, "draft": digest}
     # Stored, and the run enqueued at once: a worker resumes it without waiting for a sweep.
-    if not durable.send_signal(WORKFLOW, run_id, "approval", decided, runtime.journal):
+    if not durable.send_signal(WORKFLOW, run_id, APPROVAL, decided, runtime.journal):
         raise BadInput(f"{WORKFLOW}:{run_id} already has a decision; the first one stands")
     verb = "approved" if decision["approved"] else "rejected"
     return Answer(

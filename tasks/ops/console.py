@@ -36,6 +36,7 @@ from flask import Flask, Response, abort, flash, redirect, render_template, requ
 from markupsafe import Markup, escape
 
 from journal import Record, Wait, validate_run_id
+from journal.batch import is_batch_look
 from journal.errors import ControlRefused, InvalidRunId, JournalError
 from journal.logs import redact
 from journal.ops.views import (
@@ -54,6 +55,7 @@ from journal.testing import fixture
 from tasks.errors import BadInput, DigestError
 from tasks.job.claims import holdings
 from tasks.job.report import batch_lines
+from tasks.job.workflow import APPROVAL
 from tasks.llm.cost import dollars, usage_of
 from tasks.ops import actions
 from tasks.ops.run_page import outcome_of, waterfall
@@ -144,7 +146,7 @@ def run_context(runtime: Runtime, view: RunView, run_id: str) -> dict[str, Any]:
 
     now = int(runtime.journal.clock.now() * 1000)
     draft = view.step("draft")
-    waiting_approval = view.wait is not None and view.wait.signal == "approval"
+    waiting_approval = view.wait is not None and view.wait.signal == APPROVAL
     usage = usage_of(r.result for r in view.steps)
     said = outcome_of(view, run_id, now)
     email = recorded_email(runtime, run_id) if said.kind in ("sent", "ambiguous") else None
@@ -197,7 +199,7 @@ def row_summary(row: RunRow, now_ms: int, held: int = 0, gone: bool = False) -> 
     ended = int(row.meta.get("finished_at", "0") or 0)
     live = row.state in LIVE or row.state in ("waiting", "retrying")
     said = detail(row.meta, wait)
-    if wait and str(wait.get("step", "")).startswith("sleep:look:"):
+    if wait and is_batch_look(str(wait.get("step", ""))):
         # A batch run's wait, in words: its batch, its counts, when it looks next.
         lines = batch_lines(row.steps, Wait.from_json(wait))
         said = f"batch {lines[-1]}" if lines else said

@@ -18,10 +18,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from journal import Record
+from journal import Record, StepKey
+from journal.batch import is_batch_look
 from journal.logs import redact
 from journal.ops.views import RunView
 from tasks.job.claims import Held
+from tasks.job.workflow import APPROVAL
 
 # A wait longer than this is drawn as a break of ``BREAK_SHARE`` of the axis, not to scale.
 BREAK_MS = 2_000
@@ -99,7 +101,7 @@ def _finished(view: RunView, report: dict[str, Any]) -> Outcome:
             ((f"Message-ID {receipt}.",) if receipt else ()) + held,
         )
     if status in ("rejected", "expired"):
-        gate = view.step("signal:approval")
+        gate = view.step(StepKey.SIGNAL.of(APPROVAL))
         decided = gate.finished_at if gate else ended
         reason = report.get("reason") or "no reason given"
         who = _decider(gate)
@@ -126,9 +128,9 @@ def _waiting(view: RunView) -> Outcome:
     wait = view.wait
     assert wait is not None
     until = int(wait.until * 1000) if wait.until else None
-    if wait.signal == "approval":
+    if wait.signal == APPROVAL:
         return Outcome("approval", "Waiting for approval", until, at_word="until")
-    if wait.step.startswith("sleep:look:"):
+    if is_batch_look(wait.step):
         return Outcome("waiting", "Waiting for a batch of model calls", until, at_word="until")
     if wait.kind == "sleep":
         return Outcome("waiting", "Sleeping", until, at_word="until")
@@ -258,9 +260,9 @@ def _rows(view: RunView, now_ms: int) -> list[tuple[int, Bar]]:
 def _gap_label(before: Record, after: Record) -> str:
     """What a gap between two steps was spent on, from the step that ended it."""
     key = after.key
-    if key == "signal:approval":
+    if key == StepKey.SIGNAL.of(APPROVAL):
         return "waiting for approval"
-    if key.startswith("sleep:look:"):
+    if is_batch_look(key):
         return "waiting for the batch"
     if key.startswith("sleep:"):
         return "durable sleep"

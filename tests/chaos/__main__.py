@@ -28,6 +28,8 @@ from tests.support import ROOT
 
 # The exit status of a campaign that could not run: distinct from 1, a violation found.
 CAMPAIGN_BROKE = 3
+# The faults aimed at batch runs (their kill or crash is logged when it falls).
+BATCH_FAULTS = frozenset({"batch-create-kill", "batch-results-kill", "batch-deadline-kill"})
 # Kinds of timeline entry that are the campaign's own doings, not faults or operators.
 NOT_FAULTS = frozenset(
     {
@@ -146,7 +148,31 @@ def summary(seed: int, observation: Observation, timeline: Timeline, took: float
     ]
     if skipped:
         lines.insert(3, "  skipped: " + ", ".join(f"{k} {n}" for k, n in sorted(skipped.items())))
+    fired = batch_faults_fired(timeline.entries)
+    if any(scheduled for scheduled, _ in fired.values()):
+        lines.insert(
+            3,
+            "  batch faults fired/scheduled: "
+            + ", ".join(f"{kind} {n}/{of}" for kind, (of, n) in sorted(fired.items())),
+        )
     return "\n".join(lines)
+
+
+def batch_faults_fired(entries: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
+    """Each batch fault: how often it was scheduled, and how often its kill or crash fell.
+
+    A fault fires only where a batch run is where it aims (a creation, a result, a fallback
+    past the deadline); otherwise it lapses and says so in the timeline.
+    """
+    scheduled = Counter(e["kind"] for e in entries if e["kind"] in BATCH_FAULTS)
+    bursts = {
+        (e.get("why"), e.get("burst"))
+        for e in entries
+        if e["kind"] == "kill-child" and "burst" in e
+    }
+    fired = Counter(why for why, _ in bursts)
+    fired["batch-results-kill"] = sum(1 for e in entries if e["kind"] == "batch-results-crash")
+    return {kind: (scheduled[kind], fired[kind]) for kind in sorted(BATCH_FAULTS)}
 
 
 def fault_name(entry: dict[str, Any]) -> str | None:

@@ -27,6 +27,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from journal.ops.views import inspect_run
 from tasks.config import Config
 from tasks.runtime import Runtime
@@ -38,14 +40,21 @@ from tests.fakes.anthropic_server import CREDIT_TOO_LOW
 
 # The simulated calendar: week 0 is dispatched at 08:01 on this Monday (ISO week 2031-w02).
 FIRST_MONDAY = datetime(2031, 1, 6, 8, 1, tzinfo=UTC)
-# What each start of a worker runs its weeks with, in turn (worker b starts at batches).
-MODES: tuple[dict[str, str], ...] = (
-    {},
-    {"DIGEST_APPROVAL": "1"},
-    {"DIGEST_BATCH": "1"},
-)
 # How long the probe-kill fault holds the API waiting for the first call to arrive.
 PROBE_WAIT_S = 4.0
+# How long the slow item's call must be the only one in flight before the kill under it: the
+# other items' answers are then older than the checker's margin for recording them, so a map
+# that had not recorded them would pay for them again with no fault to explain it.
+SLOW_ALONE_S = 1.5
+# How long a batch fault waits for the batch it aims at (created, or cancelled at its deadline).
+BATCH_WAIT_S = 12.0
+# A batch created while the deadline fault runs processes this long: far past the deployment's
+# DIGEST_BATCH_DEADLINE, so the run cancels it and asks its items synchronously.
+SLOW_BATCH_S = 60.0
+# What a pool child prints as it dies at a CRASH point (tasks/faults.py).
+CRASH_LINE = b"simulated crash at "
+# How many weeks a CRASH point stays armed on worker b (batch-results-kill).
+ARMED_WEEKS = 3
 # How often the loop looks again at something it waits for (a held send, a slow call).
 POLL_S = 0.1
 # How long a sender is frozen inside its send: past its lease (DIGEST_LEASE_TTL=2) and the
@@ -65,6 +74,7 @@ HITS_CALLS = frozenset(
         "operator-cancel",
         "probe-kill",
         "freeze-sender",
+        "batch-results-crash",
     }
 )
 SETTLED = frozenset({"done", "cancelled", "failed"})
@@ -108,13 +118,34 @@ class Timeline:
             return [e for e in self.entries if abs(e["at"] - moment) <= seconds]
 
     def faults(self) -> list[FaultWindow]:
-        """The entries that can catch a model call in flight, as windows."""
+        """The entries that can catch a model call in flight, as windows.
+
+        The kills of one burst (every pool child at once, under one fault) are one fault: each
+        thing in flight then is asked again once, whichever child asked it.
+        """
+        windows: dict[Any, FaultWindow] = {}
         with self._lock:
-            return [
-                FaultWindow(e["kind"], e["at"], e.get("until", e["at"]), str(e.get("target", "")))
-                for e in self.entries
-                if e["kind"] in HITS_CALLS
-            ]
+            for index, e in enumerate(self.entries):
+                if e["kind"] not in HITS_CALLS:
+                    continue
+                window = FaultWindow(
+                    e["kind"],
+                    e.get("since", e["at"]),
+                    e.get("until", e["at"]),
+                    str(e.get("target", "")),
+                )
+                burst = e.get("burst")
+                key = ("burst", burst) if burst is not None else index
+                if key in windows:
+                    first = windows[key]
+                    window = FaultWindow(
+                        first.kind,
+                        min(first.started, window.started),
+                        max(first.ended, window.ended),
+                        "every child",
+                    )
+                windows[key] = window
+        return list(windows.values())
 
     def close(self) -> None:
         """Close the file."""
@@ -156,9 +187,14 @@ class Campaign:
         self.dispatchers: list[tuple[subprocess.Popen[str], str]] = []
         self._later: list[tuple[float, int, str, Callable[[], None]]] = []
         self._order = itertools.count()
-        self._pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="chaos")
+        self._pool = ThreadPoolExecutor(max_workers=6, thread_name_prefix="chaos")
         self._pending: list[Future[None]] = []
+        self._valkey_lock = threading.Lock()
         self.started = time.time()
+        self.quiet = False
+        self.published: set[str] = set()
+        self._slow_titles: set[str] = set()
+        self._bursts = itertools.count(1)
         self.timeline: Timeline | None = None
         self.runtime: Runtime | None = None
         self.monitor: Monitor | None = None
@@ -181,6 +217,11 @@ class Campaign:
             self.runtime = Runtime.build(Config.from_env(self.stack.env), allow_offline=True)
             self.monitor = Monitor(self.runtime)
             self.monitor.start()
+            # The schedule starts once the deployment is up: counted from before the workers'
+            # start (seconds on a loaded machine), its first weeks were overdue together, and
+            # two first dispatches at once send only the later week, as a first deployment
+            # does by design, which the campaign took for a lost week.
+            self.started = self.log.started = time.time()
             self._play()
             self._go_quiet()
             observation = self._observe()
@@ -285,6 +326,8 @@ class Campaign:
                 continue
             self.dispatchers.remove((process, now))
             out, err = process.communicate(timeout=5)
+            if process.returncode == 0:
+                self.published.update(out.split())
             last = (err.strip().splitlines() or [""])[-1] if process.returncode else ""
             self.log.add(
                 "dispatched",
@@ -349,9 +392,13 @@ class Campaign:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group, signal.SIGCONT)
 
-    def _start_worker(self, name: str, clock_offset: str | None = None) -> None:
-        mode = MODES[(self.starts[name] + 2 * (name == "b")) % len(MODES)]
-        self.starts[name] += 1
+    def _start_worker(
+        self, name: str, clock_offset: str | None = None, mode: dict[str, str] | None = None
+    ) -> None:
+        if mode is None:
+            modes = self.power.modes
+            mode = modes[(self.starts[name] + 2 * (name == "b")) % len(modes)]
+            self.starts[name] += 1
         # Worker b, where it can be, is another user's behind a hidepid /proc: a's processes
         # look absent to it while they live.
         hidden = name == "b" and hidden_workers_available()
@@ -371,14 +418,26 @@ class Campaign:
         self.log.add("beat-start")
 
     def _on_kill_valkey(self, down: float) -> None:
+        if not self._valkey_up():
+            # Its restart is already due: a second one would start a second server on the same
+            # socket and AOF, the first still serving the clients that reached it.
+            self.log.add("skipped", fault="kill-valkey", why="valkey is already down")
+            return
         self.stack.valkey.kill()
         self.log.add("kill-valkey", window=down, down=down)
         self._later_at(
             down, "restart valkey", lambda: self._background("restart valkey", self._restart_valkey)
         )
 
+    def _valkey_up(self) -> bool:
+        process = self.stack.valkey.process
+        return process is not None and process.poll() is None
+
     def _restart_valkey(self) -> None:
-        self.stack.valkey.start()
+        with self._valkey_lock:  # one server at a time, whichever thread restarts it
+            if self._valkey_up():
+                return
+            self.stack.valkey.start()
         self.log.add("valkey-start")
 
     def _on_smtp_hold(self, phase: str, seconds: float) -> None:
@@ -402,10 +461,29 @@ class Campaign:
         self._later_at(POLL_S, what, poll)
 
     def _at_held_send(self, phase: str) -> None:
-        """A send is held: deliver its run again, and freeze its sender before the marker."""
+        """A send is held: deliver its run again, an operator cancels it, and its sender is
+        frozen before the marker."""
+        sending = self._sending()
         self._duplicate_senders()
+        for run_id in sending:  # refused (exit 2) while its email may be out
+            self._background("operator cancel", functools.partial(self._cancel_sending, run_id))
         if phase != "DATA":  # before the marker: frozen there, the sender must not send late
             self._freeze_senders()
+
+    def _sending(self) -> list[str]:
+        """The runs whose send is claimed now."""
+        assert self.monitor is not None and self.runtime is not None
+        return [
+            run_id
+            for run_id in self.monitor.run_ids()
+            if self.runtime.journal.effect_states(self.runtime.journal.keys(WORKFLOW, run_id)).get(
+                "send"
+            )
+            in ("claimed", "confirmed")
+        ]
+
+    def _cancel_sending(self, run_id: str) -> None:
+        self._command("cancel", run_id, aimed=True, why="its send is held")
 
     def _freeze_senders(self) -> None:
         """SIGSTOP each process holding a send claim past its lease, then let it go on."""
@@ -481,20 +559,43 @@ class Campaign:
         title = f'"{item_title(item)}"'
         self.stack.api.delay_when(title, seconds)
         self.log.add("api-slow-item", item=item, seconds=seconds)
-        self._later_at(seconds * 3, "api item fast", lambda: self.stack.api.stop_delaying(title))
+        self._later_at(seconds * 3, "api item fast", functools.partial(self._fast_again, title))
         deadline = time.time() + seconds * 2
+        alone_since: list[float] = []
+        self._slow_titles.add(title)
 
         def watch() -> None:
-            if self.stack.api.in_flight(title):
-                pause = min(0.5, seconds / 3)  # the other items' calls answer meanwhile
-                self._later_at(pause, "kill under the slow call", self._kill_under_slow_call)
-            elif time.time() < deadline:
+            if self.quiet or time.time() > deadline:
+                self.log.add("skipped", fault="api-slow-item", why=f"no call of {item} in time")
+                return
+            if not self._slow_call_started(title):
                 self._later_at(POLL_S, "watch the slow call", watch)
+                return
+            if not self.stack.api.in_flight(title):
+                self.log.add("skipped", fault="api-slow-item", why="answered before the kill")
+                return
+            others = [
+                text
+                for text in self.stack.api.in_flight_texts()
+                if not any(slow in text for slow in self._slow_titles)
+            ]
+            if others:
+                alone_since.clear()  # the other items' calls are still being answered
+            elif not alone_since:
+                alone_since.append(time.time())
+            elif time.time() - alone_since[0] >= SLOW_ALONE_S:
+                self._kill_every_child("api-slow-item")
+                return
+            self._later_at(POLL_S, "watch the slow call", watch)
 
         self._later_at(POLL_S, "watch the slow call", watch)
 
-    def _kill_under_slow_call(self) -> None:
-        self._kill_every_child("api-slow-item")
+    def _fast_again(self, title: str) -> None:
+        self.stack.api.stop_delaying(title)
+        self._slow_titles.discard(title)
+
+    def _slow_call_started(self, title: str) -> bool:
+        return any(title in request.text for request in self.stack.api.requests)
 
     def _on_probe_kill(self) -> None:
         """The limiter's learned limits lapse (an idle hour), and the probing call's worker dies.
@@ -526,16 +627,147 @@ class Campaign:
         self._later_at(POLL_S, "watch for the probe", watch)
 
     def _kill_every_child(self, why: str) -> None:
+        burst = next(self._bursts)
         for name, worker in self.stack.workers.items():
             for pid in worker.children():
                 self._signal(pid, signal.SIGKILL)
-                self.log.add("kill-child", target=f"{name}/{pid}", why=why)
+                self.log.add("kill-child", target=f"{name}/{pid}", why=why, burst=burst)
+
+    # --- batches
+
+    def _on_batch_create_kill(self) -> None:
+        """A batch reaches the API and its answer never reaches the run: every child dies.
+
+        The API creates the next batch and holds its answer; once it exists, every pool child
+        is killed, then the answer is let go (to nobody). The run's next holder must find the
+        batch it made, not pay for a second one.
+        """
+        before = len(self.stack.api.batches)
+        self.stack.api.hold_batch_creates()
+        self.log.add("batch-create-kill", batches=before)
+        deadline = time.time() + BATCH_WAIT_S
+
+        def watch() -> None:
+            if len(self.stack.api.batches) > before:
+                self._kill_every_child("batch-create-kill")
+                self.stack.api.release_batch_creates()
+            elif time.time() < deadline and not self.quiet:
+                self._later_at(POLL_S, "watch for a batch", watch)
+            else:
+                self.stack.api.release_batch_creates()
+                self.log.add("skipped", fault="batch-create-kill", why="no batch was created")
+
+        self._later_at(POLL_S, "watch for a batch", watch)
+
+    def _on_batch_results_kill(self, pick: float) -> None:
+        """A batch run dies between two of its results: after one item's, before the next's.
+
+        Both workers are started again in batch mode with ``CRASH=after:summarize:<item>``, an
+        item of the next week that is not its last: the pool child that records that item's
+        result ends right after it, the later ones unrecorded. The next holder records them
+        from the same batch's results, paying for nothing again. Armed for ``ARMED_WEEKS``
+        weeks, then each worker is started again without it.
+        """
+        upcoming = [e for e in self.plan if e.kind == "week" and e.at > time.time() - self.started]
+        count = int(upcoming[0].params["new_items"]) if upcoming else 0
+        if count < 2:
+            self.log.add("skipped", fault="batch-results-kill", why="no next week of 2 items")
+            return
+        item = f"c{len(self.items) + int(pick * (count - 1)):04d}"
+        point = f"after:summarize:{item}"
+        self.log.add("batch-results-kill", point=point)
+        armed_for = ARMED_WEEKS * self.power.week_seconds
+        for name in sorted(self.stack.workers):
+            arm = functools.partial(self._arm_crash, name, point, armed_for)
+            self._background(f"arm a crash on {name}", arm)
+
+    def _arm_crash(self, name: str, point: str, seconds: float) -> None:
+        """Worker ``name`` with ``CRASH=point`` for ``seconds``; its crash logged as seen."""
+        self._kill_group(self.stack.workers[name].process)
+        self.log.add("kill-worker", target=name, why=f"armed with {point}")
+        self._start_worker(name, mode={"DIGEST_BATCH": "1", "CRASH": point})
+        worker = self.stack.workers[name]
+        offset = worker.log.stat().st_size
+        until = time.time() + seconds
+        last = time.time()
+        while time.time() < until and not self.quiet and self.stack.workers[name] is worker:
+            with worker.log.open("rb") as log:
+                log.seek(offset)
+                said = log.read()
+            if CRASH_LINE + point.encode() in said:
+                # It died between the last look and this one: that is the fault's window.
+                self.log.add(
+                    "batch-results-crash", window=0.0, since=last, target=name, point=point
+                )
+                break
+            last = time.time()
+            time.sleep(POLL_S)
+        current = self.stack.workers[name] is worker
+        self._kill_group(worker.process)  # never left running armed, replaced or not
+        self.log.add("kill-worker", target=name, why=f"disarmed of {point}")
+        if current:
+            self._start_worker(name)
+
+    def _on_batch_deadline_kill(self) -> None:
+        """A batch outlives its deadline and the run dies asking its items synchronously.
+
+        The next batch created processes far longer than DIGEST_BATCH_DEADLINE; once the run
+        has cancelled it at its deadline, the API holds the synchronous calls that follow,
+        and every pool child is killed under the first one.
+        """
+        api = self.stack.api
+        before = len(api.batches)
+        self.log.add("batch-deadline-kill", slow=SLOW_BATCH_S)
+        deadline = time.time() + BATCH_WAIT_S * 2
+        slowed: list[str] = []
+        held: list[float] = []
+
+        def done(why: str | None) -> None:
+            if held:  # the API held the calls meanwhile: a fault of its own
+                api.release()
+                self.log.add("api-hold", window=0.0, since=held[0], why="batch-deadline-kill")
+            if why is not None:
+                self.log.add("skipped", fault="batch-deadline-kill", why=why)
+
+        def watch() -> None:
+            if self.quiet or time.time() > deadline:
+                done("no batch reached its deadline and fell back")
+                return
+            batches = api.batches
+            if not slowed:
+                if len(batches) > before:
+                    batches[before].processing = SLOW_BATCH_S
+                    slowed.append(batches[before].id)
+            elif not held:
+                if any(b.id == slowed[0] and b.cancel_at is not None for b in batches):
+                    api.hold()
+                    held.append(time.time())
+            elif api.in_flight("<update"):
+                self._kill_every_child("batch-deadline-kill")
+                done(None)
+                return
+            self._later_at(POLL_S, "watch the deadline", watch)
+
+        self._later_at(POLL_S, "watch the deadline", watch)
 
     def _on_duplicate(self, pick: float) -> None:
+        """Deliver a run twice: one a worker runs now where there is one (the worst moment)."""
         if not self.weeks:
             self.log.add("skipped", fault="duplicate", why="no week yet")
             return
-        self._deliver_twice(self.weeks[int(pick * len(self.weeks))])
+        try:
+            running = [
+                week for week in self.weeks[-4:] if self._status(week) in ("running", "retrying")
+            ]
+        except (redis.RedisError, OSError):
+            running = []  # Valkey is down (a fault): any published week will do
+        # Only a week some dispatcher published can be delivered twice: delivering one never
+        # published would start its run, and hide a dispatcher that lost the week.
+        pool = running or [week for week in self.weeks if week in self.published]
+        if not pool:
+            self.log.add("skipped", fault="duplicate", why="no week published yet")
+            return
+        self._deliver_twice(pool[int(pick * len(pool))])
 
     def _deliver_twice(self, run_id: str) -> None:
         code = "import sys\nfrom tasks import digest\nfor _ in range(2): digest.delay(sys.argv[1])"
@@ -566,13 +798,19 @@ class Campaign:
         run_id = pool[int(pick * len(pool))]
         if verb == "mark-sent" and not self._in_mailbox(run_id):
             verb = "resend"  # the operator checked the mailbox: it did not arrive
+        self._command(verb, run_id, aimed=bool(candidates))
+
+    def _command(self, verb: str, run_id: str, aimed: bool, why: str | None = None) -> None:
+        """One operator command, logged before and after with what it said."""
         args = {"fork": ["--from", "compose"], "reject": ["--reason", "chaos operator"]}
+        detail = {"why": why} if why else {}
         entry = self.log.add(
             "operator-cancel" if verb == "cancel" else "operator",
             window=2.0 if verb == "cancel" else None,
             verb=verb,
             target=run_id,
-            aimed=bool(candidates),
+            aimed=aimed,
+            **detail,
         )
         done = self.stack.deployment.cli(verb, run_id, *args.get(verb, []), timeout=60)
         said = (done.stdout.strip() or done.stderr.strip()).splitlines()
@@ -615,6 +853,7 @@ class Campaign:
     # --- quiet, then the final look
 
     def _go_quiet(self) -> None:
+        self.quiet = True
         self.log.add("quiet", why="faults stopped: every process resumed, every fake normal")
         for future in self._pending:
             with contextlib.suppress(Exception):
@@ -626,6 +865,7 @@ class Campaign:
             with contextlib.suppress(Exception):
                 future.result(timeout=90)
         self.stack.resume_everything()
+        self.stack.api.batch_processing_time = 1.0
         self._revive()
         self._settle()
         index = len(self.weeks)
@@ -638,7 +878,7 @@ class Campaign:
 
     def _revive(self) -> None:
         """Start whatever the faults left dead: Valkey, either worker, beat."""
-        if self.stack.valkey.process is None or self.stack.valkey.process.poll() is not None:
+        if not self._valkey_up():
             self._restart_valkey()
         for name, worker in list(self.stack.workers.items()):
             if worker.process.poll() is not None:

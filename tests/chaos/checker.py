@@ -14,8 +14,9 @@ it"), one function each:
 2. :func:`check_items`: each item in exactly one run's email, or held by a run `digest runs`
    lists; never in two, never silently dropped.
 3. :func:`check_weeks`: every week the schedule reached has a run, in a visible state.
-4. :func:`check_paid_calls`: an item's paid calls beyond one per run that recorded it are
-   each explained by a fault that hit one of its calls in flight.
+4. :func:`check_paid_calls`: an item's paid calls (and an opening paragraph's), synchronous
+   or batch requests, beyond one per run that recorded it are each explained by a fault that
+   hit one of its calls in flight.
 5. :func:`check_journal`: no step rewritten, fences never going down, no lease of an ended
    run, every sampled status change allowed by ``TRANSITIONS`` (the sampled sequence may skip
    statuses, so a change must be *reachable*, not necessarily direct).
@@ -61,12 +62,15 @@ class Call:
         item: the item summarized; None for the opening paragraph.
         started, ended: the call's window (a batch request's: its batch's creation to end).
         batch: whether it was a batch request.
+        opening: for the opening paragraph, the items its prompt names: the call is told
+            apart by them from another run's opening (a fork's names its parent's items).
     """
 
     item: str | None
     started: float
     ended: float
     batch: bool = False
+    opening: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,9 @@ class RunState:
         step_fences: each recorded step's fence.
         summarized: the items whose ``summarize:<id>`` the run recorded, by its own call (a
             fork's copies of its parent's records are not its own).
+        opened: the items of the opening paragraph the run recorded (its ``compose`` step,
+            asked by its own call: a fork from ``compose`` asks it again), sorted; empty when
+            it recorded none.
         listed: whether ``digest runs`` showed it.
         fork_of: the run it was forked from, for a fork.
         stuck: still running or retrying, or waiting on something other than a person (an
@@ -110,6 +117,7 @@ class RunState:
     fence: int = 0
     step_fences: dict[str, int] = field(default_factory=dict)
     summarized: tuple[str, ...] = ()
+    opened: tuple[str, ...] = ()
     listed: bool = True
     fork_of: str | None = None
     stuck: bool = False
@@ -315,11 +323,14 @@ def check_weeks(observation: Observation) -> list[Violation]:
 
 
 def check_paid_calls(observation: Observation) -> list[Violation]:
-    """An item's paid calls: one per run that recorded its summary, plus one per fault hit.
+    """Every paid request, summaries and opening paragraphs, synchronous or in a batch.
 
-    A fault hits a call when its window overlaps the call's, the call's extended by
-    ``IN_FLIGHT_MARGIN_S`` for the record's round trip. Each fault explains at most one more
-    call of each item it hit.
+    Each item's summary is paid once per run that recorded it, plus once per fault that hit
+    one of its calls in flight; likewise each opening paragraph, told apart by the items it
+    names, once per run that recorded it. A batch counts each of its requests that ended
+    paid (``succeeded``) as one call of its item. A fault hits a call when its window
+    overlaps the call's, the call's extended by ``IN_FLIGHT_MARGIN_S`` for the record's
+    round trip; each fault explains at most one more call of each thing it hit.
     """
     recorded: Counter[str] = Counter()
     for run in observation.runs.values():
@@ -330,28 +341,47 @@ def check_paid_calls(observation: Observation) -> list[Violation]:
             calls[call.item].append(call)
     violations = []
     for item, paid in sorted(calls.items()):
-        hit = [
-            fault for fault in observation.faults if any(_overlaps(fault, call) for call in paid)
-        ]
-        allowed = recorded[item] + len(hit)
-        if len(paid) > max(allowed, 1):
-            violations.append(
-                Violation(
-                    "paid-calls",
-                    f"item {item} was paid for {len(paid)} times: {recorded[item]} runs "
-                    f"recorded it and {len(hit)} faults hit its calls in flight",
-                    {
-                        "item": item,
-                        "calls": [asdict(c) for c in paid],
-                        "faults_hit": [asdict(f) for f in hit],
-                        "runs": sorted(
-                            r.run_id for r in observation.runs.values() if item in r.summarized
-                        ),
-                    },
-                    paid[-1].started,
-                )
+        violation = _overpaid(observation, paid, recorded[item], f"item {item}")
+        if violation is not None:
+            violation.evidence["item"] = item
+            violation.evidence["runs"] = sorted(
+                r.run_id for r in observation.runs.values() if item in r.summarized
             )
+            violations.append(violation)
+    opened: Counter[tuple[str, ...]] = Counter(
+        run.opened for run in observation.runs.values() if run.opened
+    )
+    openings: dict[tuple[str, ...], list[Call]] = defaultdict(list)
+    for call in observation.calls:
+        if call.item is None:
+            openings[tuple(sorted(call.opening))].append(call)
+    for items, paid in sorted(openings.items()):
+        what = f"the opening paragraph of {', '.join(items) or 'no items'}"
+        violation = _overpaid(observation, paid, opened[items], what)
+        if violation is not None:
+            violation.evidence["opening"] = list(items)
+            violation.evidence["runs"] = sorted(
+                r.run_id for r in observation.runs.values() if r.opened == items
+            )
+            violations.append(violation)
     return violations
+
+
+def _overpaid(
+    observation: Observation, paid: list[Call], recorded: int, what: str
+) -> Violation | None:
+    """A violation when ``paid`` holds more calls than ``recorded`` and the faults explain."""
+    hit = [fault for fault in observation.faults if any(_overlaps(fault, call) for call in paid)]
+    allowed = recorded + len(hit)
+    if len(paid) <= max(allowed, 1):
+        return None
+    return Violation(
+        "paid-calls",
+        f"{what} was paid for {len(paid)} times: {recorded} runs recorded it and "
+        f"{len(hit)} faults hit its calls in flight",
+        {"calls": [asdict(c) for c in paid], "faults_hit": [asdict(f) for f in hit]},
+        paid[-1].started,
+    )
 
 
 def _overlaps(fault: FaultWindow, call: Call) -> bool:

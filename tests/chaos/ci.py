@@ -20,7 +20,12 @@ from tests.support import ROOT
 
 SEEDS = Path(__file__).with_name("seeds.txt")
 # Planted bugs, each under the focus that catches it whatever the machine's timing, on one seed.
-CI_BUGS = (("b", "dispatch"), ("f", "ambiguous-send"), ("g", "failed-ambiguous"))
+CI_BUGS = (
+    ("b", "dispatch"),
+    ("c", "cancel-send"),
+    ("f", "ambiguous-send"),
+    ("g", "failed-ambiguous"),
+)
 CI_BUG_SEED = "1"
 CI_BUG_DURATION = 45.0
 

@@ -18,7 +18,7 @@ from typing import Any
 import redis
 
 from journal._schema.keys import RunKeys
-from journal.ops.views import inspect_run
+from journal.ops.views import RunView, inspect_run
 from tasks.keys import text
 from tasks.runtime import Runtime
 from tests.chaos.checker import Call, Email, FaultWindow, Observation, RunState
@@ -124,7 +124,7 @@ def paid_calls(stack: Stack) -> list[Call]:
     for call in stack.api.timed:
         if call.status != 200:
             continue
-        calls.append(Call(_item_of(call.text), call.started, call.ended))
+        calls.append(_call(call.text, call.started, call.ended))
     for batch in stack.api.batches:
         params = {r["custom_id"]: r["params"] for r in batch.requests}
         for entry in batch.results:
@@ -132,15 +132,39 @@ def paid_calls(stack: Stack) -> list[Call]:
                 continue
             text = message_text(params.get(entry["custom_id"], {}))
             ended = batch.ended_at or batch.created_at
-            calls.append(Call(_item_of(text), batch.created_at, ended, batch=True))
+            calls.append(_call(text, batch.created_at, ended, batch=True))
     return calls
 
 
-def _item_of(text: str) -> str | None:
+def _call(text: str, started: float, ended: float, batch: bool = False) -> Call:
+    """One paid request: an item's summary, or an opening paragraph naming its items."""
     if "<updates>" in text:
-        return None
+        return Call(None, started, ended, batch, tuple(sorted(_TITLE.findall(text))))
     matched = _TITLE.search(text)
-    return matched.group(1) if matched else None
+    return Call(matched.group(1) if matched else None, started, ended, batch)
+
+
+# The opening paragraph's step: ``compose`` when asked synchronously, its batch's item else.
+OPENING_STEPS = frozenset({"compose", "compose:opening"})
+
+
+def _opened(view: RunView) -> tuple[str, ...]:
+    """The items of the opening paragraph the run recorded; empty when it recorded none.
+
+    Its prompt names the items whose summary has a text (a refused item is left out), so
+    the recorded summaries, a fork's copies included, name them.
+    """
+    if not any(record.key in OPENING_STEPS for record in view.steps):
+        return ()
+    return tuple(
+        sorted(
+            record.key.removeprefix("summarize:")
+            for record in view.steps
+            if record.key.startswith("summarize:")
+            and isinstance(record.result, dict)
+            and "text" in record.result
+        )
+    )
 
 
 def run_state(runtime: Runtime, run_id: str, listed: set[str]) -> RunState:
@@ -181,6 +205,7 @@ def run_state(runtime: Runtime, run_id: str, listed: set[str]) -> RunState:
         fence=int(meta.get("fence") or 0),
         step_fences={r.key: r.fence for r in view.steps},
         summarized=summarized,
+        opened=_opened(view),
         listed=run_id in listed,
         fork_of=fork_of,
         stuck=stuck,

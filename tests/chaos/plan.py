@@ -15,6 +15,12 @@ from typing import Any
 from tests.chaos.stack import SMTP_PHASES
 
 WORKERS = ("a", "b")
+# What each start of a worker runs its weeks with, in turn (worker b starts at batches).
+MODES: tuple[dict[str, str], ...] = (
+    {},
+    {"DIGEST_APPROVAL": "1"},
+    {"DIGEST_BATCH": "1"},
+)
 
 
 FAULT_WEIGHTS = {
@@ -37,6 +43,9 @@ FAULT_WEIGHTS = {
     "duplicate": 1.5,
     "clock-skew": 0.5,
     "probe-kill": 1.0,
+    "batch-create-kill": 0.8,
+    "batch-results-kill": 0.6,
+    "batch-deadline-kill": 0.6,
 }
 VERB_WEIGHTS = {
     "approve": 3.0,
@@ -51,7 +60,18 @@ VERB_WEIGHTS = {
 
 
 # Faults that aim at a run's first calls, so they fall just after a week is dispatched.
-AT_A_WEEKS_START = frozenset({"api-slow-item", "probe-kill"})
+AT_A_WEEKS_START = frozenset(
+    {
+        "api-slow-item",
+        "probe-kill",
+        "batch-create-kill",
+        "batch-results-kill",
+        "batch-deadline-kill",
+    }
+)
+# The batch-results fault arms its crash (a worker's restart) before the next week starts.
+ARMED_BEFORE_A_WEEK = frozenset({"batch-results-kill"})
+ARMING_S = 4.0
 
 
 @dataclass(frozen=True)
@@ -73,6 +93,7 @@ class Power:
         spare_first_dispatch: the deployment's first dispatch suffers nothing: one that dies
             between claim and publish loses its week (found by the campaign; seeds.txt), which
             would hide whether a bug planted in the dispatcher is caught.
+        modes: what each start of a worker runs its weeks with, in turn.
     """
 
     week_seconds: float = 8.0
@@ -85,6 +106,7 @@ class Power:
     smtp_hold_seconds: tuple[float, float] = (1.0, 7.0)
     env: dict[str, str] = field(default_factory=dict)
     spare_first_dispatch: bool = False
+    modes: tuple[dict[str, str], ...] = MODES
 
 
 @dataclass(frozen=True)
@@ -124,6 +146,8 @@ def make_plan(seed: int, duration: float, power: Power) -> list[Event]:
         at = rng.uniform(1.0, duration - 1.0)
         if kind in AT_A_WEEKS_START:
             at = rng.randrange(weeks) * power.week_seconds + 0.2
+            if kind in ARMED_BEFORE_A_WEEK:  # armed a few seconds before the next week
+                at += max(0.0, power.week_seconds - ARMING_S)
         events.append(Event(at, kind, fault_params(rng, kind, power)))
     verbs, verb_weights = zip(*sorted(power.verbs.items()), strict=True)
     for _ in range(round(duration * power.operators_per_minute / 60)):
@@ -168,8 +192,11 @@ def fault_params(rng: random.Random, kind: str, power: Power) -> dict[str, Any]:
     if kind in ("api-hold", "api-credit"):
         return {"seconds": rng.uniform(1.0, 6.0)}
     if kind == "api-slow-item":
-        # Under the model timeout (DIGEST_MODEL_TIMEOUT=4): slow, never a timed-out repeat.
-        return {"pick": rng.random(), "seconds": rng.uniform(1.5, 3.0)}
+        # Under the model timeout (DIGEST_MODEL_TIMEOUT=4): slow, never a timed-out repeat;
+        # long enough for the other items' calls to be answered well before the kill under it.
+        return {"pick": rng.random(), "seconds": rng.uniform(3.0, 3.5)}
+    if kind == "batch-results-kill":
+        return {"pick": rng.random()}
     if kind == "duplicate":
         return {"pick": rng.random()}
     if kind == "clock-skew":
@@ -222,5 +249,45 @@ FOCUS = {
         smtp_phases=("DATA",),
         smtp_hold_seconds=(3.5, 6.0),
         env={"DIGEST_AMBIGUOUS_SEND": "resend", "DIGEST_GIVE_UP_AFTER": "0"},
+    ),
+    # Sends held after the marker (ambiguous) while operators cancel the runs sending them
+    # (refused: the email may be out); the next weeks must not take and send their items.
+    "cancel-send": Power(
+        weights={"smtp-hold": 3.0, "smtp-drop": 1.0},
+        faults_per_minute=20.0,
+        operators_per_minute=20.0,
+        verbs={"cancel": 3.0, "release": 1.0},
+        smtp_phases=("DATA",),
+        smtp_hold_seconds=(3.5, 6.0),
+    ),
+    # One item of most weeks answers slowly; once the other items' answers are old, every
+    # pool child dies under the slow call: only answers recorded as they came survive.
+    "slow-item": Power(
+        weights={"api-slow-item": 1.0},
+        faults_per_minute=8.0,
+        operators_per_minute=2.0,
+        modes=({},),  # every run maps its summaries (a batch run asks no call to hold back)
+    ),
+    # Runs made slow (API latency, a slow SMTP server) and delivered again while a worker runs
+    # them: worker b, behind a hidepid /proc, sees none of worker a's processes and must not
+    # take a run a live one holds.
+    "hidden-holder": Power(
+        week_seconds=6.0,
+        weights={"duplicate": 3.0, "api-latency": 1.5, "smtp-slow": 1.0},
+        faults_per_minute=24.0,
+        operators_per_minute=2.0,
+    ),
+    # Every run asks by Message Batches, killed right after a batch's creation, between two of
+    # its results, and while asking synchronously past the batch's deadline.
+    "batch": Power(
+        weights={
+            "batch-create-kill": 1.0,
+            "batch-results-kill": 1.0,
+            "batch-deadline-kill": 1.0,
+            "kill-child": 0.3,
+        },
+        faults_per_minute=9.0,
+        dispatcher_faults=(None,),
+        env={"DIGEST_BATCH": "1"},
     ),
 }

@@ -38,7 +38,9 @@ class Bug:
 BUGS = (
     Bug(
         "a",
-        "the send skips its confirmation before DATA (a frozen sender sends after takeover)",
+        # Its last-moment check still stops a sender frozen past its claim: what the missing
+        # confirmation breaks is a send lost after the marker, settled released, sent again.
+        "the send skips its confirmation before DATA (a send lost after it is sent again)",
         (
             (
                 "tasks/mail/smtp.py",
@@ -60,10 +62,18 @@ BUGS = (
             ),
         ),
     ),
+    # A cancel is refused once the send is claimed (cancel.lua), so the takeover's own check
+    # of the send claim alone is a second lock that only a cancel landing between a holder's
+    # step boundary and its send claim could test: both locks are removed, as before issue 24.
     Bug(
         "c",
-        "a cancelled run's claims are handed over though its send was claimed",
+        "a run is cancelled while its send is claimed and its claims are handed over",
         (
+            (
+                "journal/lua/cancel.lua",
+                "  if state and state ~= 'released' then",
+                "  if state and state ~= 'released' and effects[i] ~= 'send' then",
+            ),
             (
                 "tasks/job/claims.py",
                 'if run_status(runtime, other) in ("cancelled", None) and not send_claimed('

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from email.message import EmailMessage
@@ -122,6 +123,13 @@ class TimedAnthropic(FakeAnthropic):
             answered = sum(contains in call.text for call in self.timed)
         return arrived > answered
 
+    def in_flight_texts(self) -> list[str]:
+        """The prompts of the calls that have arrived and are not answered yet."""
+        waiting = Counter(request.text for request in self.requests)
+        with self._timed_lock:
+            waiting.subtract(call.text for call in self.timed)
+        return [text for text, count in waiting.items() for _ in range(max(0, count))]
+
     def stop_delaying(self, contains: str) -> None:
         """Undo ``delay_when(contains, ...)``: the fake has no way of its own to."""
         with self._lock:
@@ -183,6 +191,9 @@ class Stack:
             "DIGEST_APPROVAL_TIMEOUT": "25",
             "DIGEST_BATCH_FIRST_LOOK": "0.5",
             "DIGEST_BATCH_MAX_LOOK": "1",
+            # A batch processes in a second here; one the batch-deadline fault slows down is
+            # cancelled at this deadline and its items asked synchronously.
+            "DIGEST_BATCH_DEADLINE": "8s",
             "DIGEST_CONCURRENCY": "3",
             **self.env_overrides,
         }

@@ -28,7 +28,7 @@ def clean() -> Observation:
         calls=[
             Call("c0000", 1.0, 2.0),
             Call("c0001", 1.0, 2.0),
-            Call(None, 2.0, 3.0),
+            Call(None, 2.0, 3.0, opening=("c0000", "c0001")),
             Call("c0002", 5.0, 6.0, batch=True),
         ],
         runs={
@@ -40,6 +40,7 @@ def clean() -> Observation:
                 fence=1,
                 step_fences={"select": 1, "send": 1},
                 summarized=("c0000", "c0001"),
+                opened=("c0000", "c0001"),
             ),
             "2031-w03": RunState(
                 "2031-w03",
@@ -217,6 +218,44 @@ def test_a_fault_after_the_answer_was_recorded_explains_nothing() -> None:
     observation.calls.append(Call("c0000", 8.0, 9.0))
     observation.faults.append(FaultWindow("kill-child", 4.0, 4.0, "a/123"))
     assert rules(observation) == ["paid-calls"]
+
+
+def test_a_repeated_opening_paragraph_no_fault_explains_is_reported() -> None:
+    observation = clean()
+    observation.calls.append(Call(None, 8.0, 9.0, opening=("c0001", "c0000")))
+    [violation] = check(observation)
+    assert violation.rule == "paid-calls"
+    assert violation.message.startswith("the opening paragraph of c0000, c0001 was paid for 2")
+
+
+def test_a_repeated_opening_paragraph_in_a_batch_is_reported() -> None:
+    observation = clean()
+    observation.calls.append(Call(None, 8.0, 9.0, batch=True, opening=("c0000", "c0001")))
+    assert rules(observation) == ["paid-calls"]
+
+
+def test_an_opening_paragraph_hit_in_flight_may_be_asked_again() -> None:
+    observation = clean()
+    observation.calls.append(Call(None, 8.0, 9.0, opening=("c0000", "c0001")))
+    observation.faults.append(FaultWindow("kill-worker", 2.5, 2.5, "a"))
+    assert check(observation) == []
+
+
+def test_a_forks_own_opening_paragraph_of_the_same_items_is_paid_once_more() -> None:
+    observation = clean()
+    observation.calls.append(Call(None, 8.0, 9.0, opening=("c0000", "c0001")))
+    observation.runs["2031-w02-fork1"] = RunState(
+        "2031-w02-fork1", "done", fork_of="2031-w02", opened=("c0000", "c0001")
+    )
+    assert check(observation) == []
+
+
+def test_each_item_of_a_batch_made_twice_is_a_repeated_paid_call() -> None:
+    observation = clean()
+    observation.calls += [Call("c0000", 8.0, 9.0, batch=True), Call("c0001", 8.0, 9.0, batch=True)]
+    violations = check(observation)
+    assert [v.rule for v in violations] == ["paid-calls", "paid-calls"]
+    assert [v.evidence["item"] for v in violations] == ["c0000", "c0001"]
 
 
 def test_a_fence_that_went_down_is_reported() -> None:

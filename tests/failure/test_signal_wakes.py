@@ -15,7 +15,10 @@ from tests.support import Deployment
 
 pytestmark = pytest.mark.slow
 
-BOUND = 2.0
+# Only a wake at once sends the email within this: the sweep runs once an hour here, and no
+# beat runs it at all. How long it takes is a figure, printed, not a bound a loaded machine
+# can miss.
+SENT_WITHIN_S = 30.0
 
 
 def test_approve_to_email_with_a_worker_and_no_beat(deployment: Deployment) -> None:
@@ -26,12 +29,11 @@ def test_approve_to_email_with_a_worker_and_no_beat(deployment: Deployment) -> N
 
     started = time.monotonic()
     approved = deployment.cli("approve", RUN)
-    wait_until(deployment.outbox, 10, "the approved digest to be sent", every=0.01)
+    wait_until(deployment.outbox, SENT_WITHIN_S, "the approved digest to be sent", every=0.01)
     took = time.monotonic() - started
 
     assert approved.returncode == 0, approved.stderr
     assert "a worker resumes it now" in approved.stdout
-    assert took < BOUND, took
     wait_until(lambda: deployment.view(RUN).status == "done", 10, "the run to finish")
     assert len(deployment.outbox()) == 1
     print(f"approve to email, worker and no beat: {took:.2f}s (the approve command included)")

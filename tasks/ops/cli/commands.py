@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 
 from journal import Journal, StepEvent, Wait, validate_run_id
+from journal.batch import is_batch_look
 from journal.errors import (
     RunParked,
 )
@@ -27,7 +28,7 @@ from tasks.job.claims import holdings
 from tasks.job.feeds import is_url
 from tasks.job.items import load_items
 from tasks.job.report import batch_lines, decide_send, utc
-from tasks.job.workflow import DigestOptions, digest, preview
+from tasks.job.workflow import APPROVAL, DigestOptions, digest, preview
 from tasks.llm.client import OfflineSummarizer
 from tasks.llm.cost import dollars, usage_of
 from tasks.ops import actions
@@ -150,14 +151,14 @@ def _waiting_line(journal: Journal, workflow: str, run_id: str, wait: Wait) -> s
             f"waiting: the email may have been sent ({redact(wait.reason)}); {decide_send(run_id)}"
         )
     until = utc(wait.until) if wait.until else "no time limit"
-    if wait.step.startswith("sleep:look:"):
+    if is_batch_look(wait.step):
         seen = inspect_run(journal, workflow, run_id)
         shown = batch_lines(seen.steps, seen.wait, seen.effects)
         return printable(
             f"waiting: batch {shown[-1] if shown else '?'}; run `digest run {run_id}` "
             "again then, or let a worker and beat resume it"
         )
-    if wait.signal == "approval":
+    if wait.signal == APPROVAL:
         return (
             f"waiting: {wait.kind} {wait.signal or wait.step} (until {until}); "
             f"`digest approve {run_id}` or `digest reject {run_id} --reason ...`"

@@ -18,6 +18,7 @@ from journal.ops.views import RunView
 from journal.testing.preflight import Verdict
 from tasks.job.claims import MAYBE_SENT, STUCK, Held
 from tasks.job.report import batch_lines, draft_digest, email_state, receipt_line, utc
+from tasks.job.workflow import APPROVAL
 from tasks.llm.cost import Usage, dollars, is_call, is_completion, usage_of
 from tasks.llm.prompts import PROMPTS
 from tasks.llm.ratelimit import LimitState
@@ -205,7 +206,7 @@ def _step_lines(view: RunView, usage: Usage, limits: Sequence[LimitState]) -> li
 def _draft_lines(view: RunView) -> list[str]:
     """The draft a run waits at its approval gate with, for the reviewer to read."""
     draft = view.step("draft")
-    if view.wait is None or view.wait.signal != "approval" or draft is None:
+    if view.wait is None or view.wait.signal != APPROVAL or draft is None:
         return []
     email = draft.result
     return [
