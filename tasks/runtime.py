@@ -155,10 +155,13 @@ class Runtime:
     """A replay's runtime (``storeless``): it has no store, so no other run's state either."""
 
     def limit_states(self) -> list[LimitState]:
-        """What the shared rate limiter knows of the two models (none without an API key)."""
+        """What the shared rate limiter knows of each model of both chains (none without a key)."""
         if self.limiter is None:
             return []
-        return self.limiter.states((self.config.summary_model, self.config.intro_model))
+        config = self.config
+        return self.limiter.states(
+            tuple(dict.fromkeys(config.summary_models + config.intro_models))
+        )
 
     @functools.cached_property
     def batches(self) -> AnthropicBatches | NoBatches:
@@ -250,7 +253,10 @@ def choose_summarizer(
     """
     if os.environ.get("ANTHROPIC_API_KEY"):
         return AnthropicSummarizer.from_env(
-            config.model_timeout, config.summary_model, config.intro_model, limiter=limiter
+            config.model_timeout,
+            config.summary_models[0],
+            config.intro_models[0],
+            limiter=limiter,
         )
     if allow_offline:
         return OfflineSummarizer()
@@ -286,11 +292,11 @@ class MissingKey:
     name = "none (ANTHROPIC_API_KEY is not set)"
     remote = False
 
-    def summarize(self, item: Update) -> Completion:
+    def summarize(self, item: Update, model: str | None = None) -> Completion:
         """Refuse: a worker must not send offline summaries unless told to."""
         raise ModelNotConfigured()
 
-    def compose(self, pairs: Sequence[tuple[Update, str]]) -> Completion:
+    def compose(self, pairs: Sequence[tuple[Update, str]], model: str | None = None) -> Completion:
         """Refuse, as ``summarize`` does."""
         raise ModelNotConfigured()
 

@@ -42,6 +42,11 @@ DEFAULT_SUMMARY_MODEL = "claude-haiku-5-5"
 DEFAULT_INTRO_MODEL = "claude-sonnet-5-5"
 
 
+def model_chain(raw: str) -> tuple[str, ...]:
+    """A model setting's ids, in order: ``a,b`` asks ``a`` first and ``b`` when ``a`` is down."""
+    return tuple(part.strip() for part in raw.split(","))
+
+
 def _register_secrets(env: Mapping[str, str]) -> None:
     """Tell the masking function every secret this process was configured with.
 
@@ -87,7 +92,8 @@ class Config:
         items_path: this week's updates: a file, or an https:// URL (``tasks.job.feeds``).
         items_timeout: seconds a URL of updates may take to answer.
         key_prefix: the prefix of every Redis key the project writes.
-        summary_model, intro_model: model ids.
+        summary_model, intro_model: each a comma list of model ids, the primary first, then
+            the fallbacks in the order they are asked (``summary_models``, ``intro_models``).
         concurrency: summaries in flight at once.
         lease_ttl: seconds a run's lease lives without renewal.
         model_timeout: seconds one model call may take: inside the lease, far inside the time
@@ -250,6 +256,7 @@ class Config:
                 "as Europe/Berlin"
             ) from None
         self._check_time_limits()
+        self._check_models()
         self._check_spending()
         self._check_retries()
 
@@ -278,11 +285,45 @@ class Config:
                 f"DIGEST_TASK_TIME_LIMIT={self.time_limit:g}"
             )
 
+    def _check_models(self) -> None:
+        """Each chain a list of distinct ids; every fallback priced, so its cost is counted."""
+        for name, raw in (
+            ("DIGEST_SUMMARY_MODEL", self.summary_model),
+            ("DIGEST_INTRO_MODEL", self.intro_model),
+        ):
+            chain = model_chain(raw)
+            if "" in chain:
+                raise BadInput(
+                    f"{name}={raw!r}: an empty model id; list ids separated by commas, the "
+                    "primary first, such as claude-haiku-5-5,claude-sonnet-5-5"
+                )
+            twice = sorted({m for m in chain if chain.count(m) > 1})
+            if twice:
+                raise BadInput(
+                    f"{name}={raw!r}: {', '.join(twice)} is listed twice; list each model once, "
+                    "in the order to ask them"
+                )
+            unpriced = [m for m in chain if self.prices.price(m) is None]
+            if len(chain) > 1 and unpriced:
+                raise BadInput(
+                    f"{name}={raw!r}: {', '.join(unpriced)} has no price, so a call it answers "
+                    "could not be costed; add it to DIGEST_PRICES or DIGEST_PRICES_FILE"
+                )
+
+    @property
+    def summary_models(self) -> tuple[str, ...]:
+        """The summaries' models: the primary, then each fallback in order."""
+        return model_chain(self.summary_model)
+
+    @property
+    def intro_models(self) -> tuple[str, ...]:
+        """The opening paragraph's models: the primary, then each fallback in order."""
+        return model_chain(self.intro_model)
+
     def _check_spending(self) -> None:
         """A budget only over priced models, and batch waits that fit a batch's life."""
-        unpriced = [
-            m for m in (self.summary_model, self.intro_model) if self.prices.price(m) is None
-        ]
+        models = dict.fromkeys((*self.summary_models, *self.intro_models))
+        unpriced = [m for m in models if self.prices.price(m) is None]
         if self.max_cost_usd is not None and unpriced:
             raise BadInput(
                 f"DIGEST_MAX_COST_USD is set but {', '.join(unpriced)} has no price, so its "

@@ -199,8 +199,19 @@ SETTINGS: tuple[Setting, ...] = (
         shown="unset",
     ),
     Setting("ANTHROPIC_BASE_URL", None, "text", "the SDK's own: the API's address", shown="unset"),
-    Setting("DIGEST_SUMMARY_MODEL", "summary_model", "text", "the model of each summary"),
-    Setting("DIGEST_INTRO_MODEL", "intro_model", "text", "the model of the opening paragraph"),
+    Setting(
+        "DIGEST_SUMMARY_MODEL",
+        "summary_model",
+        "text",
+        "the model of each summary; a comma list is a fallback chain, the primary first "
+        "(docs/operations.md)",
+    ),
+    Setting(
+        "DIGEST_INTRO_MODEL",
+        "intro_model",
+        "text",
+        "the model of the opening paragraph; a comma list as for the summaries",
+    ),
     Setting("DIGEST_CONCURRENCY", "concurrency", "count", "summaries in flight at once", 1, 64),
     Setting(
         "DIGEST_MODEL_TIMEOUT",

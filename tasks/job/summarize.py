@@ -5,10 +5,16 @@ Every call is held in the run's budget before it is made and settled at what it 
 and, once they outlast it, named with the way out (``giving_up``). A batch run sends the same
 requests as Message Batches, and what a batch does not answer is asked synchronously, through
 the same budget and refusal table.
+
+Each call kind has a fallback chain (``tasks.llm.fallback``): a step asks the primary for the
+retry policy's attempts, then the next model while the primary stays overloaded or
+unavailable, each call reserved, limited and priced as the model it asks. The step records
+the model that answered, so a replay never asks again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -36,6 +42,7 @@ from tasks.llm.client import (
     retry_after_seconds,
 )
 from tasks.llm.cost import OFFLINE_MODEL, UnpricedAnswer
+from tasks.llm.fallback import Chain
 from tasks.llm.prompts import (
     INTRO_PROMPT,
     INTRO_SYSTEM,
@@ -91,22 +98,48 @@ def model_retry_policy(runtime: Runtime) -> RetryPolicy:
     )
 
 
-def summarize(runtime: Runtime, run: Run, item: Item, calls: CallCounter) -> dict[str, Any]:
-    """One model call; a refusal of this item's prompt skips the item only.
+def chained(runtime: Runtime, models: tuple[str, ...], policy: RetryPolicy) -> ChainedPolicy:
+    """A chain over ``models`` and the step policy that gives each model its attempts.
+
+    The bound on one model is the policy's own ``max_attempts``: a single-model chain keeps
+    today's policy unchanged.
+    """
+    chain = Chain(models, policy.max_attempts)
+    return ChainedPolicy(chain, dataclasses.replace(policy, max_attempts=chain.attempts))
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainedPolicy:
+    """A call kind's fallback chain, and the retry policy of a step that walks it."""
+
+    chain: Chain
+    policy: RetryPolicy
+
+
+def summarize(
+    runtime: Runtime, run: Run, item: Item, calls: CallCounter, chain: Chain | None = None
+) -> dict[str, Any]:
+    """One model call, to the model the chain names now; a refused prompt skips the item.
 
     Any other refusal (``ModelRefused``: the account, the key, the model) propagates and fails
-    the run: it would refuse every item alike.
+    the run: it would refuse every item alike. An error that says the model is unavailable
+    is counted by the chain, which may name the next model for the step's next attempt.
     """
-    model = runtime.config.summary_model
+    step = f"summarize:{item.id}"
+    chain = chain or Chain(runtime.config.summary_models[:1], 1)
+    model = chain.model(step)
     tokens = estimated_tokens(SUMMARY_SYSTEM, summary_prompt(item))
     estimate = runtime.budget.estimate(model, tokens, MAX_TOKENS)
-    with runtime.budget.hold(run.keys, f"summarize:{item.id}", estimate) as reservation:
+    with runtime.budget.hold(run.keys, step, estimate) as reservation:
         calls.add(runtime.summarizer)
         try:
             with checked_calls(run.check_lease):
-                completion = runtime.summarizer.summarize(item)
+                completion = runtime.summarizer.summarize(item, model)
         except ItemRefused as refused:
             return {"error": f"the model refused this item: {refused}"}
+        except Exception as error:
+            chain.failed(step, model, error)
+            raise
         return priced(runtime, run, completion, model, reservation, SUMMARY_PROMPT)
 
 
@@ -139,10 +172,11 @@ def summarize_batch(
     rate limiter and the budget like any call. The batch itself is held in the budget as a
     whole before it is created and settled from its results once they are recorded.
     """
-    model = runtime.config.summary_model
+    model = runtime.config.summary_models[0]
+    walk = chained(runtime, runtime.config.summary_models, policy)
 
     def ask(item: Item) -> dict[str, Any]:
-        return summarize(runtime, run, item, calls)
+        return summarize(runtime, run, item, calls, walk.chain)
 
     def settle(item: Item, entry: BatchEntry) -> dict[str, Any]:
         return answered(runtime, run, entry, model, SUMMARY_PROMPT, calls, lambda: ask(item))
@@ -168,7 +202,7 @@ def summarize_batch(
         settle=settle,
         fallback=ask,
         policy=batch_policy(runtime),
-        retry=policy,
+        retry=walk.policy,
         concurrency=runtime.config.concurrency,
         reserve=reserve,
     )
@@ -188,10 +222,11 @@ def compose_batch(
 
     A refusal of it fails the run, as the synchronous call's does: there is no email without it.
     """
-    model = runtime.config.intro_model
+    model = runtime.config.intro_models[0]
+    walk = chained(runtime, runtime.config.intro_models, policy)
 
     def ask(pairs: list[tuple[Item, str]]) -> dict[str, Any]:
-        return compose(runtime, run, pairs, calls)
+        return compose(runtime, run, pairs, calls, walk.chain)
 
     def settle(pairs: list[tuple[Item, str]], entry: BatchEntry) -> dict[str, Any]:
         return answered(
@@ -216,7 +251,7 @@ def compose_batch(
         settle=settle,
         fallback=ask,
         policy=batch_policy(runtime),
-        retry=policy,
+        retry=walk.policy,
         reserve=reserve,
     )
     runtime.budget.settle_batch(run.keys, "compose", batch_cost([intro]))
@@ -286,17 +321,26 @@ def every_item_refused(skipped: list[dict[str, str]]) -> EveryItemRefused:
 
 
 def compose(
-    runtime: Runtime, run: Run, kept: list[tuple[Item, str]], calls: CallCounter
+    runtime: Runtime,
+    run: Run,
+    kept: list[tuple[Item, str]],
+    calls: CallCounter,
+    chain: Chain | None = None,
 ) -> dict[str, Any]:
-    """One model call for the opening paragraph."""
-    model = runtime.config.intro_model
+    """One model call for the opening paragraph, to the model the chain names now."""
+    chain = chain or Chain(runtime.config.intro_models[:1], 1)
+    model = chain.model("compose")
     estimate = runtime.budget.estimate(
         model, estimated_tokens(INTRO_SYSTEM, intro_prompt(kept)), MAX_TOKENS
     )
     with runtime.budget.hold(run.keys, "compose", estimate) as reservation:
         calls.add(runtime.summarizer)
-        with checked_calls(run.check_lease):
-            completion = runtime.summarizer.compose(kept)
+        try:
+            with checked_calls(run.check_lease):
+                completion = runtime.summarizer.compose(kept, model)
+        except Exception as error:
+            chain.failed("compose", model, error)
+            raise
         return priced(runtime, run, completion, model, reservation, INTRO_PROMPT)
 
 
@@ -374,17 +418,18 @@ def summarize_week(
     Raises:
         EveryItemRefused: not "nothing new": there was news and none of it could be summarized.
     """
-    with giving_up("summarize", policy):
+    walk = chained(runtime, runtime.config.summary_models, policy)
+    with giving_up("summarize", walk.policy):
         if batches is not None:
             summaries = summarize_batch(runtime, run, batches, week, calls, policy)
         else:
             summaries = run.map(
                 "summarize",
                 week,
-                lambda item: summarize(runtime, run, item, calls),
+                lambda item: summarize(runtime, run, item, calls, walk.chain),
                 key=lambda item: item.id,
                 concurrency=runtime.config.concurrency if runtime.summarizer.remote else 1,
-                retry=policy,
+                retry=walk.policy,
             )
     kept = [(item, s["text"]) for item, s in zip(week, summaries, strict=True) if "text" in s]
     skipped = [
@@ -406,7 +451,10 @@ def compose_opening(
     policy: RetryPolicy,
 ) -> dict[str, Any]:
     """The opening paragraph's step result, from the summaries: one call, or a second batch."""
-    with giving_up("compose", policy):
+    walk = chained(runtime, runtime.config.intro_models, policy)
+    with giving_up("compose", walk.policy):
         if batches is not None:
             return compose_batch(runtime, run, batches, kept, calls, policy)
-        return run.step("compose", lambda: compose(runtime, run, kept, calls), retry=policy)
+        return run.step(
+            "compose", lambda: compose(runtime, run, kept, calls, walk.chain), retry=walk.policy
+        )

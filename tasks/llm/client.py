@@ -206,11 +206,11 @@ class Summarizer(Protocol):
     name: str
     remote: bool
 
-    def summarize(self, item: Update) -> Completion:
-        """One item's summary; one attempt, which the step's retry policy may repeat."""
+    def summarize(self, item: Update, model: str | None = None) -> Completion:
+        """One item's summary from ``model`` (None: the primary), one attempt, maybe retried."""
         ...
 
-    def compose(self, pairs: Sequence[tuple[Update, str]]) -> Completion:
+    def compose(self, pairs: Sequence[tuple[Update, str]], model: str | None = None) -> Completion:
         """The opening paragraph, from each item and its recorded summary."""
         ...
 
@@ -303,8 +303,8 @@ class AnthropicSummarizer:
             self._intro_model, INTRO_SYSTEM, intro_prompt(pairs), output_config=INTRO_OUTPUT
         )
 
-    def summarize(self, item: Update) -> Completion:
-        """One request to the summary model; API errors propagate for the step policy to judge.
+    def summarize(self, item: Update, model: str | None = None) -> Completion:
+        """One request to ``model`` (None: the primary); errors are for the step to judge.
 
         Raises:
             ModelRefused: The API refused the account or the request (``ModelAuthFailed`` for
@@ -313,13 +313,16 @@ class AnthropicSummarizer:
             anthropic.APIError: A transient failure, for the step's retry policy.
         """
         return self._complete(
-            self._summary_model, "DIGEST_SUMMARY_MODEL", SUMMARY_SYSTEM, summary_prompt(item)
+            model or self._summary_model,
+            "DIGEST_SUMMARY_MODEL",
+            SUMMARY_SYSTEM,
+            summary_prompt(item),
         )
 
-    def compose(self, pairs: Sequence[tuple[Update, str]]) -> Completion:
-        """One request to the intro model; errors as for ``summarize``."""
+    def compose(self, pairs: Sequence[tuple[Update, str]], model: str | None = None) -> Completion:
+        """One request to ``model`` (None: the primary); errors as for ``summarize``."""
         return self._complete(
-            self._intro_model,
+            model or self._intro_model,
             "DIGEST_INTRO_MODEL",
             INTRO_SYSTEM,
             intro_prompt(pairs),
@@ -420,14 +423,14 @@ class OfflineSummarizer:
     def __init__(self) -> None:
         self.used = False
 
-    def summarize(self, item: Update) -> Completion:
-        """The body's first sentence, with its line breaks folded into spaces."""
+    def summarize(self, item: Update, model: str | None = None) -> Completion:
+        """The body's first sentence, with its line breaks folded into spaces (any model)."""
         self.used = True
         first = _SENTENCE_END.split(" ".join(item.body.split()), maxsplit=1)[0]
         return Completion(text=first, input_tokens=0, output_tokens=0, model=self.name)
 
-    def compose(self, pairs: Sequence[tuple[Update, str]]) -> Completion:
-        """A fixed sentence naming every title, in order."""
+    def compose(self, pairs: Sequence[tuple[Update, str]], model: str | None = None) -> Completion:
+        """A fixed sentence naming every title, in order (any model)."""
         self.used = True
         titles = [item.title for item, _ in pairs]
         listed = titles[0] if len(titles) == 1 else f"{', '.join(titles[:-1])} and {titles[-1]}"
@@ -458,6 +461,27 @@ def is_transient(exc: BaseException) -> bool:
     if should_retry in ("true", "false"):
         return should_retry == "true"
     return exc.status_code in (408, 409, 429) or exc.status_code >= 500
+
+
+# Statuses that say the model is overloaded or down, not that the request is wrong: 503
+# (unavailable), 504 (the API's timeout_error) and 529 (overloaded_error).
+UNAVAILABLE_STATUSES = (503, 504, 529)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the model asked is overloaded or out of reach.
+
+    The next model of a fallback chain may then answer where it cannot: 529, 503 and 504,
+    timeouts and connection errors. Not a 429 (the key's own rate limit: the shared limiter
+    waits for room instead), nor any refusal: a request one model refuses, every model would.
+    """
+    if not _sdk_loaded():
+        return False
+    import anthropic
+
+    if isinstance(exc, anthropic.APIConnectionError):  # APITimeoutError included
+        return True
+    return isinstance(exc, anthropic.APIStatusError) and exc.status_code in UNAVAILABLE_STATUSES
 
 
 def retry_after_seconds(

@@ -8,6 +8,8 @@ Faults are scripted per server:
 
 - ``fail_next(status, times=, contains=)``: the next matching calls fail, then calls succeed.
 - ``fail_when(contains, status)`` and ``fail_always(status)``: matching calls keep failing.
+- ``model`` on any of them: only calls for that model match, so one model of a fallback chain
+  can be overloaded while the next answers.
 - ``error_type`` and ``error_code`` on any fault: the body's ``error.type`` and
   ``error.details.error_code``, for answers the status alone does not name (a spend limit is a 429).
 - ``known_models``: when set, a request for any other model gets the real API's 404
@@ -113,7 +115,8 @@ _TITLE = re.compile(r'<update title="([^"]*)"')
 
 @dataclass(frozen=True)
 class Fault:
-    """An error answer, given to calls whose prompt text contains ``contains`` (any, if None)."""
+    """An error answer, given to calls whose prompt text contains ``contains`` (any, if None)
+    and that ask for ``model`` (any, if None)."""
 
     status: int
     headers: Mapping[str, str] = field(default_factory=dict)
@@ -121,9 +124,12 @@ class Fault:
     contains: str | None = None
     error_type: str | None = None
     error_code: str | None = None
+    model: str | None = None
 
-    def matches(self, text: str) -> bool:
-        return self.contains is None or self.contains in text
+    def matches(self, text: str, model: str = "") -> bool:
+        return (self.contains is None or self.contains in text) and (
+            self.model is None or self.model == model
+        )
 
 
 @dataclass(frozen=True)
@@ -374,6 +380,13 @@ class FakeAnthropic:
     def models(self) -> list[str]:
         return [request.model for request in self.requests]
 
+    def calls_per_model(self) -> dict[str, int]:
+        """Calls received for each model, answered or not."""
+        counts: dict[str, int] = {}
+        for model in self.models:
+            counts[model] = counts.get(model, 0) + 1
+        return counts
+
     def calls_for(self, substring: str) -> int:
         """Calls whose prompt text contains ``substring``, such as one item's title."""
         return sum(substring in request.text for request in self.requests)
@@ -409,9 +422,10 @@ class FakeAnthropic:
         message: str = "",
         error_type: str | None = None,
         error_code: str | None = None,
+        model: str | None = None,
     ) -> None:
         """Answer the next ``times`` matching calls with ``status``; later ones succeed."""
-        fault = Fault(status, dict(headers or {}), message, contains, error_type, error_code)
+        fault = Fault(status, dict(headers or {}), message, contains, error_type, error_code, model)
         with self._lock:
             self._queue.append((fault, times))
 
@@ -424,9 +438,10 @@ class FakeAnthropic:
         message: str = "",
         error_type: str | None = None,
         error_code: str | None = None,
+        model: str | None = None,
     ) -> None:
         """Answer every call whose prompt contains ``contains`` with ``status``."""
-        fault = Fault(status, dict(headers or {}), message, contains, error_type, error_code)
+        fault = Fault(status, dict(headers or {}), message, contains, error_type, error_code, model)
         with self._lock:
             self._rules.append(fault)
 
@@ -438,9 +453,10 @@ class FakeAnthropic:
         message: str = "",
         error_type: str | None = None,
         error_code: str | None = None,
+        model: str | None = None,
     ) -> None:
-        """Answer every call with ``status``."""
-        fault = Fault(status, dict(headers or {}), message, None, error_type, error_code)
+        """Answer every call (every call for ``model``, if given) with ``status``."""
+        fault = Fault(status, dict(headers or {}), message, None, error_type, error_code, model)
         with self._lock:
             self._rules.append(fault)
 
@@ -682,7 +698,7 @@ class FakeAnthropic:
         text = request.text
         if any(needle in text for needle in self._expiring):
             return {"type": "expired"}
-        fault = self._pick_fault(text)
+        fault = self._pick_fault(text, request.model)
         if fault is not None:
             body = error_body(
                 fault.status,
@@ -746,7 +762,7 @@ class FakeAnthropic:
         text = message_text(body)
 
         with self._arrived:
-            fault = None if problem else self._pick_fault(text)
+            fault = None if problem else self._pick_fault(text, str(model))
             if problem is None and fault is None:
                 fault = self._take_capacity(str(model), prompt_tokens(body))
             status = problem[0] if problem else fault.status if fault else 200
@@ -817,12 +833,12 @@ class FakeAnthropic:
             headers |= bucket.headers(kind, now)
         return headers
 
-    def _pick_fault(self, text: str) -> Fault | None:
+    def _pick_fault(self, text: str, model: str) -> Fault | None:
         for rule in self._rules:
-            if rule.matches(text):
+            if rule.matches(text, model):
                 return rule
         for index, (fault, left) in enumerate(self._queue):
-            if fault.matches(text):
+            if fault.matches(text, model):
                 if left <= 1:
                     del self._queue[index]
                 else:

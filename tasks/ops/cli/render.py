@@ -19,7 +19,7 @@ from journal.testing.preflight import Verdict
 from tasks.job.claims import MAYBE_SENT, STUCK, Held
 from tasks.job.report import batch_lines, draft_digest, email_state, receipt_line, utc
 from tasks.job.workflow import APPROVAL
-from tasks.llm.cost import Usage, dollars, is_call, usage_of
+from tasks.llm.cost import Usage, dollars, is_call, is_completion, usage_of
 from tasks.llm.prompts import PROMPTS
 from tasks.llm.ratelimit import LimitState
 from tasks.ops.cli.parser import SHOW_SCHEMA
@@ -54,9 +54,14 @@ def _result_text(record: Record) -> str:
 
     Its record's ``sent`` means "delivered by this attempt": false for an email an earlier
     attempt delivered, which would read as "not sent".
+
+    A completion is prefixed with the model that answered it: with a fallback chain, the
+    primary or a fallback, as the journal recorded it.
     """
     if record.key == "send" and isinstance(record.result, dict) and "id" in record.result:
         return receipt_line({"receipt": record.result}).removeprefix(", ")
+    if is_completion(record.result) and isinstance(record.result.get("model"), str):
+        return f"[{printable(record.result['model'])}] {_preview(record.result)}"
     return _preview(record.result)
 
 

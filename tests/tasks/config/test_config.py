@@ -186,6 +186,40 @@ def test_a_first_retry_delay_above_its_cap_is_refused() -> None:
     )
 
 
+def test_a_model_setting_is_read_as_a_chain_the_primary_first() -> None:
+    config = Config.from_env({"DIGEST_SUMMARY_MODEL": "claude-haiku-5-5, claude-sonnet-5-5"})
+    assert config.summary_models == ("claude-haiku-5-5", "claude-sonnet-5-5")
+    assert config.intro_models == ("claude-sonnet-5-5",)  # the default: one model, no fallback
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (
+            "claude-haiku-5-5,",
+            "DIGEST_SUMMARY_MODEL='claude-haiku-5-5,': an empty model id; list ids separated by "
+            "commas, the primary first, such as claude-haiku-5-5,claude-sonnet-5-5",
+        ),
+        (
+            "claude-haiku-5-5,claude-haiku-5-5",
+            "DIGEST_SUMMARY_MODEL='claude-haiku-5-5,claude-haiku-5-5': claude-haiku-5-5 is "
+            "listed twice; list each model once, in the order to ask them",
+        ),
+        (
+            "claude-haiku-5-5,claude-unpriced-1",
+            "DIGEST_SUMMARY_MODEL='claude-haiku-5-5,claude-unpriced-1': claude-unpriced-1 has no "
+            "price, so a call it answers could not be costed; add it to DIGEST_PRICES or "
+            "DIGEST_PRICES_FILE",
+        ),
+    ],
+    ids=["empty", "twice", "unpriced"],
+)
+def test_a_bad_fallback_chain_is_refused_in_one_line(value: str, problem: str) -> None:
+    with pytest.raises(BadInput) as caught:
+        Config.from_env({"DIGEST_SUMMARY_MODEL": value})
+    assert str(caught.value) == problem
+
+
 def test_an_unknown_time_zone_is_refused() -> None:
     with pytest.raises(BadInput) as caught:
         Config.from_env({"DIGEST_TIMEZONE": "Mars/Olympus"})

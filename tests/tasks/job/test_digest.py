@@ -218,15 +218,17 @@ def test_a_step_whose_record_never_landed_runs_again(
         def __init__(self, inner: AnthropicSummarizer) -> None:
             self.inner = inner
 
-        def summarize(self, item: Update) -> Completion:
+        def summarize(self, item: Update, model: str | None = None) -> Completion:
             assert isinstance(item, Item)  # the job hands its own items to the model
-            completion = self.inner.summarize(item)
+            completion = self.inner.summarize(item, model)
             if item.id == "b":
                 raise Crash("between the answer and its record")
             return completion
 
-        def compose(self, pairs: Sequence[tuple[Update, str]]) -> Completion:
-            return self.inner.compose(pairs)
+        def compose(
+            self, pairs: Sequence[tuple[Update, str]], model: str | None = None
+        ) -> Completion:
+            return self.inner.compose(pairs, model)
 
     sdk = AnthropicSummarizer(functools.partial(fake_anthropic.client, timeout=5.0), "m1", "m2")
     with pytest.raises(Crash):
