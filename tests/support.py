@@ -25,6 +25,7 @@ import redis
 
 from journal import Journal, Outcome, Run, StepEvent
 from journal._lease import Grant, Lease
+from journal._redis.scripts import Client
 from journal._schema.keys import Index, Keyspace
 from journal.contrib.embedded import embedded_url, stop_embedded, valkey_server_binary
 from journal.events import listen
@@ -138,6 +139,47 @@ def only_index(holder: HasKeyspace) -> Index:
     """The runs and due indexes of an unsharded keyspace (a sharded one has one per shard)."""
     (index,) = holder.keyspace.indexes()
     return index
+
+
+def round_trips(client: Client, action: Callable[[], Any]) -> list[str]:
+    """The commands ``action`` sent to the server, one per round trip, as MONITOR saw them.
+
+    Counted between two ECHO markers this sends; a script's own commands are the script's, and
+    a MULTI ... EXEC is one. MONITOR sees the whole server: only the suite's own Valkey.
+    """
+    start, end = f"start-{uuid.uuid4().hex}", f"end-{uuid.uuid4().hex}"
+    seen: list[str] = []
+    ready = threading.Event()
+
+    def watch() -> None:
+        # redis-py leaves monitor unannotated.
+        with client.monitor() as monitor:  # type: ignore[no-untyped-call]
+            ready.set()
+            recording = in_transaction = False
+            for command in monitor.listen():
+                text: str = command["command"]
+                if text == f"ECHO {start}":
+                    recording = True
+                elif text == f"ECHO {end}":
+                    return
+                elif recording and command["client_type"] != "lua":
+                    if text == "MULTI":
+                        in_transaction = True
+                        seen.append(text)
+                    elif text == "EXEC":
+                        in_transaction = False
+                    elif not in_transaction:
+                        seen.append(text)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    assert ready.wait(5)  # MONITOR has answered: every command from here on is streamed
+    client.echo(start)
+    action()
+    client.echo(end)
+    watcher.join(5)
+    assert not watcher.is_alive(), "MONITOR never saw the end marker"
+    return seen
 
 
 def returning(value: T) -> Callable[[], T]:

@@ -11,17 +11,13 @@ are the script's, not round trips, and a MULTI ... EXEC is one.
 
 from __future__ import annotations
 
-import threading
-import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 import redis
 
 from journal import Journal, Keyspace, Run
-from journal._redis.scripts import Client
-from tests.support import execute, returning
+from tests.support import execute, returning, round_trips
 
 STEPS = 10
 
@@ -33,43 +29,6 @@ def own_client(own_redis_url: str, prefix: str) -> Iterator[redis.Redis]:
     for key in client.scan_iter(match=f"{prefix}:*", count=1000):
         client.delete(key)
     client.close()
-
-
-def round_trips(client: Client, action: Callable[[], Any]) -> list[str]:
-    """The commands ``action`` sent to the server, one per round trip."""
-    start, end = f"start-{uuid.uuid4().hex}", f"end-{uuid.uuid4().hex}"
-    seen: list[str] = []
-    ready = threading.Event()
-
-    def watch() -> None:
-        # redis-py leaves monitor unannotated.
-        with client.monitor() as monitor:  # type: ignore[no-untyped-call]
-            ready.set()
-            recording = in_transaction = False
-            for command in monitor.listen():
-                text: str = command["command"]
-                if text == f"ECHO {start}":
-                    recording = True
-                elif text == f"ECHO {end}":
-                    return
-                elif recording and command["client_type"] != "lua":
-                    if text == "MULTI":
-                        in_transaction = True
-                        seen.append(text)
-                    elif text == "EXEC":
-                        in_transaction = False
-                    elif not in_transaction:
-                        seen.append(text)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    assert ready.wait(5)  # MONITOR has answered: every command from here on is streamed
-    client.echo(start)
-    action()
-    client.echo(end)
-    watcher.join(5)
-    assert not watcher.is_alive(), "MONITOR never saw the end marker"
-    return seen
 
 
 def steps(count: int) -> Callable[[Run], str]:

@@ -12,8 +12,7 @@ is one, commands a script runs are the script's).
 from __future__ import annotations
 
 import json
-import threading
-import uuid
+import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ import redis
 
 from journal.ops.views import inspect_run
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.support import ROOT, Deployment
+from tests.support import ROOT, Deployment, round_trips
 
 pytestmark = pytest.mark.slow  # whole digest processes, as an operator runs them
 
@@ -50,41 +49,12 @@ def own_deployment(url: str, directory: Path) -> tuple[Deployment, redis.Redis]:
     return deployment, redis.Redis.from_url(url)
 
 
-def round_trips(client: redis.Redis, deployment: Deployment, *args: str) -> list[str]:
+def digest_round_trips(client: redis.Redis, deployment: Deployment, *args: str) -> list[str]:
     """The commands one ``digest`` process sent, one per round trip; it must exit 0."""
-    start, end = f"start-{uuid.uuid4().hex}", f"end-{uuid.uuid4().hex}"
-    seen: list[str] = []
-    ready = threading.Event()
-
-    def watch() -> None:
-        with client.monitor() as monitor:  # type: ignore[no-untyped-call]
-            ready.set()
-            recording = in_transaction = False
-            for command in monitor.listen():
-                text: str = command["command"]
-                if text == f"ECHO {start}":
-                    recording = True
-                elif text == f"ECHO {end}":
-                    return
-                elif recording and command["client_type"] != "lua":
-                    if text == "MULTI":
-                        in_transaction = True
-                        seen.append(text)
-                    elif text == "EXEC":
-                        in_transaction = False
-                    elif not in_transaction:
-                        seen.append(text)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    assert ready.wait(5)
-    client.echo(start)
-    done = deployment.cli(*args)
-    client.echo(end)
-    watcher.join(5)
-    assert not watcher.is_alive(), "MONITOR never saw the end marker"
-    assert done.returncode == 0, done.stderr
-    return seen
+    ran: list[subprocess.CompletedProcess[str]] = []
+    sent = round_trips(client, lambda: ran.append(deployment.cli(*args)))
+    assert ran[0].returncode == 0, ran[0].stderr
+    return sent
 
 
 def steps_of(deployment: Deployment, run_id: str) -> int:
@@ -114,9 +84,11 @@ class Counted:
 def counted(deployment: Deployment, client: redis.Redis, calls: Callable[[], int]) -> Counted:
     """Run a week on a server that knows no script, then the next week in a new process."""
     client.script_flush()  # this session's own server: as a new server, it knows no script
-    cold = round_trips(client, deployment, "run", "2026-w40")
+    cold = digest_round_trips(client, deployment, "run", "2026-w40")
     cold_calls = calls()
-    warm = round_trips(client, deployment, "run", "2026-w41", "--items", str(fresh(deployment)))
+    warm = digest_round_trips(
+        client, deployment, "run", "2026-w41", "--items", str(fresh(deployment))
+    )
     assert calls() == 2 * cold_calls
     return Counted(
         cold=len(cold) - steps_of(deployment, "2026-w40"),
