@@ -23,10 +23,10 @@ from journal.integrations.celery import Durable
 from journal.ops.actions import purge as purge_runs
 from tasks.job import workflow
 from tasks.runtime import process_runtime
-from tasks.worker.configuration import LazySettings, log, settings
+from tasks.worker.configuration import APP_NAME, LazySettings, log, settings
 from tasks.worker.dispatch import dispatch_due
 
-app = Celery("tasks")
+app = Celery(APP_NAME)
 app.config_from_object(LazySettings())
 
 

@@ -27,6 +27,8 @@ from tasks.runtime import (
 )
 
 log = logging.getLogger("tasks.digest")
+APP_NAME = "tasks"
+"""The digest's Celery app's name: ``celery -A tasks``, and its tasks' names' first part."""
 
 
 # Celery's names for a cron expression's five fields, in the expression's order.

@@ -30,17 +30,19 @@ from tasks.runtime import (
     prepare_metrics,
     remove_dead_metrics,
 )
-from tasks.worker.configuration import log, settings
+from tasks.worker.configuration import APP_NAME, log, settings
 
 
 @worker_init.connect
-def import_model_sdk(**_: Any) -> None:
+def import_model_sdk(sender: object = None, **_: Any) -> None:
     """Import the Anthropic SDK in the worker's main process, before its pool forks.
 
     Every child then shares the imported modules instead of paying the import (seconds) on its
     first model call; a worker with no key never calls the model and skips it, saying once
     whether it summarizes offline.
     """
+    if not _ours(sender):
+        return
     if os.environ.get("ANTHROPIC_API_KEY"):
         import anthropic  # noqa: F401
     elif settings().offline_allowed:
@@ -53,7 +55,7 @@ def import_model_sdk(**_: Any) -> None:
 
 
 @worker_init.connect
-def refuse_a_bad_store_or_clock(**_: Any) -> None:
+def refuse_a_bad_store_or_clock(sender: object = None, **_: Any) -> None:
     """A worker whose clock is off the store's exits at start, in one line, status 2.
 
     So does one whose store evicts keys (``maxmemory-policy``), and one whose broker would be
@@ -62,6 +64,8 @@ def refuse_a_bad_store_or_clock(**_: Any) -> None:
     with a good clock could have run it. A store that is down is not refused here: the
     deliveries wait for it, as they do for any outage.
     """
+    if not _ours(sender):
+        return
     config = settings()
     try:
         checked_store(config, log)
@@ -88,7 +92,7 @@ def mask_secrets_in_logs(logger: logging.Logger, **_: Any) -> None:
 
 
 @worker_init.connect
-def serve_metrics(**_: Any) -> None:
+def serve_metrics(sender: object = None, **_: Any) -> None:
     """With ``DIGEST_METRICS_PORT``, the main process serves every pool child's counters, summed.
 
     Set up before the pool forks, so each child counts into its own files in the shared
@@ -96,6 +100,8 @@ def serve_metrics(**_: Any) -> None:
     Redis holds (runs by state, the due lag) is exported once, by the console or ``digest
     metrics``, not by every worker.
     """
+    if not _ours(sender):
+        return
     config = settings()
     if config.metrics_port is None:
         return
@@ -115,8 +121,10 @@ def serve_metrics(**_: Any) -> None:
 
 
 @worker_shutdown.connect
-def remove_own_metrics(**_: Any) -> None:
+def remove_own_metrics(sender: object = None, **_: Any) -> None:
     """A stopping worker's counters go with it: nothing scrapes them once it is gone."""
+    if not _ours(sender):
+        return
     own = metrics_dir(settings().state_dir, os.getpid())
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR") == str(own):  # not a directory it was given
         shutil.rmtree(own, ignore_errors=True)
@@ -129,3 +137,13 @@ def forget_child(pid: int | None = None, **_: Any) -> None:
         from tasks.worker import metrics
 
         metrics.child_exited(pid or os.getpid())
+
+
+def _ours(sender: object) -> bool:
+    """Whether a worker signal comes from the digest's own worker.
+
+    Celery's signals are process-wide: another app's worker in the same process (an embedding
+    application's, a test's) sends them too, and must not be checked, served or ended for the
+    digest's settings.
+    """
+    return getattr(getattr(sender, "app", None), "main", None) == APP_NAME

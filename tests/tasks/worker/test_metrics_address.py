@@ -12,6 +12,13 @@ import pytest
 
 from tasks.config import Config
 from tasks.worker import signals
+from tasks.worker.app import app
+
+
+class TheDigestsWorker:
+    """What Celery's worker_init passes as its sender: the worker, with its app."""
+
+    app = app
 
 
 def served_on(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> dict[str, Any]:
@@ -23,7 +30,7 @@ def served_on(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> dict[str,
         prometheus_client, "start_http_server", lambda port, **kw: asked.update(port=port, **kw)
     )
     monkeypatch.setattr(signals, "settings", lambda: Config.from_env(env))
-    signals.serve_metrics()
+    signals.serve_metrics(sender=TheDigestsWorker())
     return asked
 
 
