@@ -59,7 +59,7 @@ from tasks.job.workflow import APPROVAL
 from tasks.llm.cost import dollars, usage_of
 from tasks.ops import actions
 from tasks.ops.run_page import outcome_of, waterfall
-from tasks.runtime import Runtime, prepare_metrics
+from tasks.runtime import Runtime, prepare_metrics, use_runtime
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 WILDCARDS = ("0.0.0.0", "::", "")
@@ -293,8 +293,11 @@ def _reached(scheme: str, name: str, port: int | None) -> tuple[str, set[str]]:
 def create_app(runtime: Runtime, names: Names, *, token: str | None = None) -> Flask:
     """The console for one deployment, answering to ``names`` only.
 
-    ``token`` guards it when it is not bound locally.
+    ``token`` guards it when it is not bound locally. Its replays in memory (a sent email
+    rebuilt, a fork previewed) run the workflow with ``runtime``, as ``digest`` commands do,
+    never with one the workflow would build from the environment (and connect) itself.
     """
+    use_runtime(runtime)
     app = Flask(__name__)
     app.secret_key = secrets.token_bytes(32)
     app.config.update(SESSION_COOKIE_SAMESITE="Strict", SESSION_COOKIE_HTTPONLY=True)
