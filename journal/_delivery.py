@@ -58,8 +58,8 @@ class Settings:
         lease_ttl: seconds a lease lives without renewal; a crashed holder's run is taken
             over this long after it died.
         recovery_grace: seconds after a lease's expiry before the due sweep re-enqueues the run.
-        rearm_after: seconds before the sweep looks again at a run it enqueued, in case that
-            message was lost.
+        rearm_after: seconds before the sweep looks again at a run it enqueued, or at a run
+            sent that no delivery has opened yet, in case that message was lost.
         max_stalled_starts: starts that died without recording anything before a run is parked.
         fsync_records: wait for the local AOF fsync of every record (WAITAOF; Redis 7.2+, Valkey).
         wait_replicas: wait for this many replicas to have every record (WAIT), so that a

@@ -162,6 +162,21 @@ class Journal:
                 self.backend.forget_due(raw)
         return claimed
 
+    def expect(self, keys: RunKeys, args: dict[str, Any]) -> bool:
+        """Arm a run about to be sent, so a delivery lost before it opens is sent again.
+
+        Until a delivery opens a run, only the broker knows of it: a worker killed with the
+        message reserved leaves it unacknowledged until the broker's visibility timeout, and a
+        broker that loses it loses the run. Armed ``rearm_after`` ahead with its arguments, the
+        run is sent again by the due sweep unless a delivery opened it by then; a run that has
+        opened already keeps its own due time, and nothing is written.
+
+        Returns:
+            Whether the run has never opened.
+        """
+        at = millis(self.clock.now() + self.settings.rearm_after)
+        return self.backend.expect(keys, at, codec.dumps(args))
+
     def run_args(self, keys: RunKeys) -> dict[str, Any]:
         """The arguments a run was delivered with, for re-enqueueing it."""
         return self.meta(keys).args or {}

@@ -202,6 +202,7 @@ class Runtime:
             hints=HINTS,
             settings=Settings(
                 lease_ttl=config.lease_ttl,
+                rearm_after=config.redeliver_after,
                 fsync_records=config.wait_aof,
                 wait_replicas=config.wait_replicas,
                 run_retry=RunRetry(

@@ -732,6 +732,7 @@ def script_mutants(path: str, tests: tuple[str, ...]) -> list[Mutant]:
 LUA_TESTS: dict[str, tuple[str, ...]] = {
     "journal/lua/cancel.lua": ("tests/journal/test_control.py",),
     "journal/lua/claim_due.lua": ("tests/journal/test_sweep.py",),
+    "journal/lua/expect.lua": ("tests/journal/test_sweep.py",),
     "journal/lua/close.lua": (
         "tests/journal/test_retry_resume.py",
         "tests/journal/test_corrupt_fields.py",

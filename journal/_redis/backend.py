@@ -827,6 +827,16 @@ class RedisBackend:
         """Put the run in the due index at ``at_ms`` (now, for a wake-up)."""
         self.client.zadd(keys.index.due, {keys.run: at_ms})
 
+    def expect(self, keys: RunKeys, at_ms: int, args: bytes) -> bool:
+        """Arm a run that has never opened at ``at_ms``, with its arguments (``expect.lua``).
+
+        Returns:
+            True when the run has never opened (armed now or by an earlier send).
+        """
+        return bool(
+            self.scripts.expect(keys=[keys.meta, keys.index.due], args=[keys.run, at_ms, args])
+        )
+
     def claim_due(self, now_ms: int, limit: int, rearm_at_ms: int) -> list[bytes]:
         """Claim up to ``limit`` due runs, re-armed at ``rearm_at_ms`` (atomic across sweepers).
 

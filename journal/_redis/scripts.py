@@ -34,6 +34,7 @@ SCRIPT_NAMES = (
     "record",
     "close",
     "claim_due",
+    "expect",
     "effect_claim",
     "effect_confirm",
     "effect_settle",
@@ -120,6 +121,7 @@ class Scripts:
     record: Script
     close: Script
     claim_due: Script
+    expect: Script
     effect_claim: Script
     effect_confirm: Script
     effect_settle: Script

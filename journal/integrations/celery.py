@@ -231,7 +231,7 @@ class Durable:
             **celery_options,
         )(deliver)
         self.tasks[workflow.name] = task
-        return DurableWorkflow(workflow, task)
+        return DurableWorkflow(workflow, task, self._journal)
 
     def _deliver(
         self, task: Task, workflow: Workflow[Any, Any], run_id: str, kwargs: dict[str, Any]
@@ -405,14 +405,20 @@ class DurableWorkflow(Generic[Opts, R]):
     one line (``InvalidArguments``) instead of in a worker's log; a worker still checks what it
     is delivered (a message from elsewhere, an older client).
 
+    Every send first arms a run that has never opened (``Journal.expect``, one script), so
+    a message lost before any worker opens the run is sent again by the due sweep.
+
     Attributes:
         workflow: the definition (``journal._workflow.Workflow``).
         task: the Celery task, for what Celery offers beyond sending (``AsyncResult``, ...).
     """
 
-    def __init__(self, workflow: Workflow[Opts, R], task: Task) -> None:
+    def __init__(
+        self, workflow: Workflow[Opts, R], task: Task, journal: Callable[[], Journal]
+    ) -> None:
         self.workflow = workflow
         self.task = task
+        self._journal = journal
         self.__doc__ = workflow.__doc__
 
     def __repr__(self) -> str:
@@ -447,8 +453,22 @@ class DurableWorkflow(Generic[Opts, R]):
             raise InvalidRunId("", f'{given} ({self.name.split(".")[-1]}.delay("2026-w42"))')
         (run_id,) = args
         checked = self.workflow.check(run_id, kwargs or {})
+        self._expect(run_id, checked)
         options = _traced(celery_options)
         return self.task.apply_async(args=[run_id], kwargs=checked, **options)
+
+    def _expect(self, run_id: str, args: dict[str, Any]) -> None:
+        """Arm the run before its message leaves; with the store down, send it unarmed.
+
+        The store being down must not stop a send (the broker may be up): that delivery then
+        relies on the broker alone, as every delivery did before runs were armed.
+        """
+        journal = self._journal()
+        keys = journal.keys(self.workflow.name, run_id)
+        try:
+            journal.expect(keys, args)
+        except StoreUnavailable as down:
+            log.warning("%s; %s sent unarmed: a lost message waits for the broker", down, keys.run)
 
     def start(self, run_id: str, options: Opts | None = None, **celery_options: Any) -> Any:
         """Send one delivery of ``run_id`` with typed options; Celery's ``AsyncResult`` back.

@@ -122,6 +122,8 @@ class Config:
         approval: wait for a human approval before sending.
         approval_timeout: seconds to wait for it.
         sweep_interval: seconds between due sweeps (wake-ups and crash recovery).
+        redeliver_after: seconds a sent run may go unopened before the due sweep sends it
+            again, or a run the sweep sent goes unopened before it sends it again.
         wait_aof: wait for the local AOF fsync of every record (WAITAOF; Redis 7.2+, Valkey),
             for servers on ``appendfsync everysec``.
         wait_replicas: replicas every record must reach before the run goes on (WAIT), so a
@@ -195,6 +197,7 @@ class Config:
     approval: bool = False
     approval_timeout: float = 24 * 3600.0
     sweep_interval: float = 15.0
+    redeliver_after: float = 300.0
     wait_aof: bool = False
     wait_replicas: int = 0
     catch_up_weeks: int = 4

@@ -369,6 +369,16 @@ SETTINGS: tuple[Setting, ...] = (
         "s",
     ),
     Setting(
+        "DIGEST_REDELIVER_AFTER",
+        "redeliver_after",
+        "number",
+        "how long a sent run may go unopened (its message lost, or stranded with a killed "
+        "worker until the broker's visibility timeout) before the due sweep sends it again",
+        1,
+        86400,
+        "s",
+    ),
+    Setting(
         "DIGEST_WAITAOF",
         "wait_aof",
         "flag",

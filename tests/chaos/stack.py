@@ -186,6 +186,9 @@ class Stack:
             # judges faults, not that bound.
             "DIGEST_CATCH_UP_WEEKS": "52",
             "DIGEST_SWEEP_INTERVAL": "1",
+            # A week whose message is lost before it opens (a worker killed with it reserved) is
+            # sent again this long after; the default (300 s) outlasts a short campaign.
+            "DIGEST_REDELIVER_AFTER": "10",
             "DIGEST_RUN_RETRY_DELAY": "1",
             "DIGEST_RUN_RETRY_MAX_DELAY": "4",
             "DIGEST_APPROVAL_TIMEOUT": "25",

@@ -100,6 +100,48 @@ def test_a_claimed_run_whose_message_was_lost_is_claimed_again_later(
     assert journal.claim_due() == []
 
 
+def test_a_sent_run_that_never_opens_is_claimed_with_its_arguments_after_rearm_after(
+    make_journal: MakeJournal,
+) -> None:
+    clock = ManualClock(T0)
+    journal: Journal = make_journal(clock=clock, rearm_after=120.0)
+    keys = journal.keys("wf", "r1")
+    assert journal.expect(keys, {"to": "first@example.org"})
+    clock.advance(60)
+    assert journal.expect(keys, {"to": "second@example.org"})  # a second send: the first stays
+    assert journal.meta(keys).status is None  # not a run yet: nothing opened it
+    clock.advance(59.999)
+    assert journal.claim_due() == []
+    clock.advance(0.001)
+    assert [claimed.run for claimed in journal.claim_due()] == ["wf:r1"]  # no delivery came
+    assert journal.run_args(keys) == {"to": "first@example.org"}
+
+    assert execute(journal, "wf", "r1", napper(10), args={"to": "ignored"}).status == "waiting"
+    assert journal.run_args(keys) == {"to": "first@example.org"}  # frozen from the first send
+    clock.advance(10)
+    assert [claimed.run for claimed in journal.claim_due()] == ["wf:r1"]  # the nap's own time
+
+
+def test_a_run_that_has_opened_keeps_its_own_due_time_when_sent_again(
+    make_journal: MakeJournal,
+) -> None:
+    clock = ManualClock(T0)
+    journal: Journal = make_journal(clock=clock, rearm_after=5.0)
+    due = only_index(journal).due
+    napping, finished = journal.keys("wf", "napping"), journal.keys("wf", "finished")
+    execute(journal, "wf", "napping", napper(1000), args={"n": 1})
+    execute(journal, "wf", "finished", lambda run: "ok", args={"n": 2})
+    assert journal.client.zscore(due, napping.run) == millis(T0 + 1000)
+    assert journal.client.zscore(due, finished.run) is None
+
+    assert not journal.expect(napping, {"n": 3})
+    assert not journal.expect(finished, {"n": 4})
+    assert journal.client.zscore(due, napping.run) == millis(T0 + 1000)
+    assert journal.client.zscore(due, finished.run) is None  # a finished run is never re-sent
+    assert journal.run_args(napping) == {"n": 1}
+    assert journal.run_args(finished) == {"n": 2}
+
+
 def test_a_running_run_is_due_at_its_lease_expiry_so_a_dead_worker_is_recovered(
     make_journal: MakeJournal,
 ) -> None:
