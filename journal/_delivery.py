@@ -21,7 +21,15 @@ from journal._cancel import Cancelled
 from journal._clock import Clock, millis
 from journal._lease import Found, Grant, Heartbeat, Holding, Lease
 from journal._redact import redact
-from journal._redis.backend import DELETE, Closed, Opened, Opening, RecordWait, RedisBackend
+from journal._redis.backend import (
+    DELETE,
+    Closed,
+    Closing,
+    Opened,
+    Opening,
+    RecordWait,
+    RedisBackend,
+)
 from journal._retry import RunRetry
 from journal._run import Run, StepEvent
 from journal._schema import codec
@@ -299,31 +307,17 @@ class Runner:
 
     # -- closing transitions, each one fenced script that also indexes and releases ---------
 
-    def _close(
-        self,
-        keys: RunKeys,
-        holder: str,
-        fields: dict[str, Any],
-        now_ms: int,
-        due_ms: int | None,
-        unless_signal: str = "",
-        unless_cancelled: bool = False,
-    ) -> Closed:
+    def _close(self, keys: RunKeys, holder: str, closing: Closing) -> Closed:
         """Save the run's status, index it and give the lease back, in one round trip.
 
-        ``due_ms`` is when the run is due again (a wake-up, a retry); None takes it out of the
-        due index. ``now_ms`` is its score in the runs index.
-
         Returns:
-            Closed; or the signal ``unless_signal`` had arrived, or a cancel is pending (for
-            ``unless_cancelled``): nothing written, the lease still held.
+            Closed; or the signal ``closing.unless_signal`` had arrived, or a cancel is pending
+            (for ``closing.unless_cancelled``): nothing written, the lease still held.
 
         Raises:
             LeaseLost: the lease had expired or passed on; nothing was written.
         """
-        status = self.backend.close(
-            keys, holder, fields, now_ms, due_ms, unless_signal, unless_cancelled
-        )
+        status = self.backend.close(keys, holder, closing)
         if status < 0:
             raise LeaseLost(keys.run, "the lease was lost before the run's status could be saved")
         return status
@@ -353,7 +347,7 @@ class Runner:
         with heartbeat.paused():
             signal = wait.signal or ""
             written = self._close(
-                keys, holder, fields, now, due, unless_signal=signal, unless_cancelled=True
+                keys, holder, Closing(fields, now, due, unless_signal=signal, unless_cancelled=True)
             )
             if written is Closed.CLOSED:
                 heartbeat.stop(join=False)
@@ -376,7 +370,7 @@ class Runner:
             "last_error": DELETE,
             **dict.fromkeys(STREAK, DELETE),
         }
-        self._close(keys, holder, fields, now, None)
+        self._close(keys, holder, Closing(fields, now))
 
     def _fail(
         self, keys: RunKeys, holder: str, error: BaseException, created: float
@@ -417,7 +411,7 @@ class Runner:
                     fields["gave_up_at"] = millis(now)
                     verdict = GaveUp(keys.run, described, failures, since)
             due = None if retry_at is None else millis(retry_at)
-            self._close(keys, holder, fields, millis(now), due)
+            self._close(keys, holder, Closing(fields, millis(now), due))
             if retry_at is None:
                 self._ended(keys, "failed", created)
         except (LeaseLost, StoreUnavailable):
@@ -451,7 +445,7 @@ class Runner:
             "starts_without_progress": 0,
             "wait": DELETE,
         }
-        self._close(keys, holder, fields, now, None)
+        self._close(keys, holder, Closing(fields, now))
 
     def _park(self, keys: RunKeys, holder: str, starts: int, created: float) -> None:
         now = millis(self.clock.now())
@@ -464,6 +458,6 @@ class Runner:
             "starts_without_progress": starts,
             "updated_at": now,
         }
-        self._close(keys, holder, fields, now, None)
+        self._close(keys, holder, Closing(fields, now))
         self._ended(keys, "failed", created)
         raise RunParked(keys.run, starts, self.hints.parked)

@@ -108,8 +108,8 @@ def python(
     return Mutant(f"{module}: {name}", f"journal/{module}.py", find, replace, tests)
 
 
-EXPIRED_THEN_HOLDER = "if not holder then\n  return {-1}\nend\nif holder ~= ARGV[1] then"
-META_EXPIRED_THEN_HOLDER = "if not holder then\n  return -1\nend\nif holder ~= ARGV[1] then"
+TABLE_FENCE = "if holder ~= ARGV[1] then\n  return {holder and -2 or -1, holder}\nend\n"
+NUMBER_FENCE = "if holder ~= ARGV[1] then\n  return holder and -2 or -1\nend\n"
 
 MUTANTS = (
     # -- open: one holder at a time, each with a new fence, stalled starts counted
@@ -192,13 +192,13 @@ MUTANTS = (
     lua(
         "record",
         "writes when nobody holds the lease",
-        EXPIRED_THEN_HOLDER,
-        "if holder and holder ~= ARGV[1] then",
+        TABLE_FENCE,
+        TABLE_FENCE.replace("if holder ~=", "if holder and holder ~="),
     ),
     lua(
         "record",
         "the holder check removed",
-        "if holder ~= ARGV[1] then\n  return {-2, holder}\nend\n",
+        TABLE_FENCE,
         "",
     ),
     lua(
@@ -237,13 +237,13 @@ MUTANTS = (
     lua(
         "close",
         "writes when nobody holds the lease",
-        META_EXPIRED_THEN_HOLDER,
-        "if holder and holder ~= ARGV[1] then",
+        NUMBER_FENCE,
+        NUMBER_FENCE.replace("if holder ~=", "if holder and holder ~="),
     ),
     lua(
         "close",
         "the holder check removed",
-        "if holder ~= ARGV[1] then\n  return -2\nend\n",
+        NUMBER_FENCE,
         "",
     ),
     lua(
@@ -330,14 +330,14 @@ MUTANTS = (
     lua(
         "effect_claim",
         "the holder check removed",
-        "if holder ~= ARGV[1] then\n  return {-2, holder}\nend\n",
+        TABLE_FENCE,
         "",
     ),
     lua(
         "effect_claim",
         "claims when nobody holds the lease",
-        EXPIRED_THEN_HOLDER,
-        "if holder and holder ~= ARGV[1] then",
+        TABLE_FENCE,
+        TABLE_FENCE.replace("if holder ~=", "if holder and holder ~="),
     ),
     lua(
         "effect_claim",
@@ -366,7 +366,7 @@ MUTANTS = (
     lua(
         "effect_confirm",
         "the holder check removed",
-        "if holder ~= ARGV[1] then\n  return -2\nend\n",
+        NUMBER_FENCE,
         "",
     ),
     lua(

@@ -21,7 +21,7 @@ import contextlib
 import functools
 import heapq
 import random
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Protocol, TypeVar, cast
@@ -255,6 +255,26 @@ class Opening:
     args: bytes
     count_delivery: bool = False
     trace: str = ""
+
+
+@dataclass(frozen=True)
+class Closing:
+    """What closing a run writes with its lease given back, in one script (see ``close.lua``).
+
+    Attributes:
+        fields: the meta fields to set; a field whose value is ``DELETE`` is removed.
+        now_ms: the run's score in the runs index.
+        due_ms: when the run is due again (a wake-up, a retry); None takes it out of the due
+            index.
+        unless_signal: a signal whose arrival stops the closing (a run about to wait for it).
+        unless_cancelled: a pending cancel stops the closing.
+    """
+
+    fields: Mapping[str, Any]
+    now_ms: int
+    due_ms: int | None = None
+    unless_signal: str = ""
+    unless_cancelled: bool = False
 
 
 @dataclass(frozen=True)
@@ -644,34 +664,22 @@ class RedisBackend:
 
     # -- a run's status ------------------------------------------------------------------
 
-    def close(
-        self,
-        keys: RunKeys,
-        holder: str,
-        fields: dict[str, Any],
-        now_ms: int,
-        due_ms: int | None,
-        unless_signal: str = "",
-        unless_cancelled: bool = False,
-    ) -> Closed:
-        """Save the run's status fields, index it and give the lease back (see ``close.lua``).
-
-        A field whose value is ``DELETE`` is removed. ``due_ms`` is when the run is due again;
-        None takes it out of the due index. ``now_ms`` is its score in the runs index.
-        """
+    def close(self, keys: RunKeys, holder: str, closing: Closing) -> Closed:
+        """Save the run's status fields, index it and give the lease back (see ``Closing``)."""
         sets: list[Any] = []
-        deletes = [name for name, value in fields.items() if value == DELETE]
-        for name, value in fields.items():
+        deletes = [name for name, value in closing.fields.items() if value == DELETE]
+        for name, value in closing.fields.items():
             if value != DELETE:
                 sets += [name, value]
+        due_ms = closing.due_ms
         reply = self.scripts.close(
             keys=[keys.lease, keys.meta, keys.signals, keys.index.runs, keys.index.due],
             args=[
                 holder,
-                unless_signal,
-                "1" if unless_cancelled else "0",
+                closing.unless_signal,
+                "1" if closing.unless_cancelled else "0",
                 keys.run,
-                now_ms,
+                closing.now_ms,
                 "" if due_ms is None else due_ms,
                 len(sets) // 2,
                 *sets,

@@ -21,11 +21,8 @@
 -- The indexes are the run's shard's (journal/keys.py): sharded, they share the run's hash tag,
 -- so this script touches one slot, on one server or a Redis Cluster alike.
 local holder = redis.call('GET', KEYS[1])
-if not holder then
-  return -1
-end
 if holder ~= ARGV[1] then
-  return -2
+  return holder and -2 or -1
 end
 if ARGV[3] == '1' and redis.call('HEXISTS', KEYS[2], 'cancel') == 1 then
   return 4

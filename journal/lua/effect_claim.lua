@@ -26,14 +26,11 @@
 --           nothing written, the caller waits for the deadline or proves the claimant dead,
 --         {4, fence, detail} when it may have happened and may not be repeated without a
 --           decision: the claim is (now) ambiguous, fence the claimant that may have acted,
---         {-1} when the lease has expired, {-2, holder} when another holder owns it.
+--         {-1, nil} when the lease has expired, {-2, holder} when another holder owns it.
 -- Time is the server's: one clock for every holder's deadline.
 local holder = redis.call('GET', KEYS[1])
-if not holder then
-  return {-1}
-end
 if holder ~= ARGV[1] then
-  return {-2, holder}
+  return {holder and -2 or -1, holder}
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)

@@ -9,11 +9,8 @@
 -- From here until a settlement the effect may have happened: a later holder that finds it
 -- confirmed, once its deadline has passed, treats it as ambiguous, never as not done.
 local holder = redis.call('GET', KEYS[1])
-if not holder then
-  return -1
-end
 if holder ~= ARGV[1] then
-  return -2
+  return holder and -2 or -1
 end
 local claim = redis.call('HGET', KEYS[2], ARGV[2])
 if not claim then

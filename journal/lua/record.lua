@@ -8,14 +8,11 @@
 -- returns 1 when recorded (a bare integer: the common reply is the cheapest to parse),
 --         3 when recorded and a cancel of the run is pending (the run stops before its next step),
 --         {2, existing_record} when the step was already recorded (the caller adopts it),
---         {-1} when the lease has expired (nobody holds it),
+--         {-1, nil} when the lease has expired (nobody holds it),
 --         {-2, holder} when another holder owns the lease (fenced).
 local holder = redis.call('GET', KEYS[1])
-if not holder then
-  return {-1}
-end
 if holder ~= ARGV[1] then
-  return {-2, holder}
+  return {holder and -2 or -1, holder}
 end
 if redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3]) == 0 then
   return {2, redis.call('HGET', KEYS[2], ARGV[2])}

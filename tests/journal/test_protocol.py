@@ -256,7 +256,7 @@ def test_the_record_script_answers_each_of_its_four_codes(journal: Journal, keys
     assert record("1:not-the-token", "third") == [-2, grant.holder.encode()]
     assert record("2:" + grant.holder.split(":")[1], "fourth") == [-2, grant.holder.encode()]
     assert lease(journal).release(grant.holder)
-    assert record(grant.holder, "fifth") == [-1]
+    assert record(grant.holder, "fifth") == [-1, None]
     assert journal.client.hgetall(keys.steps) == {b"a": record_of("first")}
 
 
@@ -479,7 +479,7 @@ def test_the_effect_scripts_answer_each_of_their_codes(journal: Journal, keys: R
     assert confirm(first.holder, 1) == -3  # confirmed once; never claimed twice by one act
     assert decide("done") == [2, b"confirmed"]  # its claimant may still settle it
     assert lease(journal).release(first.holder)
-    assert claim(first.holder, 1) == [-1]
+    assert claim(first.holder, 1) == [-1, None]
     assert confirm(first.holder, 1) == -1
 
     second = acquire(lease(journal), millis(T0))

@@ -19,6 +19,7 @@ from journal._lease import Grant, Lease
 from journal._redis.backend import (
     DELETE,
     Closed,
+    Closing,
     Confirmed,
     Decided,
     EffectClaimed,
@@ -61,7 +62,7 @@ def test_a_close_that_only_deletes_fields_deletes_them_and_gives_the_lease_back(
     grant = take(journal, keys)
     store.hset(keys.meta, mapping={"wait": "{}", "retry_at": "5"})
 
-    closed = journal.backend.close(keys, grant.holder, {"wait": DELETE}, 2000, None)
+    closed = journal.backend.close(keys, grant.holder, Closing({"wait": DELETE}, 2000))
 
     assert closed is Closed.CLOSED
     meta = hash_of(store, keys.meta)

@@ -17,7 +17,7 @@ import pytest
 from journal import Journal, ManualClock, Run, SignalResult
 from journal._clock import millis
 from journal._delivery import Runner
-from journal._redis.backend import Closed
+from journal._redis.backend import Closed, Closing
 from journal._schema.keys import RunKeys
 from journal._schema.meta import Wait
 from journal._waits import Suspend
@@ -315,20 +315,9 @@ class SignalAfterWaitIsRecorded(Runner):
         super().__init__(journal.backend, journal.settings, journal.clock, journal.hints)
         self.journal = journal
 
-    def _close(
-        self,
-        keys: RunKeys,
-        holder: str,
-        fields: dict[str, Any],
-        now_ms: int,
-        due_ms: int | None,
-        unless_signal: str = "",
-        unless_cancelled: bool = False,
-    ) -> Closed:
-        status = super()._close(
-            keys, holder, fields, now_ms, due_ms, unless_signal, unless_cancelled
-        )
-        if fields.get("status") == "waiting":
+    def _close(self, keys: RunKeys, holder: str, closing: Closing) -> Closed:
+        status = super()._close(keys, holder, closing)
+        if closing.fields.get("status") == "waiting":
             assert self.journal.send_signal(keys.workflow, keys.run_id, "approval", "late") is True
         return status
 
