@@ -16,7 +16,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
+
+from markupsafe import Markup, escape
 
 from journal import Record, StepKey
 from journal.batch import is_batch_look
@@ -28,6 +31,79 @@ from tasks.job.workflow import APPROVAL
 # A wait longer than this is drawn as a break of ``BREAK_SHARE`` of the axis, not to scale.
 BREAK_MS = 2_000
 BREAK_SHARE = 0.12
+
+
+def when(ms: int | str | None) -> str:
+    """A stored millisecond time as UTC text, or a dash."""
+    try:
+        value = int(ms) if ms is not None else None
+    except ValueError:
+        return "?"
+    if not value:
+        return "-"
+    return datetime.fromtimestamp(value / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def stamp(ms: int | str | None) -> Markup:
+    """A stored millisecond time as a ``<time>``: UTC in its text and on hover.
+
+    ``/console.js`` rewrites the text into the browser's own zone; without script it reads
+    as UTC, which it says.
+    """
+    text = when(ms)
+    if text in ("-", "?"):
+        return Markup(escape(text))
+    iso = text.replace(" ", "T") + "Z"
+    return Markup(
+        f'<time datetime="{escape(iso)}" title="{escape(text)} UTC">{escape(text)} UTC</time>'
+    )
+
+
+# A step's key as the operator reads it; a key not here is shown as it is recorded.
+STEP_WORDS = {
+    "select": "select the week's items",
+    "compose": "compose the introduction",
+    "draft": "draft the email",
+    "send": "send the email",
+    "mark-seen": "mark the items sent",
+    "done": "finish",
+    StepKey.DEADLINE.of(APPROVAL): "ask for approval",
+    StepKey.SIGNAL.of(APPROVAL): "approval decision",
+}
+
+
+def step_words(key: str) -> str:
+    """A step's name in words: ``summarize:i1`` is "summarize i1", a journal prefix is gone."""
+    if key in STEP_WORDS:
+        return STEP_WORDS[key]
+    if is_batch_look(key):
+        return "look at the batch"
+    for prefix, word in (
+        (StepKey.SLEEP, "sleep"),
+        (StepKey.DEADLINE, "deadline of"),
+        (StepKey.SIGNAL, "signal"),
+    ):
+        if key.startswith(prefix.value):
+            return f"{word} {key.removeprefix(prefix.value)}"
+    name, _, item = key.partition(":")
+    return f"{name} {item}" if item else name
+
+
+def badge(state: str, meta: Mapping[str, str]) -> str:
+    """The one word of a run's status badge: how a finished run ended, not just ``done``.
+
+    ``held`` is a week that found nothing new because other runs hold its items; ``released``
+    a failed run cancelled so that its items go on to the next week.
+    """
+    if state == "cancelled":
+        return "released" if meta.get("cancel", "").startswith("released") else "cancelled"
+    if state != "done":
+        return state
+    report = _report(meta)
+    status = str(report.get("status", "done"))
+    if status == "nothing-new" and report.get("held"):
+        return "held"
+    return status.replace("-", " ")
 
 
 @dataclass(frozen=True)
@@ -134,6 +210,8 @@ def _waiting(view: RunView) -> Outcome:
         return Outcome("waiting", "Waiting for a batch of model calls", until, at_word="until")
     if wait.kind == "sleep":
         return Outcome("waiting", "Sleeping", until, at_word="until")
+    if wait.step == "send":
+        return Outcome("waiting", "Waiting for your word on the email", until, at_word="until")
     return Outcome("waiting", f"Waiting for {wait.signal or wait.step}", until, at_word="until")
 
 
@@ -148,8 +226,9 @@ def _failing(view: RunView, run_id: str) -> Outcome:
             "Failed; it retries",
             _ms(meta, "retry_at"),
             (f"Error: {error}", *tried),
-            f"It gives up after {_iso(_ms(meta, 'retry_until'))}; fix the cause (above), "
-            f"or retry now.",
+            Markup("It gives up after {}; fix the cause (above), or retry now.").format(
+                stamp(_ms(meta, "retry_until"))
+            ),
             at_word="at",
         )
     word = "Parked after too many starts" if state == "parked" else "Failed for good"
@@ -176,19 +255,13 @@ def _ms(meta: Mapping[str, str], name: str) -> int | None:
     return int(raw) if raw.isdigit() and int(raw) else None
 
 
-def _iso(ms: int | None) -> str:
-    from tasks.job.report import utc
-
-    return utc(ms / 1000) if ms else "-"
-
-
 @dataclass(frozen=True)
 class Bar:
     """One row of the waterfall: a step's attempt, a wait, or the attempt that failed.
 
     Attributes:
         kind: ``step``, ``wait`` or ``failed``.
-        label: the step key, or the wait in words (``waiting for approval``).
+        label: the step or the wait in words (``waiting for approval``).
         start_ms, end_ms: its real times; ``left``/``width`` its place on the axis (percent).
         attempt: the attempt that recorded the step.
         record: the step's record, for its result and usage.
@@ -242,7 +315,7 @@ def _rows(view: RunView, now_ms: int) -> list[tuple[int, Bar]]:
                 record.fence,
                 Bar(
                     "step",
-                    record.key,
+                    step_words(record.key),
                     record.started_at,
                     record.finished_at,
                     0,
@@ -280,7 +353,7 @@ def _open_end(view: RunView, last: Record | None, now_ms: int) -> list[tuple[int
     updated = int(view.meta.get("updated_at", "0") or 0)
     error = redact(view.meta.get("last_error", ""))
     if view.state in ("retrying", "failed", "parked") and error:
-        step = view.wait.step if view.wait and view.wait.step else "the next step"
+        step = step_words(view.wait.step) if view.wait and view.wait.step else "the next step"
         failed = Bar("failed", f"{step} failed", start, max(updated, start + 1), error=error)
         rows = [(fence, failed)]
         if view.state == "retrying":

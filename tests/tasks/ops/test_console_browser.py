@@ -117,7 +117,7 @@ def test_an_operator_steers_runs_from_the_console(
     page.goto(base + "/")
     weeks = page.locator("#runs tbody tr td:first-child a").all_inner_texts()
     assert weeks == ["2026-w42", "2026-w41", "2026-w40"]
-    assert "approval at signal:approval until" in page.locator("#runs").inner_text()
+    assert "waiting for approval until" in page.locator("#runs").inner_text()
     page.screenshot(path=str(shots / "console-runs.png"), full_page=True)
 
     # A page at a time: the older runs are a click away.
@@ -136,9 +136,9 @@ def test_an_operator_steers_runs_from_the_console(
     assert "approved digest:2026-w40" in page.locator(".flash.ok").inner_text()
     outbox = deployment.state_dir / "outbox"
     wait_until(lambda: (outbox / "digest-2026-w40.json").exists(), 30, "the approved email")
-    wait_until(lambda: state_of(page, base + "/runs/2026-w40", "done"), 30, "w40 done")
+    wait_until(lambda: state_of(page, base + "/runs/2026-w40", "sent"), 30, "w40 done")
     steps = page.locator("#timeline .name.step").all_inner_texts()
-    assert steps[0] == "select" and steps[-1] == "done"
+    assert steps[0] == "select the week's items" and steps[-1] == "finish"
     assert page.locator("#timeline h3").count() == 2  # before the approval, and after
     page.screenshot(path=str(shots / "console-run.png"), full_page=True)
 
@@ -146,7 +146,7 @@ def test_an_operator_steers_runs_from_the_console(
     page.goto(base + "/runs/2026-w41")
     page.fill("#reason", "the intro is wrong")
     page.click("#reject")
-    wait_until(lambda: state_of(page, base + "/runs/2026-w41", "done"), 30, "w41 done")
+    wait_until(lambda: state_of(page, base + "/runs/2026-w41", "rejected"), 30, "w41 done")
     assert deployment.view("2026-w41").step("send") is None
     assert not (outbox / "digest-2026-w41.json").exists()
 
@@ -176,7 +176,7 @@ def test_an_operator_steers_runs_from_the_console(
         in page.locator(".flash.ok").inner_text()
     )
     assert page.url.endswith("/runs/2026-w42-fork1")
-    wait_until(lambda: state_of(page, base + "/runs/2026-w42-fork1", "done"), 30, "the fork done")
+    wait_until(lambda: state_of(page, base + "/runs/2026-w42-fork1", "sent"), 30, "the fork done")
     assert (outbox / "digest-2026-w42-fork1.json").exists()
     assert "from digest:2026-w42 at compose" in page.inner_text("dl")
 

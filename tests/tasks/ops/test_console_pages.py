@@ -14,13 +14,17 @@ import pytest
 import redis
 
 from tasks.ops.console import Names, create_app
+from tasks.ops.run_page import badge
 from tests.tasks.ops.console_states import every_state, runtime_for
 
 LOCAL = Names.bound("127.0.0.1", 80)
 
 
 @pytest.fixture
-def pages(real_redis: redis.Redis, prefix: str, tmp_path: Path) -> dict[str, str]:
+def pages(
+    real_redis: redis.Redis, prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, str]:
+    monkeypatch.chdir(tmp_path)
     runtime = runtime_for(real_redis, prefix, tmp_path)
     runs = every_state(runtime, tmp_path)
     client = create_app(runtime, LOCAL).test_client()
@@ -59,11 +63,68 @@ def test_the_timeline_draws_waits_and_the_failed_attempt(pages: dict[str, str]) 
     assert "fork-step" in pages["sent"] and pages["sent"].count("Fork from here") == 0
 
 
+# What the journal calls things, which an operator should not have to learn.
+INTERNAL = ("signal:", "wait:", "fence", "a worker 0 times", "deliveries 0", "true", "false")
+
+
+def shown(page: str) -> str:
+    """A page's text as read before opening anything: a disclosure's summary, not its body."""
+    page = re.sub(r"<(style|script)\b.*?</\1>", "", page, flags=re.S)
+    page = re.sub(
+        r"<details\b[^>]*>\s*<summary[^>]*>(.*?)</summary>.*?</details>", r"\1", page, flags=re.S
+    )
+    page = re.sub(r"<time\b[^>]*>.*?</time>", "TIME", page, flags=re.S)
+    return re.sub(r"<[^>]+>", " ", page)
+
+
+def test_the_pages_speak_the_operators_words_with_times_in_the_readers_zone(
+    pages: dict[str, str],
+) -> None:
+    for state, page in pages.items():
+        text = shown(page)
+        for word in INTERNAL:
+            assert word not in text, (state, word)
+        assert not re.search(r'[{\[]"', text), (state, "JSON outside a disclosure")
+        # Every time is a <time> the browser shows in its own zone, with UTC on hover.
+        assert not re.search(r"\d{4}-\d\d-\d\d", text), (state, "a time in UTC text")
+        assert "/tmp/" not in text and str(Path.home()) not in text, state
+
+
+def test_a_runs_status_badge_says_how_it_ended_not_done(pages: dict[str, str]) -> None:
+    badges = {state: re.findall(r'id="state">([^<]*)<', page) for state, page in pages.items()}
+    assert badges == {
+        "sent": ["sent"],
+        "rejected": ["rejected"],
+        "nothing-new": ["nothing new"],
+        "waiting": ["waiting"],
+        "retrying": ["retrying"],
+        "failed": ["failed"],
+        "held": ["held"],
+        "ambiguous": ["may be sent"],
+    }
+
+
+@pytest.mark.parametrize(
+    ("state", "meta", "word"),
+    [
+        ("done", {"outcome": '{"status": "expired"}'}, "expired"),
+        ("cancelled", {"cancel": "by an operator"}, "cancelled"),
+        ("cancelled", {"cancel": "released: its items go on"}, "released"),
+        ("done", {"outcome": '{"status": "nothing-new", "held": [{"run": "digest:x"}]}'}, "held"),
+        ("done", {"outcome": "not json"}, "done"),
+        ("running", {}, "running"),
+    ],
+)
+def test_each_ending_has_its_own_badge(state: str, meta: dict[str, str], word: str) -> None:
+    assert badge(state, meta) == word
+
+
 @pytest.fixture
 def listing(
     real_redis: redis.Redis, prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Any:
     monkeypatch.setenv("DIGEST_FLOWER_URL", "http://flower.example:5555/")
+    monkeypatch.chdir(tmp_path)
     runtime = runtime_for(real_redis, prefix, tmp_path)
     every_state(runtime, tmp_path)
     crashed = runtime.journal.keys("digest", "2026-w48")
@@ -82,6 +143,12 @@ def test_the_runs_page_searches_filters_and_says_a_holder_is_gone(listing: Any) 
     found = listing.get("/?q=w41").get_data(as_text=True)
     assert re.findall(r'href="/runs/([^"]+)"', found) == ["2026-w41"]
     assert "the intro is wrong" in found
+
+    text = shown(page)
+    for word in ("signal:", "wait:", " at send "):
+        assert word not in text
+    assert not re.search(r"\d{4}-\d\d-\d\d", text)
+    assert re.findall(r'class="state[^"]*">([^<]*)<', page)[-2:] == ["rejected", "sent"]
 
     sent = listing.get("/?outcome=nothing-new").get_data(as_text=True)
     assert re.findall(r'href="/runs/([^"]+)"', sent) == ["2026-w46", "2026-w42"]
