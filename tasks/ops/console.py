@@ -221,16 +221,6 @@ def row_summary(row: RunRow, now_ms: int, held: int = 0, gone: bool = False) -> 
 OUTCOMES = ("sent", "nothing-new", "rejected", "expired")
 
 
-def flower_url(env: Mapping[str, str] | None = None) -> str | None:
-    """``DIGEST_FLOWER_URL``: where the deployment's Flower answers, linked from the runs page.
-
-    Read here until it joins the settings of ``tasks.config``; only an http(s) address is
-    linked, so a stray value can never become a script link.
-    """
-    value = (os.environ if env is None else env).get("DIGEST_FLOWER_URL", "").strip()
-    return value if urlsplit(value).scheme in ("http", "https") else None
-
-
 @dataclass(frozen=True)
 class Names:
     """The names a browser reaches this console by, as ``Host`` values and as origins.
@@ -387,7 +377,7 @@ def _listing(app: Flask, runtime: Runtime) -> None:
             older=older,
             paged=before,
             outcomes=OUTCOMES,
-            flower=flower_url(),
+            flower=runtime.config.flower_url,
             query=query,
         )
         return _refreshing(page, any(row["live"] for row in rows))

@@ -48,12 +48,13 @@ class Outbox(FileOutbox):
         return super().send(key, email, effect)
 
 
-def runtime_for(client: redis.Redis, prefix: str, state: Path) -> Runtime:
-    """A runtime of its own prefix, its workflows run in this process."""
+def runtime_for(client: redis.Redis, prefix: str, state: Path, **settings: Any) -> Runtime:
+    """A runtime of its own prefix, its workflows run in this process; ``settings`` of its
+    ``Config`` besides."""
     outbox = Outbox(state / "outbox")
     outbox.deduplicates = False  # a lost answer leaves the send ambiguous
     made = Runtime(
-        config=Config(key_prefix=prefix, state_dir=state, recipient="team@example.com"),
+        config=Config(key_prefix=prefix, state_dir=state, recipient="team@example.com", **settings),
         client=client,
         journal=Journal(client, keyspace=Keyspace(prefix), settings=SETTINGS),
         keys=DigestKeys(prefix),

@@ -123,9 +123,8 @@ def test_each_ending_has_its_own_badge(state: str, meta: dict[str, str], word: s
 def listing(
     real_redis: redis.Redis, prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Any:
-    monkeypatch.setenv("DIGEST_FLOWER_URL", "http://flower.example:5555/")
     monkeypatch.chdir(tmp_path)
-    runtime = runtime_for(real_redis, prefix, tmp_path)
+    runtime = runtime_for(real_redis, prefix, tmp_path, flower_url="http://flower.example:5555/")
     every_state(runtime, tmp_path)
     crashed = runtime.journal.keys("digest", "2026-w48")
     now = int(runtime.journal.clock.now() * 1000)
@@ -151,5 +150,6 @@ def test_the_runs_page_searches_filters_and_says_a_holder_is_gone(listing: Any) 
     assert re.findall(r'class="state[^"]*">([^<]*)<', page)[-2:] == ["rejected", "sent"]
 
     sent = listing.get("/?outcome=nothing-new").get_data(as_text=True)
+    assert 'id="flower"' in sent
     assert re.findall(r'href="/runs/([^"]+)"', sent) == ["2026-w46", "2026-w42"]
     assert listing.get("/?outcome=bogus").status_code == 400
