@@ -264,9 +264,21 @@ MUTANTS = (
     ),
     lua(
         "renew",
+        "the steps in flight are never cleared",
+        "redis.call('DEL', KEYS[3])",
+        "redis.call('EXISTS', KEYS[3])",
+    ),
+    lua(
+        "renew",
+        "the steps in flight outlive a dead holder",
+        "redis.call('PEXPIRE', KEYS[3], ARGV[2])",
+        "redis.call('PTTL', KEYS[3])",
+    ),
+    lua(
+        "renew",
         "a renewal leaves the run due at the old expiry",
-        "redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])",
-        "redis.call('ZSCORE', KEYS[3], ARGV[4])",
+        "redis.call('ZADD', KEYS[4], ARGV[3], ARGV[4])",
+        "redis.call('ZSCORE', KEYS[4], ARGV[4])",
     ),
     # -- cancel: asked of a run, learnt by its holder inside the fenced scripts
     lua(

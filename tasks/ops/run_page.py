@@ -155,7 +155,13 @@ def outcome_of(view: RunView, run_id: str, now_ms: int) -> Outcome:
                 at_word="last heard of",
             )
         word = "stopping before its next step" if state == "cancelling" else "running"
-        return Outcome("running", f"The run is {word}", _ms(meta, "created_at"), at_word="since")
+        flying = sorted(view.in_flight.items(), key=lambda item: item[1])
+        now = (
+            ("In flight now: " + ", ".join(step_words(key) for key, _ in flying),) if flying else ()
+        )
+        return Outcome(
+            "running", f"The run is {word}", _ms(meta, "created_at"), now, at_word="since"
+        )
     reason = meta.get("cancel", "")
     return Outcome(
         state, f"The run was {state}", _ms(meta, "finished_at"), (reason,) if reason else ()
@@ -260,7 +266,7 @@ class Bar:
     """One row of the waterfall: a step's attempt, a wait, or the attempt that failed.
 
     Attributes:
-        kind: ``step``, ``wait`` or ``failed``.
+        kind: ``step``, ``wait``, ``failed``, or ``flight``: a step its holder runs now.
         label: the step or the wait in words (``waiting for approval``).
         start_ms, end_ms: its real times; ``left``/``width`` its place on the axis (percent).
         attempt: the attempt that recorded the step.
@@ -362,8 +368,11 @@ def _open_end(view: RunView, last: Record | None, now_ms: int) -> list[tuple[int
     if view.state == "waiting" and view.wait is not None:
         label = _waiting(view).headline.lower()
         return [(fence, Bar("wait", label + " (now)", start, max(now_ms, start + 1)))]
-    if view.state in ("running", "cancelling") and start:
-        return [(fence, Bar("wait", "in flight now (not yet recorded)", start, max(now_ms, start)))]
+    if view.state in ("running", "cancelling") and view.lease_holder is not None:
+        return [
+            (fence, Bar("flight", f"{step_words(key)} (in flight now)", at, max(now_ms, at + 1)))
+            for key, at in sorted(view.in_flight.items(), key=lambda item: item[1])
+        ]
     return []
 
 

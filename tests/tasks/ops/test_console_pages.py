@@ -119,6 +119,27 @@ def test_each_ending_has_its_own_badge(state: str, meta: dict[str, str], word: s
     assert badge(state, meta) == word
 
 
+def test_a_live_runs_page_shows_the_steps_its_holder_has_in_flight(
+    real_redis: redis.Redis, prefix: str, tmp_path: Path
+) -> None:
+    runtime = runtime_for(real_redis, prefix, tmp_path)
+    keys = runtime.journal.keys("digest", "2026-w49")
+    now = int(runtime.journal.clock.now() * 1000)
+    # As a holder's renewal leaves them (renew.lua): its lease, and two summaries running.
+    real_redis.hset(keys.meta, mapping={"status": "running", "created_at": now - 9_000})
+    real_redis.set(keys.lease, "1:abc", px=30_000)
+    real_redis.hset(keys.flight, mapping={"summarize:i1": now - 4_000, "summarize:i2": now - 1_000})
+    page = create_app(runtime, LOCAL).test_client().get("/runs/2026-w49").get_data(as_text=True)
+    assert "In flight now: summarize i1, summarize i2" in shown(page)
+    assert re.findall(r'class="name flight"[^>]*>([^<]*)<', page) == [
+        "summarize i1 (in flight now)",
+        "summarize i2 (in flight now)",
+    ]
+    real_redis.delete(keys.lease)  # the holder gone: what it published is not shown
+    page = create_app(runtime, LOCAL).test_client().get("/runs/2026-w49").get_data(as_text=True)
+    assert "in flight" not in shown(page).lower()
+
+
 @pytest.fixture
 def listing(
     real_redis: redis.Redis, prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
