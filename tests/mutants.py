@@ -489,8 +489,8 @@ MUTANTS = (
     python(
         "_run",
         "a step starts without the boundary check",
-        "        self.check_lease()\n        started = millis(self.clock.now())\n        attempt,",
-        "        started = millis(self.clock.now())\n        attempt,",
+        "        self.check_lease()\n        started = millis(self.clock.now())\n        with",
+        "        started = millis(self.clock.now())\n        with",
     ),
     python(
         "_retry",
