@@ -57,7 +57,7 @@ from tasks.job.report import batch_lines
 from tasks.job.workflow import APPROVAL
 from tasks.llm.cost import dollars, usage_of
 from tasks.ops import actions
-from tasks.ops.run_page import badge, outcome_of, stamp, step_words, waterfall, when
+from tasks.ops.run_page import badge, outcome_of, span, stamp, step_words, waterfall, when
 from tasks.runtime import Runtime, prepare_metrics, use_runtime
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -75,18 +75,6 @@ LOCAL_TIMES = """document.querySelectorAll("time[datetime]").forEach(function (t
     timeZoneName: "short"}); }
 });
 """
-
-
-def span(start: int | None, end: int | None) -> str:
-    """A duration as people read it: 850 ms, 12.3 s, 4 min."""
-    if not start or not end or end < start:
-        return "-"
-    ms = end - start
-    if ms < 1000:
-        return f"{ms} ms"
-    if ms < 120_000:
-        return f"{ms / 1000:.1f} s"
-    return f"{ms / 60_000:.0f} min"
 
 
 def preview(result: Any, width: int = 160) -> str:
@@ -146,6 +134,9 @@ def run_context(runtime: Runtime, view: RunView, run_id: str) -> dict[str, Any]:
         "usage": usage,
         "cost": dollars(usage.cost_usd),
         "limits": [state.line() for state in runtime.limit_states()],
+        "waited": sum(
+            r.result.get("waited_ms", 0) for r in view.steps if isinstance(r.result, dict)
+        ),
         "email": _masked(email) if email else None,
         "draft": _masked(draft.result) if waiting_approval and draft else None,
         "held": holdings(runtime).get(view.run, 0),

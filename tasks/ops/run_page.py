@@ -59,6 +59,18 @@ def stamp(ms: int | str | None) -> Markup:
     )
 
 
+def span(start: int | None, end: int | None) -> str:
+    """A duration as people read it: 850 ms, 12.3 s, 4 min."""
+    if not start or not end or end < start:
+        return "-"
+    ms = end - start
+    if ms < 1000:
+        return f"{ms} ms"
+    if ms < 120_000:
+        return f"{ms / 1000:.1f} s"
+    return f"{ms / 60_000:.0f} min"
+
+
 # A step's key as the operator reads it; a key not here is shown as it is recorded.
 STEP_WORDS = {
     "select": "select the week's items",
@@ -316,13 +328,19 @@ def _rows(view: RunView, now_ms: int) -> list[tuple[int, Bar]]:
         if previous is not None and record.started_at - previous.finished_at > BREAK_MS / 4:
             label = _gap_label(previous, record)
             rows.append((record.fence, Bar("wait", label, previous.finished_at, record.started_at)))
+        # A model call's wait for the shared rate limits' room, journalled with its step.
+        waited = record.result.get("waited_ms", 0) if isinstance(record.result, dict) else 0
+        began = record.started_at + waited if isinstance(waited, int) and waited > 0 else 0
+        if began:
+            label = f"rate limit: waited {span(record.started_at, began)} for room"
+            rows.append((record.fence, Bar("wait", label, record.started_at, began)))
         rows.append(
             (
                 record.fence,
                 Bar(
                     "step",
                     step_words(record.key),
-                    record.started_at,
+                    began or record.started_at,
                     record.finished_at,
                     0,
                     0,

@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 import redis
 
+from journal import Run
 from tasks.ops.console import Names, create_app
 from tasks.ops.run_page import badge
+from tests.support import execute
 from tests.tasks.ops.console_states import every_state, runtime_for
 
 LOCAL = Names.bound("127.0.0.1", 80)
@@ -138,6 +140,22 @@ def test_a_live_runs_page_shows_the_steps_its_holder_has_in_flight(
     real_redis.delete(keys.lease)  # the holder gone: what it published is not shown
     page = create_app(runtime, LOCAL).test_client().get("/runs/2026-w49").get_data(as_text=True)
     assert "in flight" not in shown(page).lower()
+
+
+def test_a_calls_wait_for_the_rate_limit_is_a_labelled_gap_before_its_bar(
+    real_redis: redis.Redis, prefix: str, tmp_path: Path
+) -> None:
+    runtime = runtime_for(real_redis, prefix, tmp_path)
+
+    def body(run: Run) -> None:
+        run.step("select", lambda: [])
+        run.step("summarize:i1", lambda: {"text": "ok", "waited_ms": 1_500})
+
+    execute(runtime.journal, "digest", "2026-w49", body)
+    page = create_app(runtime, LOCAL).test_client().get("/runs/2026-w49").get_data(as_text=True)
+    names = re.findall(r'class="name (\w+)"[^>]*>([^<]*)<', page)
+    assert names[-2:] == [("wait", "rate limit: waited 1.5 s for room"), ("step", "summarize i1")]
+    assert "this run's model calls waited 1.5 s for room in all" in page
 
 
 @pytest.fixture
