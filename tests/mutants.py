@@ -806,6 +806,8 @@ LUA_TESTS: dict[str, tuple[str, ...]] = {
     "journal/lua/renew.lua": (
         "tests/journal/test_heartbeat_confirm.py",
         "tests/journal/test_store_meta.py",
+        "tests/journal/test_protocol.py::test_a_renewal_publishes_the_holders_steps_in_flight_"
+        "for_as_long_as_its_lease",
     ),
     "tasks/lua/budget_reserve.lua": (
         "tests/tasks/llm/test_budget_scripts.py",
