@@ -166,14 +166,16 @@ def outcome_of(view: RunView, run_id: str, now_ms: int) -> Outcome:
                 _ms(meta, "updated_at"),
                 at_word="last heard of",
             )
-        word = "stopping before its next step" if state == "cancelling" else "running"
+        word = (
+            "Cancelled: it stops before its next step; running"
+            if state == "cancelling"
+            else "Running"
+        )
         flying = sorted(view.in_flight.items(), key=lambda item: item[1])
         now = (
             ("In flight now: " + ", ".join(step_words(key) for key, _ in flying),) if flying else ()
         )
-        return Outcome(
-            "running", f"The run is {word}", _ms(meta, "created_at"), now, at_word="since"
-        )
+        return Outcome("running", word, _ms(meta, "created_at"), now, at_word="since")
     reason = meta.get("cancel", "")
     return Outcome(
         state, f"The run was {state}", _ms(meta, "finished_at"), (reason,) if reason else ()
@@ -206,8 +208,12 @@ def _finished(view: RunView, report: dict[str, Any]) -> Outcome:
             headline, said = f"Rejected{who}", (f"Reason: {reason}",)
         let_go = "Nothing was sent; its items were let go for the next week."
         return Outcome(status, headline, decided, (*said, let_go))
+    if status == "nothing-new" and held:
+        return Outcome(
+            "nothing-new", "Held: other runs hold this week's items; no email", ended, held
+        )
     if status == "nothing-new":
-        lines = held or ("Every item of the week was in an earlier digest.",)
+        lines = ("Every item of the week was in an earlier digest.",)
         return Outcome("nothing-new", "Nothing new: no email this week", ended, lines)
     return Outcome(status, f"Done: {status}", ended)
 
@@ -237,7 +243,8 @@ def _failing(view: RunView, run_id: str) -> Outcome:
     meta, state = view.meta, view.state
     error = redact(meta.get("last_error", ""))
     failures = meta.get("failures", "")
-    tried = (f"{failures} failed attempts so far.",) if failures else ()
+    plural = "" if failures == "1" else "s"
+    tried = (f"{failures} failed attempt{plural} so far.",) if failures else ()
     if state == "retrying":
         return Outcome(
             "retrying",

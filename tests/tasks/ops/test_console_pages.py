@@ -54,6 +54,8 @@ def test_each_outcome_is_said_in_words(pages: dict[str, str]) -> None:
     assert "Failed for good" in pages["failed"] and "answered 550" in pages["failed"]
     assert "This run holds 4 items" in pages["failed"]
     assert "held by digest:2026-w45" in pages["held"]
+    assert "Held: other runs hold this week&#39;s items; no email" in pages["held"]
+    assert "1 failed attempt so far." in pages["retrying"]
     assert "may have been sent" in pages["ambiguous"]
     assert 'id="mark-sent"' in pages["ambiguous"] and 'id="resend"' in pages["ambiguous"]
 
@@ -132,6 +134,7 @@ def test_a_live_runs_page_shows_the_steps_its_holder_has_in_flight(
     real_redis.set(keys.lease, "1:abc", px=30_000)
     real_redis.hset(keys.flight, mapping={"summarize:i1": now - 4_000, "summarize:i2": now - 1_000})
     page = create_app(runtime, LOCAL).test_client().get("/runs/2026-w49").get_data(as_text=True)
+    assert "Running since TIME" in shown(page)
     assert "In flight now: summarize i1, summarize i2" in shown(page)
     assert re.findall(r'class="name flight"[^>]*>([^<]*)<', page) == [
         "summarize i1 (in flight now)",
