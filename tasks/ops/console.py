@@ -157,7 +157,7 @@ def summary(record: Record) -> str:
     if isinstance(result, bool):
         return "done" if result else "not done"
     if isinstance(result, int) and record.key == "mark-seen":
-        return f"{result} items marked as sent"
+        return f"marked sent: {result} items sent in all weeks so far"
     if isinstance(result, list):
         return f"{len(result)} items"
     if isinstance(result, dict) and "received" in result:

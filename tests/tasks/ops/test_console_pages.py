@@ -56,6 +56,7 @@ def test_each_outcome_is_said_in_words(pages: dict[str, str]) -> None:
     assert "held by digest:2026-w45" in pages["held"]
     assert "Held: other runs hold this week&#39;s items; no email" in pages["held"]
     assert "1 failed attempt so far." in pages["retrying"]
+    assert "marked sent: 4 items sent in all weeks so far" in pages["sent"]
     assert "may have been sent" in pages["ambiguous"]
     assert 'id="mark-sent"' in pages["ambiguous"] and 'id="resend"' in pages["ambiguous"]
 
