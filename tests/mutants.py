@@ -488,6 +488,12 @@ MUTANTS = (
     # -- the record path
     python(
         "_run",
+        "a step runs without saying it is in flight",
+        "with self._guard.flight.running(key, started):",
+        "if True:",
+    ),
+    python(
+        "_run",
         "a step starts without the boundary check",
         "        self.check_lease()\n        started = millis(self.clock.now())\n        with",
         "        started = millis(self.clock.now())\n        with",
