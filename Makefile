@@ -115,6 +115,8 @@ clean: stop
 bench-console: install
 	$(BIN)/python -m bench.console_runs
 
-# The console's screenshots in docs/, taken by the browser tests of every page state.
+# The console's screenshots in docs/, taken by the browser tests of every page state and of a
+# real worker's runs (approval, in flight, sent).
 screenshots: install
-	DIGEST_SCREENSHOTS=docs $(BIN)/pytest -q tests/tasks/ops/test_console_states_browser.py
+	DIGEST_SCREENSHOTS=docs $(BIN)/pytest -q tests/tasks/ops/test_console_states_browser.py \
+		tests/tasks/ops/test_console_browser.py

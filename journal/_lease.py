@@ -19,7 +19,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -131,10 +131,16 @@ class Lease:
             raise CorruptJournal(self.keys.run, reply.detail, "not an integer counter")
         return reply
 
-    def renew(self, holder: str) -> Renewed:
-        """Extend the lease if we still hold it (compare-and-PEXPIRE), pushing its due time."""
+    def renew(self, holder: str, flight: Mapping[str, int] | None = None) -> Renewed:
+        """Extend the lease if we still hold it (compare-and-PEXPIRE), pushing its due time.
+
+        Args:
+            holder: ``<fence>:<token>``, ours.
+            flight: the steps we run now (step key -> started at, ms), published for
+                operators in the same round trip; none clears what the last renewal said.
+        """
         due_at = None if self.due_after_ms is None else self.due_after_ms()
-        return self.backend.renew(self.keys, holder, self.ttl_ms, due_at)
+        return self.backend.renew(self.keys, holder, self.ttl_ms, due_at, flight or {})
 
     def release(self, holder: str) -> bool:
         """Give the lease back if we still hold it (compare-and-DEL)."""
@@ -205,14 +211,45 @@ _BEATS = _Beats()
 os.register_at_fork(after_in_child=_BEATS.reset)
 
 
+class InFlight:
+    """The steps a holder runs now, by key, with the time each started (ms).
+
+    Steps of a map run on several threads at once, hence the lock. The heartbeat publishes
+    them with each renewal (``renew.lua``): at no extra round trip, operators see what a live
+    run is doing between its records, at most a renewal interval late.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._steps: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def running(self, key: str, started_ms: int) -> Iterator[None]:
+        """``key`` is in flight while the block runs."""
+        with self._lock:
+            self._steps[key] = started_ms
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._steps.pop(key, None)
+
+    def now(self) -> dict[str, int]:
+        """The steps in flight now, a copy."""
+        with self._lock:
+            return dict(self._steps)
+
+
 class Guard(Protocol):
     """What a run checks at each step boundary and before an irreversible act.
 
     ``Heartbeat`` guards every real run; a run replayed in memory (``journal.testing._rehearsal``)
-    holds no lease and is never cancelled.
+    holds no lease and is never cancelled. ``flight`` is where the run says which steps it
+    runs now.
     """
 
     cancelled: threading.Event
+    flight: InFlight
 
     def ensure(self) -> None:
         """Raise unless the run may start another step."""
@@ -264,6 +301,7 @@ class Heartbeat:
         self._beating = threading.Lock()  # held by each beat's renewal, and by ``paused``
         self.lost = threading.Event()
         self.cancelled = threading.Event()
+        self.flight = InFlight()
         self.renewals = 0
         self.interval = lease.ttl_ms / 3000
 
@@ -331,7 +369,7 @@ class Heartbeat:
 
     def _renew(self, asked: float | None = None) -> bool:
         asked = time.monotonic() if asked is None else asked
-        status = self._lease.renew(self._holder)
+        status = self._lease.renew(self._holder, self.flight.now())
         if status is Renewed.LOST:
             emit("renewal_failed", workflow=self._lease.keys.workflow)
             with self._confirm_lock:  # the beat and a step boundary may find it at once

@@ -467,9 +467,10 @@ class Run:
             self._policy.admit(key, kind)
         self.check_lease()
         started = millis(self.clock.now())
-        attempt, result = retry_loop(
-            key, fn, retry, self._retry_state, self.clock, self.check_lease
-        )
+        with self._guard.flight.running(key, started):
+            attempt, result = retry_loop(
+                key, fn, retry, self._retry_state, self.clock, self.check_lease
+            )
         return self._record(key, result, attempt, started, kind, group, seq, report)  # type: ignore[no-any-return]
 
     def _record(

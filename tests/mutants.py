@@ -264,9 +264,21 @@ MUTANTS = (
     ),
     lua(
         "renew",
+        "the steps in flight are never cleared",
+        "redis.call('DEL', KEYS[3])",
+        "redis.call('EXISTS', KEYS[3])",
+    ),
+    lua(
+        "renew",
+        "the steps in flight outlive a dead holder",
+        "redis.call('PEXPIRE', KEYS[3], ARGV[2])",
+        "redis.call('PTTL', KEYS[3])",
+    ),
+    lua(
+        "renew",
         "a renewal leaves the run due at the old expiry",
-        "redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])",
-        "redis.call('ZSCORE', KEYS[3], ARGV[4])",
+        "redis.call('ZADD', KEYS[4], ARGV[3], ARGV[4])",
+        "redis.call('ZSCORE', KEYS[4], ARGV[4])",
     ),
     # -- cancel: asked of a run, learnt by its holder inside the fenced scripts
     lua(
@@ -476,9 +488,15 @@ MUTANTS = (
     # -- the record path
     python(
         "_run",
+        "a step runs without saying it is in flight",
+        "with self._guard.flight.running(key, started):",
+        "if True:",
+    ),
+    python(
+        "_run",
         "a step starts without the boundary check",
-        "        self.check_lease()\n        started = millis(self.clock.now())\n        attempt,",
-        "        started = millis(self.clock.now())\n        attempt,",
+        "        self.check_lease()\n        started = millis(self.clock.now())\n        with",
+        "        started = millis(self.clock.now())\n        with",
     ),
     python(
         "_retry",
@@ -795,6 +813,8 @@ LUA_TESTS: dict[str, tuple[str, ...]] = {
     "journal/lua/renew.lua": (
         "tests/journal/test_heartbeat_confirm.py",
         "tests/journal/test_store_meta.py",
+        "tests/journal/test_protocol.py::test_a_renewal_publishes_the_holders_steps_in_flight_"
+        "for_as_long_as_its_lease",
     ),
     "tasks/lua/budget_reserve.lua": (
         "tests/tasks/llm/test_budget_scripts.py",

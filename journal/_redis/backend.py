@@ -357,6 +357,7 @@ class Snapshot:
     lease_ttl_ms: int
     signals: dict[bytes, bytes]
     effects: dict[bytes, bytes]
+    flight: dict[bytes, bytes]
 
 
 class StepStore(Protocol):
@@ -521,13 +522,25 @@ class RedisBackend:
             return OpenReply(status, int(reply[1]), int(reply[2]), reply[3], reply[4])
         return OpenReply(status, int(reply[1]), int(reply[2]))
 
-    def renew(self, keys: RunKeys, holder: str, ttl_ms: int, due_at_ms: int | None) -> Renewed:
-        """Extend the lease if ``holder`` still has it; ``due_at_ms`` also pushes the due time."""
-        run_keys = [keys.lease, keys.meta]
-        args: list[KeyOrArg] = [holder, ttl_ms]
+    def renew(
+        self,
+        keys: RunKeys,
+        holder: str,
+        ttl_ms: int,
+        due_at_ms: int | None,
+        flight: Mapping[str, int],
+    ) -> Renewed:
+        """Extend the lease if ``holder`` still has it; publish its steps in ``flight``.
+
+        ``flight``: step key -> started at (ms), replacing what the last renewal published;
+        ``due_at_ms`` also pushes the run's due time.
+        """
+        run_keys = [keys.lease, keys.meta, keys.flight]
+        args: list[KeyOrArg] = [holder, ttl_ms, 0 if due_at_ms is None else due_at_ms, keys.run]
         if due_at_ms is not None:
             run_keys.append(keys.index.due)
-            args += [due_at_ms, keys.run]
+        for step, started in flight.items():
+            args += [step, started]
         return code("renew", self.scripts.renew(keys=run_keys, args=args), Renewed)
 
     def release(self, keys: RunKeys, holder: str) -> bool:
@@ -673,7 +686,14 @@ class RedisBackend:
                 sets += [name, value]
         due_ms = closing.due_ms
         reply = self.scripts.close(
-            keys=[keys.lease, keys.meta, keys.signals, keys.index.runs, keys.index.due],
+            keys=[
+                keys.lease,
+                keys.meta,
+                keys.signals,
+                keys.index.runs,
+                keys.index.due,
+                keys.flight,
+            ],
             args=[
                 holder,
                 closing.unless_signal,
@@ -885,7 +905,7 @@ class RedisBackend:
         return cast(dict[bytes, bytes], self.client.hgetall(keys.meta))
 
     def snapshot(self, keys: RunKeys) -> Snapshot:
-        """One consistent read of a run: meta, steps, lease, signals, effects in one MULTI."""
+        """One consistent read of a run: meta, steps, lease, signals, effects, steps in flight."""
         pipe = self.client.pipeline(transaction=True)
         pipe.hgetall(keys.meta)
         pipe.hgetall(keys.steps)
@@ -893,8 +913,9 @@ class RedisBackend:
         pipe.pttl(keys.lease)
         pipe.hgetall(keys.signals)
         pipe.hgetall(keys.effects)
-        meta, steps, holder, ttl, signals, effects = pipe.execute()
-        return Snapshot(meta, steps, holder, int(ttl), signals, effects)
+        pipe.hgetall(keys.flight)
+        meta, steps, holder, ttl, signals, effects, flight = pipe.execute()
+        return Snapshot(meta, steps, holder, int(ttl), signals, effects, flight)
 
     def effects(self, keys: RunKeys) -> dict[bytes, bytes]:
         """The run's effects hash (see ``effect_claim.lua``)."""

@@ -117,6 +117,14 @@ class RunKeys:
         return self._key("lease")
 
     @cached_property
+    def flight(self) -> str:
+        """Hash: step key -> started at (ms), the steps its holder runs now.
+
+        Published with each renewal of the lease (``renew.lua``), and expiring with it.
+        """
+        return self._key("flight")
+
+    @cached_property
     def fence(self) -> str:
         """Counter incremented on every acquisition."""
         return self._key("fence")
@@ -145,6 +153,7 @@ class RunKeys:
             self.steps,
             self.meta,
             self.lease,
+            self.flight,
             self.fence,
             self.signals,
             self.effects,

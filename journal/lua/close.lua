@@ -5,6 +5,7 @@
 -- KEYS[3] - the run's signals hash
 -- KEYS[4] - the runs index (sorted set: full run id -> last update, ms)
 -- KEYS[5] - the due index (sorted set: full run id -> when to look again, ms)
+-- KEYS[6] - the run's in-flight hash (see renew.lua): a run given back has no step in flight
 -- ARGV[1] - the holder, "<fence>:<token>"
 -- ARGV[2] - a signal name: when that signal is already stored, write nothing ("" to skip the check)
 -- ARGV[3] - "1" to write nothing when a cancel of the run is pending (a run about to wait)
@@ -43,5 +44,5 @@ else
   redis.call('ZADD', KEYS[5], ARGV[6], ARGV[4])
 end
 redis.call('ZADD', KEYS[4], ARGV[5], ARGV[4])
-redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[6])
 return 1

@@ -1,20 +1,29 @@
--- Extend a lease, but only for the holder that owns it (compare-and-PEXPIRE), and push the
--- run's due time past the new expiry in the same round trip.
+-- Extend a lease, but only for the holder that owns it (compare-and-PEXPIRE), push the
+-- run's due time past the new expiry, and publish the steps the holder is running, all in
+-- the same round trip: what operators see in flight is never older than the last renewal.
 -- KEYS[1] - the run's lease key
 -- KEYS[2] - the run's meta hash (only its cancel field is read)
--- KEYS[3] - the due index (sorted set: full run id -> when to look again, ms); optional
+-- KEYS[3] - the run's in-flight hash (step key -> started at, ms): replaced, and expiring
+--           with the lease, so a holder that died takes its steps in flight with it
+-- KEYS[4] - the due index (sorted set: full run id -> when to look again, ms); optional
 -- ARGV[1] - the holder, "<fence>:<token>"
 -- ARGV[2] - new time to live, in milliseconds
--- ARGV[3] - the run's new due time, in milliseconds (absent with KEYS[3])
+-- ARGV[3] - the run's new due time, in milliseconds (unused without KEYS[4])
 -- ARGV[4] - the run's full id, "<workflow>:<run_id>", as the due index holds it
+-- ARGV[5..] - the steps in flight: step key, started at (ms), step key, ...; none is empty
 -- returns 1 when extended, 2 when extended and a cancel of the run is pending,
 --         0 when the lease is gone or held by someone else (nothing written).
 -- The due index is the run's shard's (journal/keys.py): sharded, it shares the run's hash tag,
 -- so this script touches one slot, on one server or a Redis Cluster alike.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  if KEYS[3] then
-    redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
+  if KEYS[4] then
+    redis.call('ZADD', KEYS[4], ARGV[3], ARGV[4])
+  end
+  redis.call('DEL', KEYS[3])
+  if ARGV[5] then
+    redis.call('HSET', KEYS[3], unpack(ARGV, 5))
+    redis.call('PEXPIRE', KEYS[3], ARGV[2])
   end
   if redis.call('HEXISTS', KEYS[2], 'cancel') == 1 then
     return 2

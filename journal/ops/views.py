@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
@@ -58,6 +58,8 @@ class RunView:
             irreversible moment), ``done``, ``released``, ``ambiguous`` (it may have
             happened: the run waits for a decision) or ``resend`` (decided: repeat it).
         effect_details: why an ambiguous effect may have happened, by name.
+        in_flight: the steps the live holder runs now, by key, with when each started (ms),
+            as its last renewal published them; none without a holder, and none recorded.
     """
 
     run: str
@@ -69,6 +71,7 @@ class RunView:
     signals: dict[str, Any]
     effects: dict[str, str]
     effect_details: dict[str, str]
+    in_flight: dict[str, int] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
@@ -93,10 +96,13 @@ def inspect_run(journal: Journal, workflow: str, run_id: str) -> RunView:
     meta = RunMeta.parse(keys.run, seen.meta)
     wait = meta.wait
     effects, details = decode_effects(seen.effects)
+    steps = ordered(decode_journal(keys.run, seen.steps).values())
+    recorded = {record.key for record in steps}
+    flight = ((key.decode(errors="replace"), started) for key, started in seen.flight.items())
     return RunView(
         run=keys.run,
         meta=meta,
-        steps=ordered(decode_journal(keys.run, seen.steps).values()),
+        steps=steps,
         lease_holder=holder.decode(errors="replace") if holder else None,
         lease_ttl_ms=int(ttl) if holder and ttl > 0 else None,
         wait=wait,
@@ -106,6 +112,11 @@ def inspect_run(journal: Journal, workflow: str, run_id: str) -> RunView:
         },
         effects=effects,
         effect_details=details,
+        in_flight={
+            key: int(started)
+            for key, started in flight
+            if holder and key not in recorded and started.isdigit()
+        },
     )
 
 

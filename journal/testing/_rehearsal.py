@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol, TypeVar
 
 from journal._clock import Clock
-from journal._lease import Holding
+from journal._lease import Holding, InFlight
 from journal._redis.backend import (
     NO_WAIT,
     Confirmed,
@@ -162,6 +162,7 @@ class _Held:
 
     def __init__(self) -> None:
         self.cancelled = threading.Event()
+        self.flight = InFlight()  # published by no one: no lease to renew
 
     def ensure(self) -> None:
         """Always held."""

@@ -81,6 +81,9 @@ def _check_url(name: str, url: str | None, schemes: tuple[str, ...] | None) -> N
         raise BadInput(f"{name}={shown!r}: the port must be a number from 1 to 65535") from None
 
 
+WEB = ("http", "https")
+
+
 @dataclass(frozen=True)
 class Config:
     """Every setting of the digest, with the defaults docs/configuration.md documents.
@@ -162,6 +165,8 @@ class Config:
             30 minutes unless the broker's configuration or a queue policy says otherwise),
             in seconds. A delivery still running then has its channel closed and its message
             redelivered, so with an AMQP broker the task time limit must stay below it.
+        flower_url: the deployment's Flower, linked from the console's runs page: the
+            workers and their tasks, which the journal does not show.
         soft_shutdown_timeout: seconds a worker stopping cold (SIGQUIT, or SIGTERM with
             ``REMAP_SIGTERM=SIGQUIT``) lets running deliveries finish before it stops them and
             hands their messages back to the broker.
@@ -213,6 +218,7 @@ class Config:
     max_cost_usd: float | None = None
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    flower_url: str | None = None
     log_format: str = "text"
     run_retention: float | None = None
     batch: bool = False
@@ -250,6 +256,12 @@ class Config:
                 + " or ".join(LOG_FORMATS)
             )
         _check_url("CELERY_BROKER_URL", self.broker_url, None)
+        if self.flower_url is not None and urlsplit(self.flower_url).scheme not in WEB:
+            # Shown as a link: any other scheme (javascript:) would make it a script.
+            raise BadInput(
+                f"DIGEST_FLOWER_URL={self.flower_url!r}: not a web address; use http:// or "
+                "https://, such as http://flower:5555"
+            )
         self._check_mail()
         try:
             ZoneInfo(self.timezone)

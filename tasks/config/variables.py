@@ -540,6 +540,14 @@ SETTINGS: tuple[Setting, ...] = (
         shown="unset",
     ),
     Setting(
+        "DIGEST_FLOWER_URL",
+        "flower_url",
+        "optional",
+        "where the deployment's Flower answers (`http://flower:5555`); the console's runs page "
+        "links to it",
+        shown="unset",
+    ),
+    Setting(
         "DIGEST_MAX_COST_USD",
         "max_cost_usd",
         "optional_number",

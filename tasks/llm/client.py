@@ -40,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
@@ -77,7 +77,12 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 
 @dataclass(frozen=True)
 class Completion:
-    """One model answer as a step records it: the text plus what it cost."""
+    """One model answer as a step records it: the text plus what it cost.
+
+    ``waited_ms`` is how long the call waited for room in the shared rate limits before it
+    went out: recorded with the step, in the write the step makes anyway, so a run's page can
+    draw the wait without asking the limiter.
+    """
 
     text: str
     input_tokens: int
@@ -85,10 +90,17 @@ class Completion:
     model: str
     cache_creation_input_tokens: int = 0
     cache_read_input_tokens: int = 0
+    waited_ms: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        """The step result: plain JSON, so a journal outlives this class's code."""
-        return asdict(self)
+        """The step result: plain JSON, so a journal outlives this class's code.
+
+        A call that did not wait is recorded as before waits were.
+        """
+        result = asdict(self)
+        if not self.waited_ms:
+            del result["waited_ms"]
+        return result
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Completion:
@@ -102,6 +114,7 @@ class Completion:
         # Recorded before cache tokens were: none.
         cache_write = data.get("cache_creation_input_tokens", 0)
         cache_read = data.get("cache_read_input_tokens", 0)
+        waited = data.get("waited_ms", 0)  # recorded before waits were: none
         if not (
             isinstance(text, str)
             and isinstance(model, str)
@@ -109,12 +122,13 @@ class Completion:
             and _is_count(output_tokens)
             and _is_count(cache_write)
             and _is_count(cache_read)
+            and _is_count(waited)
         ):
             raise ValueError(
-                "a recorded completion needs text and model (strings) and input_tokens and "
-                f"output_tokens (counts), got {dict(data)!r:.200}"
+                "a recorded completion needs text and model (strings) and input_tokens, "
+                f"output_tokens and waited_ms (counts), got {dict(data)!r:.200}"
             )
-        return cls(text, input_tokens, output_tokens, model, cache_write, cache_read)
+        return cls(text, input_tokens, output_tokens, model, cache_write, cache_read, waited)
 
 
 def cache_min_tokens(model: str) -> int:
@@ -380,6 +394,7 @@ class AnthropicSummarizer:
         if limiter and take:
             used = (message.usage.input_tokens, message.usage.output_tokens)
             limiter.settle(take, raw.headers, used=used)
+            return replace(_answered(message, model), waited_ms=take.waited_ms)
         return _answered(message, model)
 
 

@@ -28,14 +28,13 @@ import os
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
 from flask import Flask, Response, abort, flash, redirect, render_template, request, url_for
-from markupsafe import Markup, escape
+from markupsafe import Markup
 
-from journal import Record, Wait, validate_run_id
+from journal import Record, StepKey, Wait, validate_run_id
 from journal.batch import is_batch_look
 from journal.errors import ControlRefused, InvalidRunId, JournalError
 from journal.logs import redact
@@ -58,7 +57,7 @@ from tasks.job.report import batch_lines
 from tasks.job.workflow import APPROVAL
 from tasks.llm.cost import dollars, usage_of
 from tasks.ops import actions
-from tasks.ops.run_page import outcome_of, waterfall
+from tasks.ops.run_page import badge, outcome_of, span, stamp, step_words, waterfall, when
 from tasks.runtime import Runtime, prepare_metrics, use_runtime
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -66,21 +65,6 @@ WILDCARDS = ("0.0.0.0", "::", "")
 TOKEN_COOKIE = "digest_console"
 LIVE = ("running", "cancelling", "retrying", "new")
 REFRESH_SECONDS = 3
-
-
-def stamp(ms: int | str | None) -> Markup:
-    """A stored millisecond time as a ``<time>``: UTC in its text and on hover.
-
-    ``/console.js`` rewrites the text into the browser's own zone; without script it reads
-    as UTC, which it says.
-    """
-    text = when(ms)
-    if text in ("-", "?"):
-        return Markup(escape(text))
-    iso = text.replace(" ", "T") + "Z"
-    return Markup(
-        f'<time datetime="{escape(iso)}" title="{escape(text)} UTC">{escape(text)} UTC</time>'
-    )
 
 
 # Times in the reader's zone, with the UTC time kept on hover; the only script the page runs.
@@ -93,29 +77,6 @@ LOCAL_TIMES = """document.querySelectorAll("time[datetime]").forEach(function (t
 """
 
 
-def when(ms: int | str | None) -> str:
-    """A stored millisecond time as UTC text, or a dash."""
-    try:
-        value = int(ms) if ms is not None else None
-    except ValueError:
-        return "?"
-    if not value:
-        return "-"
-    return datetime.fromtimestamp(value / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def span(start: int | None, end: int | None) -> str:
-    """A duration as people read it: 850 ms, 12.3 s, 4 min."""
-    if not start or not end or end < start:
-        return "-"
-    ms = end - start
-    if ms < 1000:
-        return f"{ms} ms"
-    if ms < 120_000:
-        return f"{ms / 1000:.1f} s"
-    return f"{ms / 60_000:.0f} min"
-
-
 def preview(result: Any, width: int = 160) -> str:
     """A step's result as one line of text (its ``text`` for a model call), masked."""
     text = result.get("text") if isinstance(result, dict) and "text" in result else result
@@ -125,14 +86,27 @@ def preview(result: Any, width: int = 160) -> str:
 
 
 def detail(meta: Mapping[str, str], wait: dict[str, Any] | None) -> str:
-    """What a run's state means now: what it waits for until when, when it retries."""
+    """What a run's state means now: what it waits for until when, when it retries.
+
+    Times are ``stamp``s, shown in the reader's zone.
+    """
     state = state_of(meta)
     if state == "waiting" and wait:
-        until = when(int(wait["until"] * 1000)) if wait.get("until") else "no limit"
-        return f"{wait.get('signal') or wait.get('kind')} at {wait.get('step')} until {until}"
+        until = (
+            Markup(" until {}").format(stamp(int(wait["until"] * 1000)))
+            if wait.get("until")
+            else ""
+        )
+        if wait.get("signal") == APPROVAL:
+            return Markup("waiting for approval{}").format(until)
+        if wait.get("step") == "send":
+            return "the email may have been sent: waiting for your word"
+        what = step_words(str(wait.get("step", "")))
+        return Markup("waiting ({}){}").format(what, until)
     if state == "retrying":
-        retry_at, until = when(meta.get("retry_at")), when(meta.get("retry_until"))
-        return f"retries at {retry_at}, gives up after {until}"
+        return Markup("retries at {}, gives up after {}").format(
+            stamp(meta.get("retry_at")), stamp(meta.get("retry_until"))
+        )
     if state == "cancelling":
         return "stops before its next step"
     if state in ("failed", "parked"):
@@ -160,11 +134,16 @@ def run_context(runtime: Runtime, view: RunView, run_id: str) -> dict[str, Any]:
         "usage": usage,
         "cost": dollars(usage.cost_usd),
         "limits": [state.line() for state in runtime.limit_states()],
+        "waited": sum(
+            r.result.get("waited_ms", 0) for r in view.steps if isinstance(r.result, dict)
+        ),
         "email": _masked(email) if email else None,
         "draft": _masked(draft.result) if waiting_approval and draft else None,
         "held": holdings(runtime).get(view.run, 0),
         "batches": batch_lines(view.steps, view.wait, view.effects),
         "summary": summary,
+        "badge": badge,
+        "step_words": step_words,
         "pretty": lambda value: redact(json.dumps(value, indent=2, ensure_ascii=False)),
         "forkable": [r.key for r in view.steps if r.key != "select"],
     }
@@ -173,8 +152,12 @@ def run_context(runtime: Runtime, view: RunView, run_id: str) -> dict[str, Any]:
 def summary(record: Record) -> str:
     """A step's result in words: a model call's text, a count of items, a receipt."""
     result = record.result
-    if record.key.startswith("wait:") and isinstance(result, int | float):
-        return f"waits until {when(int(result * 1000))} UTC"
+    if record.key.startswith(StepKey.DEADLINE.value) and isinstance(result, int | float):
+        return Markup("answer awaited until {}").format(stamp(int(result * 1000)))
+    if isinstance(result, bool):
+        return "done" if result else "not done"
+    if isinstance(result, int) and record.key == "mark-seen":
+        return f"marked sent: {result} items sent in all weeks so far"
     if isinstance(result, list):
         return f"{len(result)} items"
     if isinstance(result, dict) and "received" in result:
@@ -183,7 +166,9 @@ def summary(record: Record) -> str:
         return f"sent as {result['id']}" if result["sent"] else f"{result['id']}, sent earlier"
     if isinstance(result, dict) and "subject" in result:
         return f"draft: {result['subject']}"
-    return preview(result)
+    if isinstance(result, str | int | float) or (isinstance(result, dict) and "text" in result):
+        return preview(result)
+    return "recorded: open for its JSON"
 
 
 def row_summary(row: RunRow, now_ms: int, held: int = 0, gone: bool = False) -> dict[str, Any]:
@@ -206,11 +191,11 @@ def row_summary(row: RunRow, now_ms: int, held: int = 0, gone: bool = False) -> 
     if gone:
         said = "holder gone, resumes at the next sweep"
     result = row.result if isinstance(row.result, dict) else {}
+    word = badge(row.state, row.meta)
     return {
         "run_id": row.run_id,
-        "state": "holder gone" if gone else row.state,
-        "css": "failed" if gone else row.state,
-        "outcome": str(result.get("status", "")),
+        "state": "holder gone" if gone else word,
+        "css": "failed" if gone else word.replace(" ", "-"),
         "reason": redact(str(result.get("reason", ""))),
         "detail": said,
         "started": created,
@@ -225,16 +210,6 @@ def row_summary(row: RunRow, now_ms: int, held: int = 0, gone: bool = False) -> 
 
 
 OUTCOMES = ("sent", "nothing-new", "rejected", "expired")
-
-
-def flower_url(env: Mapping[str, str] | None = None) -> str | None:
-    """``DIGEST_FLOWER_URL``: where the deployment's Flower answers, linked from the runs page.
-
-    Read here until it joins the settings of ``tasks.config``; only an http(s) address is
-    linked, so a stray value can never become a script link.
-    """
-    value = (os.environ if env is None else env).get("DIGEST_FLOWER_URL", "").strip()
-    return value if urlsplit(value).scheme in ("http", "https") else None
 
 
 @dataclass(frozen=True)
@@ -393,7 +368,7 @@ def _listing(app: Flask, runtime: Runtime) -> None:
             older=older,
             paged=before,
             outcomes=OUTCOMES,
-            flower=flower_url(),
+            flower=runtime.config.flower_url,
             query=query,
         )
         return _refreshing(page, any(row["live"] for row in rows))

@@ -16,7 +16,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
+
+from markupsafe import Markup, escape
 
 from journal import Record, StepKey
 from journal.batch import is_batch_look
@@ -28,6 +31,91 @@ from tasks.job.workflow import APPROVAL
 # A wait longer than this is drawn as a break of ``BREAK_SHARE`` of the axis, not to scale.
 BREAK_MS = 2_000
 BREAK_SHARE = 0.12
+
+
+def when(ms: int | str | None) -> str:
+    """A stored millisecond time as UTC text, or a dash."""
+    try:
+        value = int(ms) if ms is not None else None
+    except ValueError:
+        return "?"
+    if not value:
+        return "-"
+    return datetime.fromtimestamp(value / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def stamp(ms: int | str | None) -> Markup:
+    """A stored millisecond time as a ``<time>``: UTC in its text and on hover.
+
+    ``/console.js`` rewrites the text into the browser's own zone; without script it reads
+    as UTC, which it says.
+    """
+    text = when(ms)
+    if text in ("-", "?"):
+        return Markup(escape(text))
+    iso = text.replace(" ", "T") + "Z"
+    return Markup(
+        f'<time datetime="{escape(iso)}" title="{escape(text)} UTC">{escape(text)} UTC</time>'
+    )
+
+
+def span(start: int | None, end: int | None) -> str:
+    """A duration as people read it: 850 ms, 12.3 s, 4 min."""
+    if not start or not end or end < start:
+        return "-"
+    ms = end - start
+    if ms < 1000:
+        return f"{ms} ms"
+    if ms < 120_000:
+        return f"{ms / 1000:.1f} s"
+    return f"{ms / 60_000:.0f} min"
+
+
+# A step's key as the operator reads it; a key not here is shown as it is recorded.
+STEP_WORDS = {
+    "select": "select the week's items",
+    "compose": "compose the introduction",
+    "draft": "draft the email",
+    "send": "send the email",
+    "mark-seen": "mark the items sent",
+    "done": "finish",
+    StepKey.DEADLINE.of(APPROVAL): "ask for approval",
+    StepKey.SIGNAL.of(APPROVAL): "approval decision",
+}
+
+
+def step_words(key: str) -> str:
+    """A step's name in words: ``summarize:i1`` is "summarize i1", a journal prefix is gone."""
+    if key in STEP_WORDS:
+        return STEP_WORDS[key]
+    if is_batch_look(key):
+        return "look at the batch"
+    for prefix, word in (
+        (StepKey.SLEEP, "sleep"),
+        (StepKey.DEADLINE, "deadline of"),
+        (StepKey.SIGNAL, "signal"),
+    ):
+        if key.startswith(prefix.value):
+            return f"{word} {key.removeprefix(prefix.value)}"
+    name, _, item = key.partition(":")
+    return f"{name} {item}" if item else name
+
+
+def badge(state: str, meta: Mapping[str, str]) -> str:
+    """The one word of a run's status badge: how a finished run ended, not just ``done``.
+
+    ``held`` is a week that found nothing new because other runs hold its items; ``released``
+    a failed run cancelled so that its items go on to the next week.
+    """
+    if state == "cancelled":
+        return "released" if meta.get("cancel", "").startswith("released") else "cancelled"
+    if state != "done":
+        return state
+    report = _report(meta)
+    status = str(report.get("status", "done"))
+    if status == "nothing-new" and report.get("held"):
+        return "held"
+    return status.replace("-", " ")
 
 
 @dataclass(frozen=True)
@@ -78,8 +166,16 @@ def outcome_of(view: RunView, run_id: str, now_ms: int) -> Outcome:
                 _ms(meta, "updated_at"),
                 at_word="last heard of",
             )
-        word = "stopping before its next step" if state == "cancelling" else "running"
-        return Outcome("running", f"The run is {word}", _ms(meta, "created_at"), at_word="since")
+        word = (
+            "Cancelled: it stops before its next step; running"
+            if state == "cancelling"
+            else "Running"
+        )
+        flying = sorted(view.in_flight.items(), key=lambda item: item[1])
+        now = (
+            ("In flight now: " + ", ".join(step_words(key) for key, _ in flying),) if flying else ()
+        )
+        return Outcome("running", word, _ms(meta, "created_at"), now, at_word="since")
     reason = meta.get("cancel", "")
     return Outcome(
         state, f"The run was {state}", _ms(meta, "finished_at"), (reason,) if reason else ()
@@ -112,8 +208,12 @@ def _finished(view: RunView, report: dict[str, Any]) -> Outcome:
             headline, said = f"Rejected{who}", (f"Reason: {reason}",)
         let_go = "Nothing was sent; its items were let go for the next week."
         return Outcome(status, headline, decided, (*said, let_go))
+    if status == "nothing-new" and held:
+        return Outcome(
+            "nothing-new", "Held: other runs hold this week's items; no email", ended, held
+        )
     if status == "nothing-new":
-        lines = held or ("Every item of the week was in an earlier digest.",)
+        lines = ("Every item of the week was in an earlier digest.",)
         return Outcome("nothing-new", "Nothing new: no email this week", ended, lines)
     return Outcome(status, f"Done: {status}", ended)
 
@@ -134,6 +234,8 @@ def _waiting(view: RunView) -> Outcome:
         return Outcome("waiting", "Waiting for a batch of model calls", until, at_word="until")
     if wait.kind == "sleep":
         return Outcome("waiting", "Sleeping", until, at_word="until")
+    if wait.step == "send":
+        return Outcome("waiting", "Waiting for your word on the email", until, at_word="until")
     return Outcome("waiting", f"Waiting for {wait.signal or wait.step}", until, at_word="until")
 
 
@@ -141,15 +243,17 @@ def _failing(view: RunView, run_id: str) -> Outcome:
     meta, state = view.meta, view.state
     error = redact(meta.get("last_error", ""))
     failures = meta.get("failures", "")
-    tried = (f"{failures} failed attempts so far.",) if failures else ()
+    plural = "" if failures == "1" else "s"
+    tried = (f"{failures} failed attempt{plural} so far.",) if failures else ()
     if state == "retrying":
         return Outcome(
             "retrying",
             "Failed; it retries",
             _ms(meta, "retry_at"),
             (f"Error: {error}", *tried),
-            f"It gives up after {_iso(_ms(meta, 'retry_until'))}; fix the cause (above), "
-            f"or retry now.",
+            Markup("It gives up after {}; fix the cause (above), or retry now.").format(
+                stamp(_ms(meta, "retry_until"))
+            ),
             at_word="at",
         )
     word = "Parked after too many starts" if state == "parked" else "Failed for good"
@@ -176,19 +280,13 @@ def _ms(meta: Mapping[str, str], name: str) -> int | None:
     return int(raw) if raw.isdigit() and int(raw) else None
 
 
-def _iso(ms: int | None) -> str:
-    from tasks.job.report import utc
-
-    return utc(ms / 1000) if ms else "-"
-
-
 @dataclass(frozen=True)
 class Bar:
     """One row of the waterfall: a step's attempt, a wait, or the attempt that failed.
 
     Attributes:
-        kind: ``step``, ``wait`` or ``failed``.
-        label: the step key, or the wait in words (``waiting for approval``).
+        kind: ``step``, ``wait``, ``failed``, or ``flight``: a step its holder runs now.
+        label: the step or the wait in words (``waiting for approval``).
         start_ms, end_ms: its real times; ``left``/``width`` its place on the axis (percent).
         attempt: the attempt that recorded the step.
         record: the step's record, for its result and usage.
@@ -237,13 +335,19 @@ def _rows(view: RunView, now_ms: int) -> list[tuple[int, Bar]]:
         if previous is not None and record.started_at - previous.finished_at > BREAK_MS / 4:
             label = _gap_label(previous, record)
             rows.append((record.fence, Bar("wait", label, previous.finished_at, record.started_at)))
+        # A model call's wait for the shared rate limits' room, journalled with its step.
+        waited = record.result.get("waited_ms", 0) if isinstance(record.result, dict) else 0
+        began = record.started_at + waited if isinstance(waited, int) and waited > 0 else 0
+        if began:
+            label = f"rate limit: waited {span(record.started_at, began)} for room"
+            rows.append((record.fence, Bar("wait", label, record.started_at, began)))
         rows.append(
             (
                 record.fence,
                 Bar(
                     "step",
-                    record.key,
-                    record.started_at,
+                    step_words(record.key),
+                    began or record.started_at,
                     record.finished_at,
                     0,
                     0,
@@ -280,7 +384,7 @@ def _open_end(view: RunView, last: Record | None, now_ms: int) -> list[tuple[int
     updated = int(view.meta.get("updated_at", "0") or 0)
     error = redact(view.meta.get("last_error", ""))
     if view.state in ("retrying", "failed", "parked") and error:
-        step = view.wait.step if view.wait and view.wait.step else "the next step"
+        step = step_words(view.wait.step) if view.wait and view.wait.step else "the next step"
         failed = Bar("failed", f"{step} failed", start, max(updated, start + 1), error=error)
         rows = [(fence, failed)]
         if view.state == "retrying":
@@ -289,8 +393,11 @@ def _open_end(view: RunView, last: Record | None, now_ms: int) -> list[tuple[int
     if view.state == "waiting" and view.wait is not None:
         label = _waiting(view).headline.lower()
         return [(fence, Bar("wait", label + " (now)", start, max(now_ms, start + 1)))]
-    if view.state in ("running", "cancelling") and start:
-        return [(fence, Bar("wait", "in flight now (not yet recorded)", start, max(now_ms, start)))]
+    if view.state in ("running", "cancelling") and view.lease_holder is not None:
+        return [
+            (fence, Bar("flight", f"{step_words(key)} (in flight now)", at, max(now_ms, at + 1)))
+            for key, at in sorted(view.in_flight.items(), key=lambda item: item[1])
+        ]
     return []
 
 

@@ -42,6 +42,7 @@ from journal.errors import (
     StoreUnavailable,
     UnknownScriptStatus,
 )
+from journal.ops.views import inspect_run
 from tests.conftest import MakeJournal
 from tests.support import Relay, acquire, as_bytes, execute, only_index, wait_until
 
@@ -348,6 +349,43 @@ def test_renewal_extends_only_the_callers_own_lease(journal: Journal, keys: RunK
     assert journal.client.get(keys.lease) is None
 
 
+def test_a_renewal_publishes_the_holders_steps_in_flight_for_as_long_as_its_lease(
+    journal: Journal, keys: RunKeys
+) -> None:
+    grant = acquire(lease(journal), millis(T0))
+    held = lease(journal)
+    assert held.renew(grant.holder, {"summarize:i1": 1_000, "summarize:i2": 1_200}) == 1
+    assert journal.client.hgetall(keys.flight) == {
+        b"summarize:i1": b"1000",
+        b"summarize:i2": b"1200",
+    }
+    assert 4_000 < journal.client.pttl(keys.flight) <= TTL_MS  # gone with a dead holder's lease
+    assert held.renew(grant.holder, {"summarize:i2": 1_200}) == 1  # i1 recorded meanwhile
+    assert journal.client.hgetall(keys.flight) == {b"summarize:i2": b"1200"}
+    assert held.renew("1:not-the-token", {"elsewhere": 5}) == 0
+    assert journal.client.hgetall(keys.flight) == {b"summarize:i2": b"1200"}
+    assert held.renew(grant.holder, {}) == 1
+    assert journal.client.exists(keys.flight) == 0
+
+
+def test_a_step_is_in_flight_from_its_start_until_it_is_recorded(journal: Journal) -> None:
+    seen: list[dict[str, int]] = []
+
+    def body(run: Run) -> None:
+        def slow() -> int:
+            run._guard.confirm()  # a renewal, as the beat thread makes one
+            seen.append(inspect_run(journal, "wf", "r1").in_flight)
+            return 1
+
+        run.step("quick", lambda: 0)
+        run.step("slow", slow)
+        run._guard.confirm()
+        seen.append(inspect_run(journal, "wf", "r1").in_flight)
+
+    execute(journal, "wf", "r1", body)
+    assert seen == [{"slow": millis(T0)}, {}]
+
+
 def test_a_cancel_is_learnt_at_a_renewal_and_stops_the_next_step(
     make_journal: MakeJournal, keys: RunKeys
 ) -> None:
@@ -367,7 +405,8 @@ def test_a_cancel_is_learnt_at_a_renewal_and_stops_the_next_step(
 
 
 def close_keys(journal: Journal, keys: RunKeys) -> list[str]:
-    return [keys.lease, keys.meta, keys.signals, only_index(journal).runs, only_index(journal).due]
+    index = only_index(journal)
+    return [keys.lease, keys.meta, keys.signals, index.runs, index.due, keys.flight]
 
 
 def test_the_close_script_answers_each_of_its_four_codes(journal: Journal, keys: RunKeys) -> None:

@@ -110,7 +110,12 @@ def test_every_key_a_run_creates_shares_its_hash_tag_and_slot(
     seen: set[bytes] = set()
 
     def body(run: Run) -> str:
-        result = run.step("select", lambda: "items")
+        def select() -> str:
+            run._guard.confirm()  # a renewal, as the beat makes one, publishes it in flight
+            seen.update(keys_under(store, prefix))
+            return "items"
+
+        result = run.step("select", select)
         run.effect("send", lambda effect: effect.confirm(), timeout=5)
         seen.update(keys_under(store, prefix))  # lease and fence exist only while running
         return result
@@ -135,6 +140,7 @@ def test_the_key_layout_is_the_documented_one(make_journal: MakeJournal, prefix:
         f"{tagged}:steps",
         f"{tagged}:meta",
         f"{tagged}:lease",
+        f"{tagged}:flight",
         f"{tagged}:fence",
         f"{tagged}:signals",
         f"{tagged}:effects",

@@ -61,6 +61,7 @@ def test_a_close_that_only_deletes_fields_deletes_them_and_gives_the_lease_back(
 ) -> None:
     grant = take(journal, keys)
     store.hset(keys.meta, mapping={"wait": "{}", "retry_at": "5"})
+    store.hset(keys.flight, "a", "1000")  # published by the holder's last renewal
 
     closed = journal.backend.close(keys, grant.holder, Closing({"wait": DELETE}, 2000))
 
@@ -69,6 +70,7 @@ def test_a_close_that_only_deletes_fields_deletes_them_and_gives_the_lease_back(
     assert "wait" not in meta
     assert meta["retry_at"] == "5"
     assert store.exists(keys.lease) == 0
+    assert store.exists(keys.flight) == 0  # given back: no step is in flight any more
     assert store.zscore(keys.index.runs, keys.run) == 2000
     assert store.zscore(keys.index.due, keys.run) is None
 

@@ -79,6 +79,7 @@ def test_every_variable_is_read() -> None:
             "DIGEST_RUN_RETRY_MAX_DELAY": "900",
             "DIGEST_GIVE_UP_AFTER": "0",
             "DIGEST_CONSUMER_TIMEOUT": "3000",
+            "DIGEST_FLOWER_URL": "https://flower.example.com/",
         }
     )
     assert config == Config(
@@ -112,6 +113,7 @@ def test_every_variable_is_read() -> None:
         run_retry_max_delay=900.0,
         give_up_after=0.0,
         consumer_timeout=3000.0,
+        flower_url="https://flower.example.com/",
     )
 
 
@@ -146,6 +148,16 @@ def test_a_bad_value_is_refused_naming_the_variable(name: str, value: str, probl
     with pytest.raises(BadInput) as caught:
         Config.from_env({name: value})
     assert str(caught.value) == f"{name}={value!r}: {problem}"
+
+
+@pytest.mark.parametrize("url", ["javascript:alert(1)", "flower:5555", "ftp://flower/"])
+def test_a_flower_url_that_is_not_a_web_address_is_refused(url: str) -> None:
+    with pytest.raises(BadInput) as caught:
+        Config.from_env({"DIGEST_FLOWER_URL": url}).check()
+    assert str(caught.value) == (
+        f"DIGEST_FLOWER_URL={url!r}: not a web address; use http:// or https://, "
+        "such as http://flower:5555"
+    )
 
 
 @pytest.mark.parametrize(

@@ -121,6 +121,16 @@ def test_the_answers_model_and_cache_tokens_are_recorded_as_the_api_gave_them(
     assert Completion.from_json(completion.to_json()) == completion
 
 
+def test_a_calls_wait_for_room_is_recorded_with_it_and_a_call_that_did_not_wait_as_before() -> None:
+    waited = Completion("hi", 3, 2, "claude-haiku-5-5", waited_ms=1_250)
+    assert waited.to_json()["waited_ms"] == 1_250
+    assert Completion.from_json(waited.to_json()) == waited
+    prompt = Completion("hi", 3, 2, "claude-haiku-5-5")
+    assert "waited_ms" not in prompt.to_json()  # records of calls that did not wait unchanged
+    with pytest.raises(ValueError, match="waited_ms"):
+        Completion.from_json({**waited.to_json(), "waited_ms": -1})
+
+
 def test_compose_uses_the_intro_model_at_low_effort(
     server: FakeAnthropic, model: AnthropicSummarizer
 ) -> None:

@@ -92,6 +92,15 @@ def test_two_workers_and_a_command_line_share_one_limit_and_are_not_refused(
         ("digest_model_capacity_wait_seconds_total", (("model", "claude-haiku-5-5"),))
     ]
     assert 0 < waited <= float(found.group(2))  # worker a's share of the wait
+    # Each call's wait for room is journalled with its step, for the run page's waterfall.
+    recorded = [
+        r.result.get("waited_ms", 0)
+        for week in weeks
+        for r in deployment.view(week).steps
+        if r.key.startswith("summarize:")
+    ]
+    assert len(recorded) == 3 * ITEMS
+    assert sum(recorded) / 1000 == pytest.approx(float(found.group(2)), abs=0.1)
     # The limits themselves come from the one exporter that reads the store.
     for name, value in fake.env().items():
         monkeypatch.setenv(name, value)

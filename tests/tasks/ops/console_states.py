@@ -48,12 +48,13 @@ class Outbox(FileOutbox):
         return super().send(key, email, effect)
 
 
-def runtime_for(client: redis.Redis, prefix: str, state: Path) -> Runtime:
-    """A runtime of its own prefix, its workflows run in this process."""
+def runtime_for(client: redis.Redis, prefix: str, state: Path, **settings: Any) -> Runtime:
+    """A runtime of its own prefix, its workflows run in this process; ``settings`` of its
+    ``Config`` besides."""
     outbox = Outbox(state / "outbox")
     outbox.deduplicates = False  # a lost answer leaves the send ambiguous
     made = Runtime(
-        config=Config(key_prefix=prefix, state_dir=state, recipient="team@example.com"),
+        config=Config(key_prefix=prefix, state_dir=state, recipient="team@example.com", **settings),
         client=client,
         journal=Journal(client, keyspace=Keyspace(prefix), settings=SETTINGS),
         keys=DigestKeys(prefix),
@@ -65,10 +66,14 @@ def runtime_for(client: redis.Redis, prefix: str, state: Path) -> Runtime:
 
 
 def week(state: Path, tag: str, size: int = 4) -> str:
-    """An items file of its own (an item belongs to one digest)."""
+    """An items file of its own (an item belongs to one digest).
+
+    Named relative to ``state``, the working directory of the tests that use it: a page
+    shows its runs' inputs, and the screenshots in docs/ should not show a temporary path.
+    """
     path = state / f"items-{tag}.json"
     path.write_text(json.dumps([{**item, "id": tag + item["id"]} for item in WEEK[:size]]))
-    return str(path)
+    return path.name
 
 
 def start(run_id: str, **options: Any) -> Any:
@@ -90,7 +95,10 @@ def decide(runtime: Runtime, run_id: str, approved: bool, reason: str = "") -> N
 
 
 def every_state(runtime: Runtime, state: Path) -> dict[str, str]:
-    """One run in each state the console pages show, by state name; returns their run ids."""
+    """One run in each state the console pages show, by state name; returns their run ids.
+
+    Run with ``state`` as the working directory (see ``week``).
+    """
     outbox = runtime.mailer
     assert isinstance(outbox, Outbox)
     sent_items = week(state, "a")

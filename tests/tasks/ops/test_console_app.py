@@ -208,6 +208,7 @@ def test_the_runs_page_pages_through_every_run_once_newest_first(runtime: Runtim
     url: str | None = "/?status=done&limit=2"
     while url is not None:
         page = client.get(url).get_data(as_text=True)
+        assert 'id="flower"' not in page  # no DIGEST_FLOWER_URL, no link
         seen.append(re.findall(r'<a href="/runs/([^"]+)">', page))
         older = re.search(r'<a id="older" href="([^"]+)"', page)
         url = older.group(1).replace("&amp;", "&") if older else None

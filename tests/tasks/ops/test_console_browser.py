@@ -3,10 +3,10 @@
 Debian's ``chromium`` driven by Playwright's Python API (the system browser: nothing is
 downloaded), a real ``digest console``, a real worker and beat on an isolated deployment, the
 offline summarizer in the CLI and the fake Anthropic API on the worker. The operator lists
-runs, opens one, approves a waiting run and sees its email go out, rejects another, cancels a
-running one and forks a finished one from a step. Each page is saved as a screenshot, to
-``DIGEST_SCREENSHOTS`` when set (``DIGEST_SCREENSHOTS=docs`` refreshes the ones
-docs/operations.md shows).
+runs, opens one, approves a waiting run and sees its email go out, rejects another, sees the
+model call a running one is in, cancels it, and forks a finished one from a step. Each page is
+saved as a screenshot, to ``DIGEST_SCREENSHOTS`` when set (``DIGEST_SCREENSHOTS=docs``
+refreshes the ones docs/operations.md shows).
 """
 
 from __future__ import annotations
@@ -80,6 +80,11 @@ def console(deployment: Deployment, port: int) -> subprocess.Popen[bytes]:
     return process
 
 
+def text_of(page: Any, url: str) -> str:
+    page.goto(url)
+    return str(page.locator("#timeline").inner_text())
+
+
 def state_of(page: Any, url: str, wanted: str) -> bool:
     page.goto(url)
     return str(page.locator("#state").inner_text()) == wanted
@@ -117,8 +122,7 @@ def test_an_operator_steers_runs_from_the_console(
     page.goto(base + "/")
     weeks = page.locator("#runs tbody tr td:first-child a").all_inner_texts()
     assert weeks == ["2026-w42", "2026-w41", "2026-w40"]
-    assert "approval at signal:approval until" in page.locator("#runs").inner_text()
-    page.screenshot(path=str(shots / "console-runs.png"), full_page=True)
+    assert "waiting for approval until" in page.locator("#runs").inner_text()
 
     # A page at a time: the older runs are a click away.
     page.goto(base + "/?limit=2")
@@ -136,9 +140,9 @@ def test_an_operator_steers_runs_from_the_console(
     assert "approved digest:2026-w40" in page.locator(".flash.ok").inner_text()
     outbox = deployment.state_dir / "outbox"
     wait_until(lambda: (outbox / "digest-2026-w40.json").exists(), 30, "the approved email")
-    wait_until(lambda: state_of(page, base + "/runs/2026-w40", "done"), 30, "w40 done")
+    wait_until(lambda: state_of(page, base + "/runs/2026-w40", "sent"), 30, "w40 done")
     steps = page.locator("#timeline .name.step").all_inner_texts()
-    assert steps[0] == "select" and steps[-1] == "done"
+    assert steps[0] == "select the week's items" and steps[-1] == "finish"
     assert page.locator("#timeline h3").count() == 2  # before the approval, and after
     page.screenshot(path=str(shots / "console-run.png"), full_page=True)
 
@@ -146,7 +150,7 @@ def test_an_operator_steers_runs_from_the_console(
     page.goto(base + "/runs/2026-w41")
     page.fill("#reason", "the intro is wrong")
     page.click("#reject")
-    wait_until(lambda: state_of(page, base + "/runs/2026-w41", "done"), 30, "w41 done")
+    wait_until(lambda: state_of(page, base + "/runs/2026-w41", "rejected"), 30, "w41 done")
     assert deployment.view("2026-w41").step("send") is None
     assert not (outbox / "digest-2026-w41.json").exists()
 
@@ -156,7 +160,14 @@ def test_an_operator_steers_runs_from_the_console(
     fake_anthropic.hold()
     assert cli("enqueue", "2026-w43").returncode == 0
     fake_anthropic.wait_for_calls(1, timeout=30)
-    page.goto(base + "/runs/2026-w43")
+    # Its holder publishes the step it is in with its next lease renewal: the page shows it.
+    wait_until(
+        lambda: "summarize i1 (in flight now)" in text_of(page, base + "/runs/2026-w43"),
+        10,
+        "the model call in flight on the run's page",
+    )
+    assert "In flight now: summarize i1" in page.locator("#outcome").inner_text()
+    page.screenshot(path=str(shots / "console-run-in-flight.png"), full_page=True)
     page.click("#cancel")
     assert "cancelling digest:2026-w43" in page.locator(".flash.ok").inner_text()
     fake_anthropic.release()
@@ -176,7 +187,7 @@ def test_an_operator_steers_runs_from_the_console(
         in page.locator(".flash.ok").inner_text()
     )
     assert page.url.endswith("/runs/2026-w42-fork1")
-    wait_until(lambda: state_of(page, base + "/runs/2026-w42-fork1", "done"), 30, "the fork done")
+    wait_until(lambda: state_of(page, base + "/runs/2026-w42-fork1", "sent"), 30, "the fork done")
     assert (outbox / "digest-2026-w42-fork1.json").exists()
     assert "from digest:2026-w42 at compose" in page.inner_text("dl")
 
@@ -184,5 +195,4 @@ def test_an_operator_steers_runs_from_the_console(
     phone = browser.new_page(viewport={"width": 390, "height": 844})
     phone.goto(base + "/")
     assert phone.locator("#runs th.wide").first.is_hidden()
-    phone.screenshot(path=str(shots / "console-runs-phone.png"), full_page=True)
     assert shutil.which("chromium") or CHROMIUM.exists()

@@ -32,8 +32,9 @@ STATES = ("sent", "rejected", "nothing-new", "waiting", "retrying", "failed", "h
 
 @pytest.fixture
 def served(
-    real_redis: redis.Redis, prefix: str, tmp_path: Path
+    real_redis: redis.Redis, prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[str, dict[str, str]]]:
+    monkeypatch.chdir(tmp_path)
     runtime = runtime_for(real_redis, prefix, tmp_path)
     runs = every_state(runtime, tmp_path)
     port = chromium.free_port()
