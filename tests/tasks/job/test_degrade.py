@@ -28,6 +28,7 @@ from tasks.llm.client import AnthropicSummarizer
 from tasks.mail.smtp import FileOutbox
 from tasks.ops.cli.render import outcome_line, render_view, result_lines
 from tasks.runtime import Runtime
+from tasks.worker import metrics
 from tests.fakes.anthropic_server import PROMPT_TOO_LONG, FakeAnthropic
 from tests.support import execute
 
@@ -76,6 +77,16 @@ def runtime(
     )
 
 
+def degraded_count(kind: str) -> float:
+    """``digest_degraded_items_total{kind}`` as this process counted it."""
+    [family] = metrics.DEGRADED.collect()
+    return sum(
+        sample.value
+        for sample in family.samples
+        if sample.name == "digest_degraded_items_total" and sample.labels == {"kind": kind}
+    )
+
+
 def deliver(runtime: Runtime, run_id: str) -> dict[str, Any]:
     """One delivery of the run with its deadline, as a worker's would be; the run's report."""
     options = DigestOptions(degrade_at=DEADLINE)
@@ -91,6 +102,7 @@ def test_a_run_retrying_past_the_deadline_is_due_at_the_deadline_then_sent_degra
 ) -> None:
     fake_anthropic.fail_when("Body b.", 400, message=PROMPT_TOO_LONG)  # refused: skipped
     fake_anthropic.fail_when("Body c.", 529)  # overloaded until further notice
+    counted = {kind: degraded_count(kind) for kind in ("summary", "opening")}
 
     with pytest.raises(RetryScheduled):
         deliver(runtime, "w1")
@@ -134,6 +146,8 @@ def test_a_run_retrying_past_the_deadline_is_due_at_the_deadline_then_sent_degra
     )
     shown = render_view(view)
     assert "[offline] Body c." in shown
+    assert degraded_count("summary") == counted["summary"] + 1  # c: the metric, by kind
+    assert degraded_count("opening") == counted["opening"] + 1
 
 
 def test_a_backoff_the_api_asks_past_the_deadline_wakes_at_the_deadline(
