@@ -21,6 +21,7 @@ from journal.ops.views import RunView
 from tasks.job.claims import Held
 from tasks.job.items import Item
 from tasks.job.summarize import CallCounter, Deadline
+from tasks.llm.cost import is_completion
 from tasks.mail.smtp import Email, Receipt
 
 
@@ -84,6 +85,24 @@ def degraded_words(result: Mapping[str, Any]) -> str:
     if not isinstance(degraded, dict):
         return str(result["status"])
     return f"{result['status']} (degraded: {len(degraded['offline'])} of {degraded['of']} offline)"
+
+
+def answered_by(steps: Sequence[Record]) -> str:
+    """``answered by claude-haiku-5-5 (5), claude-sonnet-5-5 (4)``: who wrote a run's text.
+
+    The summaries and the opening as their steps recorded them, ``offline`` for the offline
+    summarizer's; empty before any answer. Worded once for ``digest show`` and ``digest runs``.
+    """
+    counts: dict[str, int] = {}
+    for record in steps:
+        answer = record.result
+        if (record.key.startswith("summarize:") or record.key == "compose") and is_completion(
+            answer
+        ):
+            model = str(answer.get("model"))
+            counts[model] = counts.get(model, 0) + 1
+    listed = ", ".join(f"{model} ({n})" for model, n in sorted(counts.items()))
+    return f"answered by {listed}" if listed else ""
 
 
 def draft_email(

@@ -71,6 +71,9 @@ def test_the_api_down_until_the_deadline_sends_a_degraded_email_at_the_deadline_
     assert "Summarized offline (each update's first sentence), because the model API" in body
     shown = live.cli("show", RUN).stdout
     assert f"sent (degraded: {ITEMS} of {ITEMS} offline): {ITEMS} items" in shown
+    [listed] = live.cli("runs").stdout.splitlines()
+    assert f"sent (degraded: {ITEMS} of {ITEMS} offline)" in listed
+    assert f"answered by offline ({ITEMS + 1})" in listed
 
     # The API is back; the same week is delivered again, and run by hand: nothing is resent.
     fake_anthropic.clear_faults()

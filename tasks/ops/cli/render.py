@@ -18,6 +18,7 @@ from journal.ops.views import RunView
 from journal.testing.preflight import Verdict
 from tasks.job.claims import MAYBE_SENT, STUCK, Held
 from tasks.job.report import (
+    answered_by,
     batch_lines,
     degraded_words,
     draft_digest,
@@ -169,6 +170,12 @@ def _state_lines(view: RunView, held: int) -> list[str]:
         f"fence {meta.get('fence', '0')})"
     )
     lines.append(f"email    {email_state(view)}")
+    answered = answered_by(view.steps)
+    if answered:
+        lines.append(f"models   {answered}")
+    deadline = (view.meta.args or {}).get("degrade_at")
+    if isinstance(deadline, int | float):
+        lines.append(f"deadline {utc(deadline)} (DIGEST_DEGRADE_AT)")
     if meta.get("last_error"):
         lines.append(f"error    {printable(meta['last_error'])}")
     if view.wait is not None and view.wait.kind == "decision":

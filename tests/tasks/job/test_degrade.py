@@ -27,6 +27,7 @@ from tasks.keys import DigestKeys
 from tasks.llm.client import AnthropicSummarizer
 from tasks.mail.smtp import FileOutbox
 from tasks.ops.cli.render import outcome_line, render_view, result_lines
+from tasks.ops.console import Names, create_app
 from tasks.runtime import Runtime
 from tasks.worker import metrics
 from tests.fakes.anthropic_server import PROMPT_TOO_LONG, FakeAnthropic
@@ -88,10 +89,14 @@ def degraded_count(kind: str) -> float:
 
 
 def deliver(runtime: Runtime, run_id: str) -> dict[str, Any]:
-    """One delivery of the run with its deadline, as a worker's would be; the run's report."""
+    """One delivery of the run with its deadline frozen, as a worker's would be; its report."""
     options = DigestOptions(degrade_at=DEADLINE)
     outcome = execute(
-        runtime.journal, "digest", run_id, lambda run: run_digest(run, runtime, options)
+        runtime.journal,
+        "digest",
+        run_id,
+        lambda run: run_digest(run, runtime, options),
+        args={"degrade_at": DEADLINE},
     )
     assert isinstance(outcome.result, dict)
     return outcome.result
@@ -146,6 +151,14 @@ def test_a_run_retrying_past_the_deadline_is_due_at_the_deadline_then_sent_degra
     )
     shown = render_view(view)
     assert "[offline] Body c." in shown
+    assert "answered by claude-haiku-5-5 (1), offline (2)" in shown  # c and the opening
+    assert "deadline 2027-01-15 08:10:00 UTC (DIGEST_DEGRADE_AT)" in shown
+    page = create_app(runtime, Names.bound("127.0.0.1", 80)).test_client().get("/runs/w1")
+    console = page.get_data(as_text=True)
+    assert "Sent 2 items (degraded: 1 of 2 offline)" in console
+    assert "Summarized offline: Item c, and the opening paragraph" in console
+    assert "[claude-haiku-5-5] summary of Item a" in console  # the model of each item
+    assert "[offline] Body c." in console
     assert degraded_count("summary") == counted["summary"] + 1  # c: the metric, by kind
     assert degraded_count("opening") == counted["opening"] + 1
 
