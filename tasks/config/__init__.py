@@ -259,7 +259,7 @@ class Config:
                 f"DIGEST_TIMEZONE={self.timezone!r}: unknown time zone; use an IANA name such "
                 "as Europe/Berlin"
             ) from None
-        self.degrade_deadline(0.0)
+        self.parsed_degrade_at()
         self._check_time_limits()
         self._check_models()
         self._check_spending()
@@ -453,11 +453,8 @@ class Config:
         except ValueError as bad:
             raise BadInput(f"DIGEST_SCHEDULE={bad}") from None
 
-    def degrade_deadline(self, start: float) -> float | None:
-        """The first ``DIGEST_DEGRADE_AT`` at or after ``start``, in epoch seconds; None if unset.
-
-        A run freezes it at its first start (``tasks.job.workflow.frozen_settings``), so a
-        change of the setting, or a resume after the deadline, never moves a run's deadline.
+    def parsed_degrade_at(self) -> Weekly | None:
+        """``DIGEST_DEGRADE_AT``, parsed; None when unset. Checked at every start.
 
         Raises:
             BadInput: it is not a day and a time.
@@ -465,12 +462,22 @@ class Config:
         if self.degrade_at is None:
             return None
         try:
-            weekly = Weekly.parse(self.degrade_at)
+            return Weekly.parse(self.degrade_at)
         except ValueError:
             raise BadInput(
                 f"DIGEST_DEGRADE_AT={self.degrade_at!r}: not a day and a time; use a weekday "
                 "and a time in DIGEST_TIMEZONE, such as mon 11:00 (or mon 11:00:30)"
             ) from None
+
+    def degrade_deadline(self, start: float) -> float | None:
+        """The first ``DIGEST_DEGRADE_AT`` at or after ``start``, in epoch seconds; None if unset.
+
+        A run freezes it at its first start (``tasks.job.workflow.frozen_settings``), so a
+        change of the setting, or a resume after the deadline, never moves a run's deadline.
+        """
+        weekly = self.parsed_degrade_at()
+        if weekly is None:
+            return None
         return weekly.next_at(datetime.fromtimestamp(start, UTC), self.zone).timestamp()
 
     @property
