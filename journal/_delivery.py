@@ -30,7 +30,7 @@ from journal._redis.backend import (
     RecordWait,
     RedisBackend,
 )
-from journal._retry import RunRetry
+from journal._retry import RunRetry, woken_by
 from journal._run import Run, StepEvent
 from journal._schema import codec
 from journal._schema.keys import RunKeys
@@ -293,7 +293,7 @@ class Runner:
             raise self.backend.unavailable(down) from down
         except Exception as error:
             heartbeat.stop()
-            verdict = self._fail(keys, holder, error, created)
+            verdict = self._fail(keys, holder, error, created, run.wakes_by)
             if verdict is not None:
                 raise verdict from error
             raise
@@ -373,9 +373,16 @@ class Runner:
         self._close(keys, holder, Closing(fields, now))
 
     def _fail(
-        self, keys: RunKeys, holder: str, error: BaseException, created: float
+        self,
+        keys: RunKeys,
+        holder: str,
+        error: BaseException,
+        created: float,
+        wake_by: float | None = None,
     ) -> JournalError | None:
         """Record a failure; a transient one stays in the due index for the sweep to retry.
+
+        The retry is due no later than ``wake_by`` (``Run.wake_by``), if that is still ahead.
 
         Returns:
             ``RetryScheduled`` or ``GaveUp``, for the caller to raise in the error's place; or
@@ -400,7 +407,7 @@ class Runner:
                 deadline = since + policy.give_up_after
                 fields |= {"failing_since": millis(since), "failures": failures}
                 if now < deadline:
-                    retry_at = min(now + policy.delay(failures), deadline)
+                    retry_at = woken_by(min(now + policy.delay(failures), deadline), wake_by, now)
                     fields |= {
                         "status": RunStatus.RETRYING,
                         "retry_at": millis(retry_at),

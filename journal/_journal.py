@@ -167,9 +167,11 @@ class Journal:
 
         Until a delivery opens a run, only the broker knows of it: a worker killed with the
         message reserved leaves it unacknowledged until the broker's visibility timeout, and a
-        broker that loses it loses the run. Armed ``rearm_after`` ahead with its arguments, the
-        run is sent again by the due sweep unless a delivery opened it by then; a run that has
-        opened already keeps its own due time, and nothing is written.
+        broker that loses it loses the run. Armed ``rearm_after`` ahead with the send's
+        arguments (``meta.sent_args``: the run's own are frozen by its first start, with the
+        defaults of where it runs), the run is sent again by the due sweep unless a delivery
+        opened it by then; a run that has opened keeps its own due time, and nothing is
+        written.
 
         Returns:
             Whether the run has never opened.
@@ -178,8 +180,13 @@ class Journal:
         return self.backend.expect(keys, at, codec.dumps(args))
 
     def run_args(self, keys: RunKeys) -> dict[str, Any]:
-        """The arguments a run was delivered with, for re-enqueueing it."""
-        return self.meta(keys).args or {}
+        """The arguments a run was delivered with, for re-enqueueing it.
+
+        Those its first start froze; for a run no delivery has opened, those it was sent with.
+        """
+        meta = self.meta(keys)
+        frozen = meta.args
+        return (meta.sent_args if frozen is None else frozen) or {}
 
 
 def jitter(seconds: float, spread: float = 0.2) -> float:

@@ -12,6 +12,7 @@ until it succeeds or a deadline passes. Every other error fails the run for good
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -126,6 +127,17 @@ class RunRetry:
         return (rng or random).uniform(ceiling * 0.9, ceiling)
 
 
+def woken_by(until: float, wake_by: float | None, now: float) -> float:
+    """``until``, brought forward to ``wake_by`` if that is sooner and still ahead of ``now``.
+
+    A wake-by time already past brings nothing forward: the run is awake, and a zero back-off
+    would only spin.
+    """
+    if wake_by is None or wake_by <= now:
+        return until
+    return min(until, wake_by)
+
+
 def attempt(
     key: str,
     fn: Callable[[], T],
@@ -133,11 +145,13 @@ def attempt(
     resumed: Wait | None,
     clock: Clock,
     check_lease: Callable[[], None],
+    wake_by: float | None = None,
 ) -> tuple[int, T]:
     """Call ``fn`` for step ``key`` until it succeeds or ``retry`` gives up; (attempt, result).
 
     ``resumed`` is the retry wait the run was suspended in, if it was this step's: its
-    attempts count on. The lease is checked again after every back-off slept here.
+    attempts count on. The lease is checked again after every back-off slept here. No
+    back-off, slept or suspended, ends after ``wake_by`` (``Run.wake_by``).
 
     Raises:
         Suspend: a back-off longer than ``retry.suspend_over``, or a delivery that came
@@ -146,10 +160,12 @@ def attempt(
     """
     attempts = 0
     if resumed is not None and resumed.step == key:
-        if resumed.until is not None and clock.now() < resumed.until:
+        now = clock.now()
+        until = None if resumed.until is None else woken_by(resumed.until, wake_by, now)
+        if until is not None and now < until:
             # Delivered before the back-off ended (a duplicate, a manual run): calling now
             # would only earn another 429 and spend an attempt, so wait out the rest.
-            raise Suspend(resumed)
+            raise Suspend(dataclasses.replace(resumed, until=until))
         attempts = resumed.attempt
     while True:
         attempts += 1
@@ -159,9 +175,10 @@ def attempt(
             if retry is None or not retry.retryable(error) or attempts >= retry.max_attempts:
                 raise
             emit("retry", type(error).__name__)
-            delay = retry.delay(attempts, error)
+            now = clock.now()
+            delay = woken_by(now + retry.delay(attempts, error), wake_by, now) - now
             if delay > retry.suspend_over:
-                until = clock.now() + delay
+                until = now + delay
                 wait = Wait("retry", key, until=until, attempt=attempts, reason=str(error))
                 raise Suspend(wait) from error
             clock.sleep(delay)

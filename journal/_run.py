@@ -128,6 +128,7 @@ class Run:
         self._on_step = on_step
         self._record_wait = record_wait
         self._lock = self._cursor.lock
+        self._wake_by: float | None = None
         self.ran = 0
         self.args: dict[str, Any] = {}
 
@@ -394,6 +395,22 @@ class Run:
         stored = self._execute(outcome_step, lambda: outcome, None, kind="signal", group=None)
         return SignalResult(bool(stored["received"]), stored.get("payload"))
 
+    def wake_by(self, at: float | None) -> None:
+        """Bring every retry of this delivery forward to ``at`` at the latest.
+
+        A step's back-off (slept or suspended) and the run's own retry after a transient
+        failure end by ``at``, so a run with a deadline of its own (a digest that must go out
+        by Monday 11:00) is awake to meet it instead of sleeping past it. Not recorded: the
+        workflow states it on every delivery, from what it recorded or was started with.
+        None, the default, brings nothing forward.
+        """
+        self._wake_by = at
+
+    @property
+    def wakes_by(self) -> float | None:
+        """The time ``wake_by`` set, if any."""
+        return self._wake_by
+
     def check_lease(self) -> None:
         """The step boundary check: raise unless the lease is held and the run not cancelled.
 
@@ -469,7 +486,7 @@ class Run:
         started = millis(self.clock.now())
         with self._guard.flight.running(key, started):
             attempt, result = retry_loop(
-                key, fn, retry, self._retry_state, self.clock, self.check_lease
+                key, fn, retry, self._retry_state, self.clock, self.check_lease, self._wake_by
             )
         return self._record(key, result, attempt, started, kind, group, seq, report)  # type: ignore[no-any-return]
 

@@ -254,7 +254,10 @@ MUTANTS = (
     ),
     lua("close", "a field is never deleted", "if #ARGV > 7 + 2 * sets then", "if false then"),
     lua(
-        "close", "the lease is kept", "redis.call('DEL', KEYS[1])", "redis.call('EXISTS', KEYS[1])"
+        "close",
+        "the lease is kept",
+        "redis.call('DEL', KEYS[1], KEYS[6])",
+        "redis.call('DEL', KEYS[6])",
     ),
     lua(
         "close",

@@ -145,10 +145,25 @@ class RunMeta(Mapping[str, str]):
         Raises:
             CorruptJournal: they are not a JSON object.
         """
-        args = self.json("args")
-        if args is not None and not isinstance(args, dict):
-            raise CorruptJournal(self.run, "meta.args", "not a JSON object")
-        return args
+        return self._object("args")
+
+    @cached_property
+    def sent_args(self) -> dict[str, Any] | None:
+        """The options the run's first send carried, kept until a start freezes its own.
+
+        Not the frozen options: a start adds the workflow's defaults, read where it runs.
+        The due sweep sends a run that no delivery has opened with these.
+
+        Raises:
+            CorruptJournal: they are not a JSON object.
+        """
+        return self._object("sent_args")
+
+    def _object(self, name: str) -> dict[str, Any] | None:
+        value = self.json(name)
+        if value is not None and not isinstance(value, dict):
+            raise CorruptJournal(self.run, f"meta.{name}", "not a JSON object")
+        return value
 
     @cached_property
     def wait(self) -> Wait | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -20,7 +21,7 @@ from journal import redelivers_running, safe_time_limit
 from journal.logs import add_secret, add_url_secrets, redact
 from tasks.config.limits import Overrides
 from tasks.config.prices import PriceTable
-from tasks.config.schedule import DEFAULT_SCHEDULE, Schedule
+from tasks.config.schedule import DEFAULT_SCHEDULE, Schedule, Weekly
 from tasks.config.variables import SETTINGS
 from tasks.errors import BadInput
 
@@ -121,6 +122,8 @@ class Config:
         sender, recipient: the email's From and To.
         timezone: the zone of the schedule.
         schedule: when beat sends a digest: a day and a time, or a cron expression.
+        degrade_at: a week's deadline, a day and a time: what has no model summary by then is
+            summarized offline (``degrade_deadline``); None, never.
         offline: allow the worker to summarize without an API key.
         approval: wait for a human approval before sending.
         approval_timeout: seconds to wait for it.
@@ -198,6 +201,7 @@ class Config:
     recipient: str = "team@example.com"
     timezone: str = "UTC"
     schedule: str = DEFAULT_SCHEDULE
+    degrade_at: str | None = None
     offline: bool = False
     approval: bool = False
     approval_timeout: float = 24 * 3600.0
@@ -270,6 +274,7 @@ class Config:
                 f"DIGEST_TIMEZONE={self.timezone!r}: unknown time zone; use an IANA name such "
                 "as Europe/Berlin"
             ) from None
+        self.parsed_degrade_at()
         self._check_time_limits()
         self._check_models()
         self._check_spending()
@@ -462,6 +467,33 @@ class Config:
             return Schedule.parse(self.schedule)
         except ValueError as bad:
             raise BadInput(f"DIGEST_SCHEDULE={bad}") from None
+
+    def parsed_degrade_at(self) -> Weekly | None:
+        """``DIGEST_DEGRADE_AT``, parsed; None when unset. Checked at every start.
+
+        Raises:
+            BadInput: it is not a day and a time.
+        """
+        if self.degrade_at is None:
+            return None
+        try:
+            return Weekly.parse(self.degrade_at)
+        except ValueError:
+            raise BadInput(
+                f"DIGEST_DEGRADE_AT={self.degrade_at!r}: not a day and a time; use a weekday "
+                "and a time in DIGEST_TIMEZONE, such as mon 11:00 (or mon 11:00:30)"
+            ) from None
+
+    def degrade_deadline(self, start: float) -> float | None:
+        """The first ``DIGEST_DEGRADE_AT`` at or after ``start``, in epoch seconds; None if unset.
+
+        A run freezes it at its first start (``tasks.job.workflow.frozen_settings``), so a
+        change of the setting, or a resume after the deadline, never moves a run's deadline.
+        """
+        weekly = self.parsed_degrade_at()
+        if weekly is None:
+            return None
+        return weekly.next_at(datetime.fromtimestamp(start, UTC), self.zone).timestamp()
 
     @property
     def zone(self) -> ZoneInfo:

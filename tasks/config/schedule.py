@@ -12,12 +12,53 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import date, datetime, time
+from datetime import UTC, date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
 DEFAULT_SCHEDULE = "mon 08:00"
 _DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _DAY_AND_TIME = re.compile(r"([a-z]{3})[a-z]*\s+(\d{1,2}):(\d{2})")
+_DAY_AND_TIME_SECONDS = re.compile(r"([a-z]{3})[a-z]*\s+(\d{1,2}):(\d{2})(?::(\d{2}))?")
+
+
+@dataclass(frozen=True)
+class Weekly:
+    """A day of the week and a time of day, in a zone: ``DIGEST_DEGRADE_AT``'s ``mon 11:00``.
+
+    Read like ``DIGEST_SCHEDULE``'s day-and-time form, seconds allowed (``mon 11:00:30``),
+    so an operator writes the deadline the way they wrote the schedule.
+
+    Attributes:
+        weekday: Monday 0, as ``date.weekday()`` counts.
+        at: the time of day.
+    """
+
+    weekday: int
+    at: time
+
+    @classmethod
+    def parse(cls, text: str) -> Weekly:
+        """``mon 11:00``, ``monday 11:00``, ``fri 17:30:15``.
+
+        Raises:
+            ValueError: anything else, or a day or time that does not exist.
+        """
+        found = _DAY_AND_TIME_SECONDS.fullmatch(text.strip().lower())
+        if not found or found.group(1) not in _DAYS:
+            raise ValueError(text)
+        hour, minute, second = (int(found.group(n) or 0) for n in (2, 3, 4))
+        if hour > 23 or minute > 59 or second > 59:
+            raise ValueError(text)
+        return cls(_DAYS.index(found.group(1)), time(hour, minute, second))
+
+    def next_at(self, moment: datetime, tz: ZoneInfo) -> datetime:
+        """The first occurrence at or after ``moment`` (aware), on ``tz``'s wall clock."""
+        local = moment.astimezone(tz)
+        day = local.date() + timedelta(days=(self.weekday - local.weekday()) % 7)
+        found = datetime.combine(day, self.at, tzinfo=tz)
+        if found.astimezone(UTC) < moment.astimezone(UTC):  # instants, not wall clocks
+            found = datetime.combine(day + timedelta(days=7), self.at, tzinfo=tz)
+        return found
 
 
 @dataclass(frozen=True)

@@ -343,6 +343,16 @@ SETTINGS: tuple[Setting, ...] = (
         "the ISO week); refused at a worker's or beat's start",
     ),
     Setting(
+        "DIGEST_DEGRADE_AT",
+        "degrade_at",
+        "optional",
+        "the deadline of a week's digest, a day and a time in `DIGEST_TIMEZONE` (`mon 11:00`, "
+        "seconds allowed): the first one after a run's first start is frozen with it; items "
+        "still without a model summary then get the offline summary (never a refused one) "
+        "and the email says so",
+        shown="unset: never",
+    ),
+    Setting(
         "DIGEST_OFFLINE",
         "offline",
         "flag",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,14 +20,103 @@ from journal.batch import batches as batch_views
 from journal.ops.views import RunView
 from tasks.job.claims import Held
 from tasks.job.items import Item
-from tasks.job.summarize import CallCounter
+from tasks.job.summarize import CallCounter, Deadline
+from tasks.llm.cost import is_completion
 from tasks.mail.smtp import Email, Receipt
 
 
-def draft_email(run_id: str, to: str, intro: str, kept: list[tuple[Item, str]]) -> Email:
-    """The email, built only from recorded step results, so every attempt builds the same."""
+@dataclass(frozen=True)
+class Degraded:
+    """What a run summarized offline because its deadline passed, from its recorded steps.
+
+    Attributes:
+        offline: the ids of the items summarized offline, in item order.
+        titles: their titles, for the email.
+        of: the items the email summarizes (refused ones are skipped, not counted).
+        opening: whether the opening paragraph was written offline too.
+        deadline: the run's deadline, epoch seconds.
+    """
+
+    offline: tuple[str, ...]
+    titles: tuple[str, ...]
+    of: int
+    opening: bool
+    deadline: float
+
+    @classmethod
+    def of_run(
+        cls,
+        deadline: Deadline,
+        kept: list[tuple[Item, str]],
+        offline: list[str],
+        intro: Mapping[str, Any],
+    ) -> Degraded | None:
+        """The run's degradation; None when the model wrote everything (or it has no deadline)."""
+        opening = "degraded" in intro
+        if deadline.at is None or not (offline or opening):
+            return None
+        titles = tuple(item.title for item, _ in kept if item.id in offline)
+        return cls(tuple(offline), titles, len(kept), opening, deadline.at)
+
+    def to_json(self) -> dict[str, Any]:
+        """As the run's report holds it."""
+        return {
+            "offline": list(self.offline),
+            "of": self.of,
+            "opening": self.opening,
+            "deadline": self.deadline,
+        }
+
+    def note(self) -> str:
+        """The email's last paragraph: which parts were summarized offline, and why."""
+        if not self.titles:
+            parts = "the opening paragraph"
+        else:
+            parts = ", ".join(self.titles) + ("; the opening paragraph too" if self.opening else "")
+        return (
+            "Summarized offline (each update's first sentence), because the model API had not "
+            f"answered by {utc(self.deadline)}: {parts}."
+        )
+
+
+def degraded_words(result: Mapping[str, Any]) -> str:
+    """``sent (degraded: 3 of 8 offline)``: a run's status as it ended, a degraded one marked."""
+    degraded = result.get("degraded")
+    if not isinstance(degraded, dict):
+        return str(result["status"])
+    return f"{result['status']} (degraded: {len(degraded['offline'])} of {degraded['of']} offline)"
+
+
+def answered_by(steps: Sequence[Record]) -> str:
+    """``answered by claude-haiku-5-5 (5), claude-sonnet-5-5 (4)``: who wrote a run's text.
+
+    The summaries and the opening as their steps recorded them, ``offline`` for the offline
+    summarizer's; empty before any answer. Worded once for ``digest show`` and ``digest runs``.
+    """
+    counts: dict[str, int] = {}
+    for record in steps:
+        answer = record.result
+        if (record.key.startswith("summarize:") or record.key == "compose") and is_completion(
+            answer
+        ):
+            model = str(answer.get("model"))
+            counts[model] = counts.get(model, 0) + 1
+    listed = ", ".join(f"{model} ({n})" for model, n in sorted(counts.items()))
+    return f"answered by {listed}" if listed else ""
+
+
+def draft_email(
+    run_id: str, to: str, intro: str, kept: list[tuple[Item, str]], degraded: Degraded | None
+) -> Email:
+    """The email, built only from recorded step results, so every attempt builds the same.
+
+    A degraded run's email ends by saying what was summarized offline and why.
+    """
     lines = "\n".join(f"* {item.title}: {summary}" for item, summary in kept)
-    return Email(to=to, subject=f"Your weekly digest ({run_id})", body=f"{intro}\n\n{lines}")
+    body = f"{intro}\n\n{lines}"
+    if degraded is not None:
+        body += f"\n\n{degraded.note()}"
+    return Email(to=to, subject=f"Your weekly digest ({run_id})", body=body)
 
 
 def email_json(email: Email) -> dict[str, str]:
@@ -50,6 +140,7 @@ def report(
     email: Email | None = None,
     reason: str | None = None,
     held: list[Held] | None = None,
+    degraded: Degraded | None = None,
 ) -> dict[str, Any]:
     """The run's result: JSON, so it survives Celery's result backend and the journal.
 
@@ -71,6 +162,8 @@ def report(
         result["reason"] = reason
     if held:
         result["held"] = [entry.to_json() for entry in held]
+    if degraded is not None:
+        result["degraded"] = degraded.to_json()
     return result
 
 

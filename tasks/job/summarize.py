@@ -10,6 +10,12 @@ Each call kind has a fallback chain (``tasks.llm.fallback``): a step asks the pr
 retry policy's attempts, then the next model while the primary stays overloaded or
 unavailable, each call reserved, limited and priced as the model it asks. The step records
 the model that answered, so a replay never asks again.
+
+A run with a deadline (``DIGEST_DEGRADE_AT``, frozen at its first start) degrades past it:
+an item's step that runs after the deadline is answered by the offline summarizer instead of
+the model, and records why (``degraded``), so the decision is the journal's, never taken
+again. Only steps that have not recorded an answer run: a summary the model gave, or a
+refusal it recorded, stays as it is.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import dataclasses
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 from journal import RetryPolicy, Run
@@ -33,6 +40,7 @@ from tasks.llm.client import (
     MAX_TOKENS,
     ApiError,
     Completion,
+    OfflineSummarizer,
     Summarizer,
     checked_calls,
     completion_of,
@@ -109,6 +117,37 @@ def chained(runtime: Runtime, models: tuple[str, ...], policy: RetryPolicy) -> C
 
 
 @dataclasses.dataclass(frozen=True)
+class Deadline:
+    """When a run stops waiting for the model and summarizes what is left offline.
+
+    Attributes:
+        at: epoch seconds, frozen with the run's options; None, never.
+    """
+
+    at: float | None = None
+
+    def passed(self, run: Run) -> bool:
+        """Whether the run's clock has reached the deadline."""
+        return self.at is not None and run.clock.now() >= self.at
+
+    @property
+    def reason(self) -> str:
+        """Why a step was answered offline, as its record and the email say it."""
+        when = datetime.fromtimestamp(self.at or 0.0, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        return f"the model had not answered by {when} (DIGEST_DEGRADE_AT)"
+
+    def offline(self, completion: Completion, prompt: str, calls: CallCounter) -> dict[str, Any]:
+        """The step result of an offline ``completion`` made in the model's place: free."""
+        calls.add(OFFLINE)
+        emit("degraded", "opening" if prompt == INTRO_PROMPT else "summary")
+        return completion.to_json() | {"prompt": prompt, "cost_usd": 0.0, "degraded": self.reason}
+
+
+OFFLINE = OfflineSummarizer()
+"""The stand-in a degraded step asks: it keeps no state a run could share but ``used``."""
+
+
+@dataclasses.dataclass(frozen=True)
 class ChainedPolicy:
     """A call kind's fallback chain, and the retry policy of a step that walks it."""
 
@@ -117,14 +156,22 @@ class ChainedPolicy:
 
 
 def summarize(
-    runtime: Runtime, run: Run, item: Item, calls: CallCounter, chain: Chain | None = None
+    runtime: Runtime,
+    run: Run,
+    item: Item,
+    calls: CallCounter,
+    chain: Chain | None = None,
+    deadline: Deadline = Deadline(),
 ) -> dict[str, Any]:
     """One model call, to the model the chain names now; a refused prompt skips the item.
 
     Any other refusal (``ModelRefused``: the account, the key, the model) propagates and fails
     the run: it would refuse every item alike. An error that says the model is unavailable
     is counted by the chain, which may name the next model for the step's next attempt.
+    Past the run's deadline, checked at every attempt, the offline summary instead.
     """
+    if deadline.passed(run):
+        return deadline.offline(OFFLINE.summarize(item), SUMMARY_PROMPT, calls)
     step = f"summarize:{item.id}"
     chain = chain or Chain(runtime.config.summary_models[:1], 1)
     model = chain.model(step)
@@ -164,6 +211,7 @@ def summarize_batch(
     week: list[Item],
     calls: CallCounter,
     policy: RetryPolicy,
+    deadline: Deadline = Deadline(),
 ) -> list[dict[str, Any]]:
     """Every item's summary as one Message Batch (``run.batch``), priced at batch prices.
 
@@ -176,7 +224,7 @@ def summarize_batch(
     walk = chained(runtime, runtime.config.summary_models, policy)
 
     def ask(item: Item) -> dict[str, Any]:
-        return summarize(runtime, run, item, calls, walk.chain)
+        return summarize(runtime, run, item, calls, walk.chain, deadline)
 
     def settle(item: Item, entry: BatchEntry) -> dict[str, Any]:
         return answered(runtime, run, entry, model, SUMMARY_PROMPT, calls, lambda: ask(item))
@@ -217,6 +265,7 @@ def compose_batch(
     kept: list[tuple[Item, str]],
     calls: CallCounter,
     policy: RetryPolicy,
+    deadline: Deadline = Deadline(),
 ) -> dict[str, Any]:
     """The opening paragraph as a second Message Batch, of one request (``compose:opening``).
 
@@ -226,7 +275,7 @@ def compose_batch(
     walk = chained(runtime, runtime.config.intro_models, policy)
 
     def ask(pairs: list[tuple[Item, str]]) -> dict[str, Any]:
-        return compose(runtime, run, pairs, calls, walk.chain)
+        return compose(runtime, run, pairs, calls, walk.chain, deadline)
 
     def settle(pairs: list[tuple[Item, str]], entry: BatchEntry) -> dict[str, Any]:
         return answered(
@@ -326,8 +375,14 @@ def compose(
     kept: list[tuple[Item, str]],
     calls: CallCounter,
     chain: Chain | None = None,
+    deadline: Deadline = Deadline(),
 ) -> dict[str, Any]:
-    """One model call for the opening paragraph, to the model the chain names now."""
+    """One model call for the opening paragraph, to the model the chain names now.
+
+    Past the run's deadline, the offline opening instead: there is no email without one.
+    """
+    if deadline.passed(run):
+        return deadline.offline(OFFLINE.compose(kept), INTRO_PROMPT, calls)
     chain = chain or Chain(runtime.config.intro_models[:1], 1)
     model = chain.model("compose")
     estimate = runtime.budget.estimate(
@@ -412,8 +467,13 @@ def summarize_week(
     week: list[Item],
     calls: CallCounter,
     policy: RetryPolicy,
-) -> tuple[list[tuple[Item, str]], list[dict[str, str]]]:
-    """Every item's summary, one call each or one batch; the summarized and the skipped items.
+    deadline: Deadline = Deadline(),
+) -> tuple[list[tuple[Item, str]], list[dict[str, str]], list[str]]:
+    """Every item's summary, one call each or one batch.
+
+    Returns:
+        The summarized items, the skipped ones, and the ids of those summarized offline
+        because the deadline passed.
 
     Raises:
         EveryItemRefused: not "nothing new": there was news and none of it could be summarized.
@@ -421,12 +481,12 @@ def summarize_week(
     walk = chained(runtime, runtime.config.summary_models, policy)
     with giving_up("summarize", walk.policy):
         if batches is not None:
-            summaries = summarize_batch(runtime, run, batches, week, calls, policy)
+            summaries = summarize_batch(runtime, run, batches, week, calls, policy, deadline)
         else:
             summaries = run.map(
                 "summarize",
                 week,
-                lambda item: summarize(runtime, run, item, calls, walk.chain),
+                lambda item: summarize(runtime, run, item, calls, walk.chain, deadline),
                 key=lambda item: item.id,
                 concurrency=runtime.config.concurrency if runtime.summarizer.remote else 1,
                 retry=walk.policy,
@@ -439,7 +499,8 @@ def summarize_week(
     ]
     if not kept:
         raise every_item_refused(skipped)
-    return kept, skipped
+    offline = [item.id for item, s in zip(week, summaries, strict=True) if "degraded" in s]
+    return kept, skipped, offline
 
 
 def compose_opening(
@@ -449,12 +510,15 @@ def compose_opening(
     kept: list[tuple[Item, str]],
     calls: CallCounter,
     policy: RetryPolicy,
+    deadline: Deadline = Deadline(),
 ) -> dict[str, Any]:
     """The opening paragraph's step result, from the summaries: one call, or a second batch."""
     walk = chained(runtime, runtime.config.intro_models, policy)
     with giving_up("compose", walk.policy):
         if batches is not None:
-            return compose_batch(runtime, run, batches, kept, calls, policy)
+            return compose_batch(runtime, run, batches, kept, calls, policy, deadline)
         return run.step(
-            "compose", lambda: compose(runtime, run, kept, calls, walk.chain), retry=walk.policy
+            "compose",
+            lambda: compose(runtime, run, kept, calls, walk.chain, deadline),
+            retry=walk.policy,
         )

@@ -21,8 +21,14 @@ from journal.events import emit
 from tasks.job import faults
 from tasks.job.claims import held_elsewhere, mark_seen, release, select_unseen
 from tasks.job.items import Item
-from tasks.job.report import draft_digest, draft_email, email_json, report
-from tasks.job.summarize import CallCounter, compose_opening, model_retry_policy, summarize_week
+from tasks.job.report import Degraded, draft_digest, draft_email, email_json, report
+from tasks.job.summarize import (
+    CallCounter,
+    Deadline,
+    compose_opening,
+    model_retry_policy,
+    summarize_week,
+)
 from tasks.mail.smtp import Email
 from tasks.runtime import Runtime, process_config, process_runtime
 
@@ -42,24 +48,32 @@ class DigestOptions:
         approval: wait for a human's approval before sending (``DIGEST_APPROVAL``).
         batch: ask the model by Message Batches (``DIGEST_BATCH``); a run frozen before this
             option existed (None) asks synchronously, as it started.
+        degrade_at: the run's deadline in epoch seconds, the first ``DIGEST_DEGRADE_AT`` after
+            its first start: what has no model summary by then is summarized offline; None,
+            never (and for every run frozen before this option existed).
     """
 
     to: str | None = None
     items: str | None = None
     approval: bool | None = None
     batch: bool | None = None
+    degrade_at: float | None = None
 
 
 def frozen_settings() -> dict[str, Any]:
-    """The recipient, the approval gate and the batch mode, frozen at a run's first start.
+    """The recipient, the approval gate, the batch mode and the deadline, frozen at first start.
 
     A process with no API key has nothing to batch with (offline summaries are free): its
-    runs ask synchronously whatever ``DIGEST_BATCH`` says.
+    runs ask synchronously whatever ``DIGEST_BATCH`` says. The deadline is an instant, not
+    the setting's text, so a run resumed after the setting changed keeps the one it began with.
     """
     config = process_config()
     frozen: dict[str, Any] = {"to": config.recipient, "approval": config.approval}
     if config.batch and os.environ.get("ANTHROPIC_API_KEY"):
         frozen["batch"] = True  # left out, a run asks synchronously, as every run did before
+    deadline = config.degrade_deadline(time.time())
+    if deadline is not None:
+        frozen["degrade_at"] = deadline
     return frozen
 
 
@@ -144,13 +158,18 @@ def run_digest(
 
     # 2. One model call per item, each its own step: a crash loses at most the calls in flight.
     #    Or, for a batch run, one Message Batch of them, each answer recorded as its own step.
-    kept, skipped = summarize_week(runtime, run, batches, week, calls, policy)
+    #    Past the run's deadline, if it has one, what the model has not answered is summarized
+    #    offline; every retry of the run wakes by the deadline to do so.
+    deadline = Deadline(options.degrade_at)
+    run.wake_by(deadline.at)
+    kept, skipped, offline = summarize_week(runtime, run, batches, week, calls, policy, deadline)
 
     # 3. The opening paragraph, from the summaries (a batch run asks it as a second batch).
-    intro = compose_opening(runtime, run, batches, kept, calls, policy)
-    email = draft_email(run.run_id, options.to or config.recipient, intro["text"], kept)
+    intro = compose_opening(runtime, run, batches, kept, calls, policy, deadline)
+    degraded = Degraded.of_run(deadline, kept, offline, intro)
+    email = draft_email(run.run_id, options.to or config.recipient, intro["text"], kept, degraded)
     if dry_run:
-        return report("dry-run", len(kept), calls, skipped=skipped, email=email)
+        return report("dry-run", len(kept), calls, skipped=skipped, email=email, degraded=degraded)
 
     # An optional human gate: the run suspends (no worker slot held) until approved.
     if config.approval if options.approval is None else options.approval:
@@ -175,7 +194,9 @@ def run_digest(
     run.step("mark-seen", lambda: mark_seen(runtime, [item.id for item, _ in kept]))
     run.step("done", lambda: release(runtime, owner, [entry["id"] for entry in skipped]))
     held = held_elsewhere(runtime, owner)
-    return report("sent", len(kept), calls, skipped=skipped, receipt=receipt, held=held)
+    return report(
+        "sent", len(kept), calls, skipped=skipped, receipt=receipt, held=held, degraded=degraded
+    )
 
 
 # -- the steps' bodies ------------------------------------------------------------------------

@@ -55,7 +55,7 @@ from tasks.errors import BadInput, DigestError
 from tasks.job.claims import holdings
 from tasks.job.report import batch_lines
 from tasks.job.workflow import APPROVAL
-from tasks.llm.cost import dollars, usage_of
+from tasks.llm.cost import dollars, is_completion, usage_of
 from tasks.ops import actions
 from tasks.ops.run_page import badge, outcome_of, span, stamp, step_words, waterfall, when
 from tasks.runtime import Runtime, prepare_metrics, use_runtime
@@ -166,6 +166,8 @@ def summary(record: Record) -> str:
         return f"sent as {result['id']}" if result["sent"] else f"{result['id']}, sent earlier"
     if isinstance(result, dict) and "subject" in result:
         return f"draft: {result['subject']}"
+    if is_completion(result):  # who answered: the primary, a fallback, or offline
+        return f"[{result.get('model')}] {preview(result)}"
     if isinstance(result, str | int | float) or (isinstance(result, dict) and "text" in result):
         return preview(result)
     return "recorded: open for its JSON"

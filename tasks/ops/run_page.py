@@ -26,6 +26,7 @@ from journal.batch import is_batch_look
 from journal.logs import redact
 from journal.ops.views import RunView
 from tasks.job.claims import Held
+from tasks.job.report import degraded_words
 from tasks.job.workflow import APPROVAL
 
 # A wait longer than this is drawn as a break of ``BREAK_SHARE`` of the axis, not to scale.
@@ -192,9 +193,9 @@ def _finished(view: RunView, report: dict[str, Any]) -> Outcome:
         items = report.get("items", 0)
         return Outcome(
             "sent",
-            f"Sent {items} items",
+            f"Sent {items} items{_degraded(report)}",
             send.finished_at if send else ended,
-            ((f"Message-ID {receipt}.",) if receipt else ()) + held,
+            ((f"Message-ID {receipt}.",) if receipt else ()) + _offline(view, report) + held,
         )
     if status in ("rejected", "expired"):
         gate = view.step(StepKey.SIGNAL.of(APPROVAL))
@@ -216,6 +217,30 @@ def _finished(view: RunView, report: dict[str, Any]) -> Outcome:
         lines = ("Every item of the week was in an earlier digest.",)
         return Outcome("nothing-new", "Nothing new: no email this week", ended, lines)
     return Outcome(status, f"Done: {status}", ended)
+
+
+def _degraded(report: dict[str, Any]) -> str:
+    """`` (degraded: 3 of 8 offline)`` after the headline of a run its deadline degraded."""
+    words = degraded_words(report)
+    return words.removeprefix(str(report["status"])) if "degraded" in report else ""
+
+
+def _offline(view: RunView, report: dict[str, Any]) -> tuple[str, ...]:
+    """Which items a degraded run summarized offline, by title, in a sentence."""
+    degraded = report.get("degraded")
+    if not isinstance(degraded, dict):
+        return ()
+    offline = set(degraded["offline"])
+    selected = view.step("select")
+    chosen = selected.result if selected is not None and isinstance(selected.result, list) else []
+    titles = [str(item.get("title")) for item in chosen if item.get("id") in offline]
+    parts = [", ".join(titles)] if titles else []
+    if degraded.get("opening"):
+        parts.append("the opening paragraph")
+    return (
+        f"Summarized offline: {', and '.join(parts)}; the model had not answered by the "
+        "deadline (DIGEST_DEGRADE_AT).",
+    )
 
 
 def _decider(gate: Record | None) -> str:

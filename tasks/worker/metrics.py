@@ -110,6 +110,16 @@ BATCH_REQUESTS = Counter(
     ["model"],
 )
 COST = Counter("digest_model_cost_usd_total", "Dollars spent on model calls, by model.", ["model"])
+FALLBACKS = Counter(
+    "digest_model_fallbacks_total",
+    "Steps that gave up on a model of their fallback chain for the next, by the model given up.",
+    ["model"],
+)
+DEGRADED = Counter(
+    "digest_degraded_items_total",
+    "Summaries (and openings) written offline because a run's deadline passed, by kind.",
+    ["kind"],
+)
 SEND_SECONDS = Histogram(
     "digest_send_duration_seconds",
     "Seconds the email's send took, by transport (failed sends included).",
@@ -157,6 +167,8 @@ EVENTS: dict[str, Measure] = {
     "effect_ambiguous": lambda step, n, workflow: AMBIGUOUS.labels(workflow, step).inc(n),
     "capacity_wait_seconds": lambda model, seconds, _: CAPACITY_WAIT.labels(model).inc(seconds),
     "rate_limited": lambda model, n, _: RATE_LIMITED.labels(model).inc(n),
+    "model_fallback": lambda model, n, _: FALLBACKS.labels(model).inc(n),
+    "degraded": lambda kind, n, _: DEGRADED.labels(kind).inc(n),
 }
 
 

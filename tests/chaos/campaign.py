@@ -540,6 +540,12 @@ class Campaign:
         self.log.add("api-hold", window=seconds, seconds=seconds)
         self._later_at(seconds, "api release", self.stack.api.release)
 
+    def _on_api_outage(self, seconds: float) -> None:
+        """The model API down for every call (529) for longer than a week, then back."""
+        self.stack.api.fail_always(529)
+        self.log.add("api-outage", window=seconds, seconds=seconds)
+        self._later_at(seconds, "api back", self.stack.api.clear_faults)
+
     def _on_api_credit(self, seconds: float) -> None:
         self.stack.api.fail_always(400, message=CREDIT_TOO_LOW)
         self.log.add("api-credit", window=seconds, seconds=seconds)

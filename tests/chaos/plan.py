@@ -38,6 +38,9 @@ FAULT_WEIGHTS = {
     "api-529": 0.7,
     "api-500": 0.7,
     "api-hold": 1.0,
+    # Heavier than its share of time would make it: the baseline seed of chaos-ci (1, 60 s)
+    # must draw it, and chaos-ci has no minute left for a seed of its own.
+    "api-outage": 2.0,
     "api-credit": 0.4,
     "api-slow-item": 1.0,
     "duplicate": 1.5,
@@ -191,6 +194,9 @@ def fault_params(rng: random.Random, kind: str, power: Power) -> dict[str, Any]:
         return {"times": rng.randint(1, 3)}
     if kind in ("api-hold", "api-credit"):
         return {"seconds": rng.uniform(1.0, 6.0)}
+    if kind == "api-outage":
+        # Longer than a week (8 s) and than the run retries' cap (4 s): weeks pile up retrying.
+        return {"seconds": rng.uniform(6.0, 15.0)}
     if kind == "api-slow-item":
         # Under the model timeout (DIGEST_MODEL_TIMEOUT=4): slow, never a timed-out repeat;
         # long enough for the other items' calls to be answered well before the kill under it.
@@ -275,6 +281,14 @@ FOCUS = {
         week_seconds=6.0,
         weights={"duplicate": 3.0, "api-latency": 1.5, "smtp-slow": 1.0},
         faults_per_minute=24.0,
+        operators_per_minute=2.0,
+    ),
+    # The model API down for every call for longer than a week, again and again, with pool
+    # children killed meanwhile: weeks pile up retrying; once it is back each is sent once,
+    # and no answer recorded before the outage is paid for twice.
+    "outage": Power(
+        weights={"api-outage": 2.0, "kill-child": 0.5},
+        faults_per_minute=6.0,
         operators_per_minute=2.0,
     ),
     # Every run asks by Message Batches, killed right after a batch's creation, between two of

@@ -61,6 +61,6 @@ def test_a_run_whose_first_delivery_is_lost_is_delivered_by_the_sweep(
     wait_until(lambda: deployment.view(RUN).status == "done", 40, "the lost week to be sent")
     view = deployment.view(RUN)
     assert view.meta["deliveries"] == "1"  # the sweep's send; the lost one never arrived
-    assert json.loads(view.meta["args"]) == {"to": TO}  # the lost send's options, kept
+    assert json.loads(view.meta["args"])["to"] == TO  # the lost send's options, kept
     (email,) = deployment.outbox()
     assert json.loads(email.read_text())["to"] == TO

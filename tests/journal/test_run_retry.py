@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 
 import pytest
 
-from journal import Journal, ManualClock, Run, RunRetry
+from journal import Journal, ManualClock, RetryPolicy, Run, RunRetry
 from journal._clock import millis
 from journal._delivery import STREAK
 from journal.errors import GaveUp, RetryScheduled
@@ -263,3 +263,43 @@ def test_run_retry_refuses_nonsense_and_never_overflows() -> None:
     policy = RunRetry(first_delay=0.1, max_delay=3600)
     assert 3240 <= policy.delay(10**7, random.Random(1)) <= 3600
     assert policy.delay(1, random.Random(1)) == pytest.approx(0.1, rel=0.1)
+
+
+def test_a_retry_due_after_the_runs_wake_by_time_is_due_at_it_instead(
+    make_journal: MakeJournal,
+) -> None:
+    clock = ManualClock(T0)
+    journal: Journal = make_journal(clock=clock, run_retry=retrying(first_delay=3600))
+    fails: list[BaseException] = [Outage("down"), Outage("down")]
+
+    def body(run: Run) -> str:
+        run.wake_by(T0 + 600)
+        return flaky(fails, [])(run)
+
+    with pytest.raises(RetryScheduled) as caught:
+        execute(journal, "wf", "r1", body)
+    assert caught.value.retry_at == T0 + 600
+    assert due_at(journal) == T0 + 600
+
+    clock.advance(601)  # past it: the wake-by time brings nothing forward any more
+    with pytest.raises(RetryScheduled) as caught:
+        execute(journal, "wf", "r1", body)
+    assert caught.value.retry_at >= T0 + 601 + 0.9 * 3600
+
+
+def test_a_suspended_backoff_ends_by_the_runs_wake_by_time(make_journal: MakeJournal) -> None:
+    clock = ManualClock(T0)
+    journal: Journal = make_journal(clock=clock)
+    policy = RetryPolicy(max_attempts=3, base_delay=1000, max_delay=1000, retryable=transient)
+
+    def down() -> str:
+        raise Outage("down")
+
+    def body(run: Run) -> str:
+        run.wake_by(T0 + 60)
+        return run.step("call", down, retry=policy)
+
+    outcome = execute(journal, "wf", "r2", body)
+
+    assert outcome.status == "waiting"
+    assert outcome.wait is not None and outcome.wait.until == T0 + 60

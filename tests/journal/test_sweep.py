@@ -116,8 +116,8 @@ def test_a_sent_run_that_never_opens_is_claimed_with_its_arguments_after_rearm_a
     assert [claimed.run for claimed in journal.claim_due()] == ["wf:r1"]  # no delivery came
     assert journal.run_args(keys) == {"to": "first@example.org"}
 
-    assert execute(journal, "wf", "r1", napper(10), args={"to": "ignored"}).status == "waiting"
-    assert journal.run_args(keys) == {"to": "first@example.org"}  # frozen from the first send
+    assert execute(journal, "wf", "r1", napper(10), args={"to": "started"}).status == "waiting"
+    assert journal.run_args(keys) == {"to": "started"}  # the first start freezes its own
     clock.advance(10)
     assert [claimed.run for claimed in journal.claim_due()] == ["wf:r1"]  # the nap's own time
 

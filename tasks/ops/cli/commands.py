@@ -27,7 +27,7 @@ from tasks.errors import BadInput
 from tasks.job.claims import holdings
 from tasks.job.feeds import is_url
 from tasks.job.items import load_items
-from tasks.job.report import batch_lines, decide_send, utc
+from tasks.job.report import answered_by, batch_lines, decide_send, utc
 from tasks.job.workflow import APPROVAL, DigestOptions, digest, preview
 from tasks.llm.client import OfflineSummarizer
 from tasks.llm.cost import dollars, usage_of
@@ -214,7 +214,11 @@ def cmd_runs(config: Config, run_id: str, args: argparse.Namespace) -> int:
             f"{row.run:32} {row.state:10} updated {utc(row.updated_ms / 1000)}  "
             f"{usage.calls} calls {dollars(usage.cost_usd)}"
         )
-        flags = [fate(row.meta) or outcome_line(row.meta), _holds(held.get(row.run, 0))]
+        flags = [
+            fate(row.meta) or outcome_line(row.meta),
+            answered_by(row.steps),
+            _holds(held.get(row.run, 0)),
+        ]
         if row.state not in ("done", "cancelled", "failed"):
             wait = Wait.from_meta(row.run, row.meta["wait"]) if row.meta.get("wait") else None
             flags += [f"batch {line}" for line in batch_lines(row.steps, wait)]

@@ -17,7 +17,15 @@ from journal.logs import redact
 from journal.ops.views import RunView
 from journal.testing.preflight import Verdict
 from tasks.job.claims import MAYBE_SENT, STUCK, Held
-from tasks.job.report import batch_lines, draft_digest, email_state, receipt_line, utc
+from tasks.job.report import (
+    answered_by,
+    batch_lines,
+    degraded_words,
+    draft_digest,
+    email_state,
+    receipt_line,
+    utc,
+)
 from tasks.job.workflow import APPROVAL
 from tasks.llm.cost import Usage, dollars, is_call, is_completion, usage_of
 from tasks.llm.prompts import PROMPTS
@@ -110,7 +118,7 @@ def outcome_line(meta: Mapping[str, str]) -> str:
     if not isinstance(result, dict) or "status" not in result:
         return ""
     if result["status"] == "sent":
-        return f"sent: {result['items']} items{receipt_line(result)}"
+        return f"{degraded_words(result)}: {result['items']} items{receipt_line(result)}"
     reason = result.get("reason")
     return f"{result['status']} ({reason})" if reason else str(result["status"])
 
@@ -162,6 +170,12 @@ def _state_lines(view: RunView, held: int) -> list[str]:
         f"fence {meta.get('fence', '0')})"
     )
     lines.append(f"email    {email_state(view)}")
+    answered = answered_by(view.steps)
+    if answered:
+        lines.append(f"models   {answered}")
+    deadline = (view.meta.args or {}).get("degrade_at")
+    if isinstance(deadline, int | float):
+        lines.append(f"deadline {utc(deadline)} (DIGEST_DEGRADE_AT)")
     if meta.get("last_error"):
         lines.append(f"error    {printable(meta['last_error'])}")
     if view.wait is not None and view.wait.kind == "decision":
@@ -334,6 +348,6 @@ def result_lines(result: dict[str, Any]) -> str:
     )
     if result.get("batch_requests"):
         made += f" and {result['batch_requests']} batch requests"
-    line = f"{result['status']}: {items}, {made} in this attempt{receipt_line(result)}"
+    line = f"{degraded_words(result)}: {items}, {made} in this attempt{receipt_line(result)}"
     lines.append(printable("; ".join([line, *(entry.line() for entry in held)])))
     return "\n".join(lines)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -401,4 +403,30 @@ def test_a_cluster_store_is_refused_where_celery_would_need_it() -> None:
         rabbit.check_store(cluster=True)
     Config.from_env({**store, "CELERY_BROKER_URL": "redis://broker:6379/0"}).check_store(
         cluster=True
+    )
+
+
+def test_the_degrade_deadline_is_the_next_day_and_time_in_the_zone() -> None:
+    config = Config.from_env(
+        {"DIGEST_DEGRADE_AT": "Monday 11:00", "DIGEST_TIMEZONE": "Europe/Berlin"}
+    )
+    monday_eight = datetime(2026, 10, 12, 8, 0, tzinfo=ZoneInfo("Europe/Berlin")).timestamp()
+    eleven = datetime(2026, 10, 12, 11, 0, tzinfo=ZoneInfo("Europe/Berlin")).timestamp()
+    assert config.degrade_deadline(monday_eight) == eleven
+    assert config.degrade_deadline(eleven) == eleven  # at the deadline: the deadline
+    assert config.degrade_deadline(eleven + 1) == eleven + 7 * 86400  # past it: next week's
+    seconds = Config.from_env({"DIGEST_DEGRADE_AT": "mon 11:00:30"})
+    assert seconds.degrade_deadline(datetime(2026, 10, 12, 11, 0, tzinfo=UTC).timestamp()) == (
+        datetime(2026, 10, 12, 11, 0, 30, tzinfo=UTC).timestamp()
+    )
+    assert Config().degrade_deadline(monday_eight) is None  # off by default
+
+
+@pytest.mark.parametrize("value", ["monday", "mon 25:00", "11:00", "someday 11:00", "mon 11:00:61"])
+def test_a_bad_degrade_deadline_is_refused_in_one_line(value: str) -> None:
+    with pytest.raises(BadInput) as caught:
+        Config.from_env({"DIGEST_DEGRADE_AT": value})
+    assert str(caught.value) == (
+        f"DIGEST_DEGRADE_AT={value!r}: not a day and a time; use a weekday and a time in "
+        "DIGEST_TIMEZONE, such as mon 11:00 (or mon 11:00:30)"
     )

@@ -25,6 +25,7 @@ from tasks.llm.client import AnthropicSummarizer
 from tasks.mail.smtp import FileOutbox
 from tasks.ops.cli.render import render_view
 from tasks.runtime import Runtime
+from tasks.worker import metrics
 from tests.fakes.anthropic_server import PROMPT_TOO_LONG, FakeAnthropic
 from tests.support import execute
 
@@ -75,6 +76,16 @@ def runtime(
     )
 
 
+def fallbacks_from(model: str) -> float:
+    """``digest_model_fallbacks_total{model}`` as this process counted it."""
+    [family] = metrics.FALLBACKS.collect()
+    return sum(
+        sample.value
+        for sample in family.samples
+        if sample.name == "digest_model_fallbacks_total" and sample.labels == {"model": model}
+    )
+
+
 def answered_by(runtime: Runtime, run_id: str) -> dict[str, str]:
     """The model each summary step's recorded answer names (a skipped item has none)."""
     view = inspect_run(runtime.journal, "digest", run_id)
@@ -89,10 +100,12 @@ def test_an_overloaded_primary_falls_back_and_the_journal_names_the_fallback(
     runtime: Runtime, fake_anthropic: FakeAnthropic
 ) -> None:
     fake_anthropic.fail_always(529, model=PRIMARY)
+    fell_back = fallbacks_from(PRIMARY)
 
     outcome = execute(runtime.journal, "digest", "w1", lambda run: run_digest(run, runtime))
 
     assert outcome.result["status"] == "sent"
+    assert fallbacks_from(PRIMARY) == fell_back + 3  # the metric: one per item given up on
     # Each item: five 529s from the primary, then one answer from the fallback; the opening.
     assert fake_anthropic.calls_per_model() == {PRIMARY: 3 * ATTEMPTS, FALLBACK: 3 + 1}
     assert answered_by(runtime, "w1") == dict.fromkeys(

@@ -1,0 +1,204 @@
+"""Degradation by a deadline (``DIGEST_DEGRADE_AT``), through the real SDK against the fake API.
+
+The run's deadline is frozen with its options at its first start. Until it passes, a failing
+model is retried as always; once it has, every item still without a model summary gets the
+offline summary (the body's first sentence), recorded with the reason in its step, so no
+later delivery decides again. A refused item stays skipped. The journal's clock is a manual
+one: the deadline passes when the test says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from journal import Journal, Keyspace, ManualClock, RunRetry, Settings
+from journal.errors import RetryScheduled
+from journal.ops.views import inspect_run
+from tasks.config import Config
+from tasks.errors import is_transient_failure
+from tasks.job.workflow import DigestOptions, run_digest
+from tasks.keys import DigestKeys
+from tasks.llm.client import AnthropicSummarizer
+from tasks.mail.smtp import FileOutbox
+from tasks.ops.cli.render import outcome_line, render_view, result_lines
+from tasks.ops.console import Names, create_app
+from tasks.runtime import Runtime
+from tasks.worker import metrics
+from tests.fakes.anthropic_server import PROMPT_TOO_LONG, FakeAnthropic
+from tests.support import execute
+
+ITEMS = [{"id": i, "title": f"Item {i}", "body": f"Body {i}. More {i}."} for i in ("a", "b", "c")]
+START = 1_800_000_000.0
+DEADLINE = START + 600  # ten minutes after the run's first start
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(START)
+
+
+@pytest.fixture
+def runtime(
+    real_redis: redis.Redis,
+    prefix: str,
+    tmp_path: Path,
+    fake_anthropic: FakeAnthropic,
+    clock: ManualClock,
+) -> Runtime:
+    """One model per call kind; a transient failure retried by the sweep an hour later."""
+    items = tmp_path / "items.json"
+    items.write_text(json.dumps(ITEMS), encoding="utf-8")
+    config = Config(
+        state_dir=tmp_path / "state",
+        items_path=str(items),
+        key_prefix=prefix,
+        concurrency=1,
+        retry_base_delay=0.01,
+    )
+    config.check()
+    retry = RunRetry(retryable=is_transient_failure, first_delay=3600, max_delay=3600)
+    settings = Settings(lease_ttl=2, run_retry=retry)
+    return Runtime(
+        config=config,
+        client=real_redis,
+        journal=Journal(real_redis, keyspace=Keyspace(prefix), settings=settings, clock=clock),
+        keys=DigestKeys(prefix),
+        summarizer=AnthropicSummarizer(
+            functools.partial(fake_anthropic.client, timeout=5.0),
+            config.summary_models[0],
+            config.intro_models[0],
+        ),
+        mailer=FileOutbox(tmp_path / "state" / "outbox"),
+    )
+
+
+def degraded_count(kind: str) -> float:
+    """``digest_degraded_items_total{kind}`` as this process counted it."""
+    [family] = metrics.DEGRADED.collect()
+    return sum(
+        sample.value
+        for sample in family.samples
+        if sample.name == "digest_degraded_items_total" and sample.labels == {"kind": kind}
+    )
+
+
+def deliver(runtime: Runtime, run_id: str) -> dict[str, Any]:
+    """One delivery of the run with its deadline frozen, as a worker's would be; its report."""
+    options = DigestOptions(degrade_at=DEADLINE)
+    outcome = execute(
+        runtime.journal,
+        "digest",
+        run_id,
+        lambda run: run_digest(run, runtime, options),
+        args={"degrade_at": DEADLINE},
+    )
+    assert isinstance(outcome.result, dict)
+    return outcome.result
+
+
+def test_a_run_retrying_past_the_deadline_is_due_at_the_deadline_then_sent_degraded(
+    runtime: Runtime, fake_anthropic: FakeAnthropic, clock: ManualClock, tmp_path: Path
+) -> None:
+    fake_anthropic.fail_when("Body b.", 400, message=PROMPT_TOO_LONG)  # refused: skipped
+    fake_anthropic.fail_when("Body c.", 529)  # overloaded until further notice
+    counted = {kind: degraded_count(kind) for kind in ("summary", "opening")}
+
+    with pytest.raises(RetryScheduled):
+        deliver(runtime, "w1")
+
+    view = inspect_run(runtime.journal, "digest", "w1")
+    assert view.status == "retrying"
+    assert int(view.meta["retry_at"]) == DEADLINE * 1000  # not an hour later: at the deadline
+    asked = fake_anthropic.calls
+    assert asked == 1 + 1 + 5  # a answered, b refused, c five times overloaded
+
+    clock.advance(DEADLINE - clock.now())
+    fake_anthropic.clear_faults()  # the API is back; the decision is the deadline's all the same
+    fake_anthropic.fail_when("Body b.", 400, message=PROMPT_TOO_LONG)
+    result = deliver(runtime, "w1")
+
+    assert fake_anthropic.calls == asked  # nothing asked after the deadline: c and the opening
+    assert result["status"] == "sent"
+    assert result["degraded"] == {
+        "offline": ["c"],
+        "of": 2,
+        "opening": True,
+        "deadline": DEADLINE,
+    }
+    assert [entry["id"] for entry in result["skipped"]] == ["b"]
+    view = inspect_run(runtime.journal, "digest", "w1")
+    c = view.step("summarize:c")
+    assert c is not None and c.result["model"] == "offline"
+    assert c.result["degraded"].startswith("the model had not answered by 2027-01-15 08:10:00 UTC")
+    a = view.step("summarize:a")
+    assert a is not None and a.result["model"] == "claude-haiku-5-5" and "degraded" not in a.result
+    [sent] = (tmp_path / "state" / "outbox").glob("*.json")
+    body = json.loads(sent.read_text())["body"]
+    assert "* Item c: Body c." in body
+    assert (
+        "Summarized offline (each update's first sentence), because the model API had not "
+        "answered by 2027-01-15 08:10:00 UTC: Item c; the opening paragraph too."
+    ) in body
+    assert outcome_line(view.meta).startswith("sent (degraded: 1 of 2 offline): 2 items")
+    assert (
+        result_lines(result).splitlines()[-1].startswith("sent (degraded: 1 of 2 offline): 2 items")
+    )
+    shown = render_view(view)
+    assert "[offline] Body c." in shown
+    assert "answered by claude-haiku-5-5 (1), offline (2)" in shown  # c and the opening
+    assert "deadline 2027-01-15 08:10:00 UTC (DIGEST_DEGRADE_AT)" in shown
+    page = create_app(runtime, Names.bound("127.0.0.1", 80)).test_client().get("/runs/w1")
+    console = page.get_data(as_text=True)
+    assert "Sent 2 items (degraded: 1 of 2 offline)" in console
+    assert "Summarized offline: Item c, and the opening paragraph" in console
+    assert "[claude-haiku-5-5] summary of Item a" in console  # the model of each item
+    assert "[offline] Body c." in console
+    assert degraded_count("summary") == counted["summary"] + 1  # c: the metric, by kind
+    assert degraded_count("opening") == counted["opening"] + 1
+
+
+def test_a_backoff_the_api_asks_past_the_deadline_wakes_at_the_deadline(
+    runtime: Runtime, fake_anthropic: FakeAnthropic, clock: ManualClock
+) -> None:
+    fake_anthropic.fail_always(529, headers={"retry-after": "1800"})  # half an hour, it says
+
+    outcome = execute(
+        runtime.journal,
+        "digest",
+        "w2",
+        lambda run: run_digest(run, runtime, DigestOptions(degrade_at=DEADLINE)),
+    )
+
+    assert outcome.status == "waiting"
+    assert outcome.wait is not None and outcome.wait.until == DEADLINE
+    assert fake_anthropic.calls == 1
+
+    clock.advance(DEADLINE - clock.now())
+    result = deliver(runtime, "w2")
+    assert fake_anthropic.calls == 1
+    assert result["degraded"] == {
+        "offline": ["a", "b", "c"],
+        "of": 3,
+        "opening": True,
+        "deadline": DEADLINE,
+    }
+
+
+def test_without_a_deadline_nothing_is_summarized_offline(
+    runtime: Runtime, fake_anthropic: FakeAnthropic, clock: ManualClock
+) -> None:
+    fake_anthropic.fail_when("Body c.", 529)
+
+    with pytest.raises(RetryScheduled):
+        execute(runtime.journal, "digest", "w3", lambda run: run_digest(run, runtime))
+    clock.advance(2 * 3600)  # past the time a deadline would have had, had there been one
+
+    with pytest.raises(RetryScheduled):
+        execute(runtime.journal, "digest", "w3", lambda run: run_digest(run, runtime))
+    assert fake_anthropic.calls_for("Body c.") == 10
