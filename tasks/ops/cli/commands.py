@@ -275,7 +275,7 @@ def fork_dry_run(runtime: Runtime, run_id: str, step: str) -> int:
     ran = ", ".join(fork.ran) or "nothing"
     print(
         f"dry run: a fork of {fork.run} from {step} would run {ran} ({fork.model_calls} model "
-        "calls made now); nothing was written or sent"
+        f"calls made now, {dollars(fork.cost_usd)}); nothing was written, sent or charged"
     )
     return EXIT_OK
 
