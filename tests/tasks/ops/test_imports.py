@@ -39,3 +39,18 @@ def test_a_reading_command_imports_nothing_it_does_not_use(
     done = deployment.cli(*args, env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert done.returncode == 0, done.stderr
     assert UNNEEDED & set(imported(done.stderr)) == set()
+
+
+def test_help_imports_no_command(deployment: Deployment) -> None:
+    # The commands bring the workflow, the runtime and the renderers: a third of what
+    # `digest --help` took beyond the floor, for a page the parser alone prints.
+    done = deployment.cli("--help", env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert done.returncode == 0, done.stderr
+    modules = {
+        line.rsplit("|", 1)[1].strip()
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+    assert (
+        modules & {"tasks.ops.cli.commands", "tasks.ops.cli.render", "tasks.job.workflow"} == set()
+    )
