@@ -207,7 +207,8 @@ def cmd_show(config: Config, run_id: str, args: argparse.Namespace) -> int:
         }
         print(redact(json.dumps(shown, indent=2, sort_keys=True)))
     else:
-        print(printable(redact(render_view(view, held, limits)), newlines=True))
+        text = render_view(view, held, limits, every_step=args.all)
+        print(printable(redact(text), newlines=True))
     return EXIT_OK
 
 
