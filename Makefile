@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 
 .PHONY: screenshots bench-console
-.PHONY: run test test-fast mutants mutmut coverage lint runtime install bench bench-throughput bench-timers bench-latency bench-limits bench-cost chaos chaos-ci stop clean
+.PHONY: run test test-fast mutants mutmut coverage lint runtime install bench bench-throughput bench-timers bench-latency bench-limits bench-cost bench-big-week chaos chaos-ci stop clean
 
 # Installing prints nothing when it works (pip and setuptools are chatty even when quiet);
 # when it fails, everything it printed, then one line saying so. `make run` needs the runtime
@@ -99,6 +99,10 @@ bench-limits: install
 # The same week synchronously and by Message Batches: cost at published prices, wall time.
 bench-cost: install
 	$(BIN)/python bench/cost.py
+
+# A week of 5,000 items offline and through the fake API at its rate limit.
+bench-big-week: install
+	$(BIN)/python bench/big_week.py
 
 # A million runs pending in the due index, two sweepers racing to claim the due ones.
 bench-timers: install

@@ -13,7 +13,7 @@ import os
 import shutil
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -28,7 +28,7 @@ from tasks.config import Config
 from tasks.errors import ModelNotConfigured, is_transient_failure
 from tasks.keys import DigestKeys
 from tasks.llm.batches import AnthropicBatches, NoBatches
-from tasks.llm.budget import Budget
+from tasks.llm.budget import Budget, StoreLedger, Tally
 from tasks.llm.client import AnthropicSummarizer, Completion, OfflineSummarizer, Summarizer
 from tasks.llm.prompts import Update
 from tasks.llm.ratelimit import LimitState, RateLimiter, account_of
@@ -99,13 +99,15 @@ def broker_url(config: Config) -> str:
 
 
 # A client that fails fast: a dead store surfaces as an error within seconds, not hangs.
-# No health-check PING and no CLIENT SETINFO: each cost a round trip on every new connection
-# (a run's model calls open several), and a connection the server dropped is reconnected
-# by the client's retry on the command that finds it gone.
+# No health-check PING, no CLIENT SETINFO and no HELLO (RESP2, which needs no handshake): each
+# cost a round trip on every new connection (a run's model calls in flight open one each),
+# and a connection the server dropped is reconnected by the client's retry on the command
+# that finds it gone. Nothing here reads a RESP3-only reply.
 CLIENT_OPTIONS: dict[str, Any] = {
     "socket_timeout": 5,
     "socket_connect_timeout": 3,
     "driver_info": None,
+    "protocol": 2,
 }
 
 
@@ -153,6 +155,8 @@ class Runtime:
     limiter: RateLimiter | None = None
     replaying: bool = False
     """A replay's runtime (``storeless``): it has no store, so no other run's state either."""
+    tally: Tally | None = None
+    """A rehearsal's runtime (``rehearsing``): its calls are counted here, not in the store."""
 
     def limit_states(self) -> list[LimitState]:
         """What the shared rate limiter knows of each model of both chains (none without a key)."""
@@ -176,7 +180,8 @@ class Runtime:
         config = self.config
         # A call may first wait up to the back-off threshold for rate-limit room, then run.
         longest = config.long_backoff + config.model_timeout
-        return Budget(self.client, config.max_cost_usd, config.prices, longest)
+        ledger = StoreLedger(self.client) if self.tally is None else self.tally
+        return Budget(ledger, config.max_cost_usd, config.prices, longest)
 
     @classmethod
     def build(cls, config: Config, *, allow_offline: bool) -> Runtime:
@@ -336,6 +341,26 @@ def use_runtime(runtime: Runtime) -> None:
     global _runtime
     with _runtime_lock:
         _runtime = runtime
+
+
+@contextlib.contextmanager
+def rehearsing(runtime: Runtime, tally: Tally) -> Iterator[Runtime]:
+    """Run this process's workflows with ``runtime`` counting its calls in ``tally``.
+
+    For a rehearsal that makes model calls (``digest fork --dry-run``): the budget is checked
+    as the fork would be, and what the calls cost is counted in memory, not in the run's usage
+    hash, which lasts and which the run's own calls draw on. The runtime installed before is
+    put back afterwards.
+    """
+    global _runtime
+    counted = replace(runtime, tally=tally)
+    with _runtime_lock:
+        before, _runtime = _runtime, counted
+    try:
+        yield counted
+    finally:
+        with _runtime_lock:
+            _runtime = before
 
 
 class _NoStore(redis.ConnectionPool):

@@ -821,6 +821,7 @@ LUA_TESTS: dict[str, tuple[str, ...]] = {
     ),
     "tasks/lua/budget_reserve.lua": (
         "tests/tasks/llm/test_budget_scripts.py",
+        "tests/tasks/llm/test_budget.py",
         "tests/tasks/job/test_batch_digest.py",
     ),
     "tasks/lua/budget_settle.lua": ("tests/tasks/llm/test_budget_scripts.py",),

@@ -155,20 +155,23 @@ def round_trips(client: Client, action: Callable[[], Any]) -> list[str]:
         # redis-py leaves monitor unannotated.
         with client.monitor() as monitor:  # type: ignore[no-untyped-call]
             ready.set()
-            recording = in_transaction = False
+            recording = False
+            # Per connection: another one's commands may come between a MULTI and its EXEC.
+            in_transaction: set[tuple[str, str]] = set()
             for command in monitor.listen():
                 text: str = command["command"]
+                client_id = (command.get("client_address", ""), command.get("client_port", ""))
                 if text == f"ECHO {start}":
                     recording = True
                 elif text == f"ECHO {end}":
                     return
                 elif recording and command["client_type"] != "lua":
                     if text == "MULTI":
-                        in_transaction = True
+                        in_transaction.add(client_id)
                         seen.append(text)
                     elif text == "EXEC":
-                        in_transaction = False
-                    elif not in_transaction:
+                        in_transaction.discard(client_id)
+                    elif client_id not in in_transaction:
                         seen.append(text)
 
     watcher = threading.Thread(target=watch, daemon=True)

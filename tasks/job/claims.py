@@ -68,15 +68,18 @@ def holdings(runtime: Runtime) -> dict[str, int]:
     return dict(Counter(text(holder) for holder in runtime.client.hvals(runtime.keys.claims)))
 
 
-def held_elsewhere(runtime: Runtime, owner: str) -> list[Held]:
+def held_elsewhere(runtime: Runtime, owner: str, seen: Seen | None = None) -> list[Held]:
     """The items runs other than ``owner`` hold, by run, each with its state.
 
     Read live for the run's report, never journaled: a replay, which has no store, reports none.
+    ``seen``, from ``mark_seen`` in this attempt, holds the claims as they were read then,
+    in the same round trip: they are not asked again.
     """
     if runtime.replaying:
         return []
     held = []
-    for run, count in sorted(holdings(runtime).items()):
+    now = holdings(runtime) if seen is None else seen.holdings
+    for run, count in sorted(now.items()):
         if run == owner:
             continue
         workflow, _, run_id = run.partition(":")
@@ -199,10 +202,24 @@ def release(runtime: Runtime, owner: str, ids: list[str]) -> bool:
     return True
 
 
-def mark_seen(runtime: Runtime, ids: list[str]) -> int:
-    """Add this digest's items to the seen set; returns how many items it now holds."""
+@dataclass(frozen=True)
+class Seen:
+    """What ``mark_seen`` found: how many items the seen set holds, and each run's claims."""
+
+    count: int
+    holdings: dict[str, int]
+
+
+def mark_seen(runtime: Runtime, ids: list[str]) -> Seen:
+    """Add this digest's items to the seen set, and read the claims left for the report.
+
+    The claims ride in the same transaction: the run's report names the items other runs hold,
+    and asking after the run's last step would cost it one more round trip.
+    """
     pipe = runtime.client.pipeline(transaction=True)
     pipe.sadd(runtime.keys.seen, *ids)
     pipe.hdel(runtime.keys.claims, *ids)  # seen now: the claim has done its work
     pipe.scard(runtime.keys.seen)
-    return int(pipe.execute()[-1])
+    pipe.hvals(runtime.keys.claims)
+    *_, count, holders = pipe.execute()
+    return Seen(int(count), dict(Counter(text(holder) for holder in holders)))

@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 from journal import Effect, Journal, Run, SignalResult, workflow
 from journal.events import emit
 from tasks.job import faults
-from tasks.job.claims import held_elsewhere, mark_seen, release, select_unseen
+from tasks.job.claims import Seen, held_elsewhere, mark_seen, release, select_unseen
 from tasks.job.items import Item
 from tasks.job.report import Degraded, draft_digest, draft_email, email_json, report
 from tasks.job.summarize import (
@@ -191,9 +191,15 @@ def run_digest(
     )
 
     # 5. Remember what this digest covered. A set union: safe to repeat.
-    run.step("mark-seen", lambda: mark_seen(runtime, [item.id for item, _ in kept]))
+    seen: list[Seen] = []  # what it found, when it ran in this attempt rather than replayed
+
+    def remember() -> int:
+        seen.append(mark_seen(runtime, [item.id for item, _ in kept]))
+        return seen[0].count
+
+    run.step("mark-seen", remember)
     run.step("done", lambda: release(runtime, owner, [entry["id"] for entry in skipped]))
-    held = held_elsewhere(runtime, owner)
+    held = held_elsewhere(runtime, owner, seen[0] if seen else None)
     return report(
         "sent", len(kept), calls, skipped=skipped, receipt=receipt, held=held, degraded=degraded
     )

@@ -13,29 +13,37 @@ reckons).
 A call that does not fit while others are in flight waits for them to settle (they usually
 cost far less than they reserved), then asks again; one that does not fit even if they cost
 nothing stops the run with ``BudgetExceeded``. A reservation nobody settles (its process died
-mid-call) lapses after the call's time limit and a margin.
+mid-call) lapses after the call's time limit and a margin, unless its process is proved gone
+sooner: each reservation records its process (``journal.ProcessIdentity``), and a call that
+finds no room asks whether the holders of the others still exist; the money of one that is
+provably gone (on this host: no such process, a zombie, a reused pid) is returned at once, as
+the journal hands a dead holder's lease over at once.
 
 A Message Batch is reserved as a whole before it is created (``reserve_batch``: its
 requests' estimates at batch prices, under the creation's name, held until the batch could
 have expired), and settled once from its results' journaled costs (``settle_batch``, which a
 replay repeats harmlessly). Its items asked synchronously after all reserve call by call.
 
-The spend lives in the run's usage hash, started from the journal's recorded costs the first
-time a run reserves (a run begun before the hash existed, or a fork, counts what its journal
-already paid for), then counted call by call: a call made again after a crash is paid again.
+The spend lives in the run's usage hash (``StoreLedger``), started from the journal's recorded
+costs the first time a run reserves (a run begun before the hash existed, or a fork, counts
+what its journal already paid for), then counted call by call: a call made again after a crash
+is paid again. A rehearsal (``digest fork --dry-run``) counts in a ``Tally`` in memory instead:
+its calls are checked against the budget the fork would have and their cost is reported, but
+nothing that lasts is charged, so previews never use up the run's budget.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import cast
+from dataclasses import dataclass, field
+from typing import Protocol, cast
 
-from journal import Client, Record, RunKeys
+from journal import Client, ProcessIdentity, Record, RunKeys
 from tasks.config.prices import PriceTable
 from tasks.llm.cost import BudgetExceeded, is_call
 from tasks.scripts import script
@@ -53,6 +61,146 @@ def _nanodollars(amount: float) -> int:
     return math.ceil(amount * NANO)
 
 
+def journaled_spend(run: str, steps: Mapping[bytes, bytes] | Mapping[str, bytes]) -> float:
+    """The cost of every call a run's steps hash records (where a run's spend starts)."""
+    total = 0.0
+    for key, raw in steps.items():
+        result = Record.decode(run, key if isinstance(key, str) else key.decode(), raw).result
+        if is_call(result) and result.get("cost_usd") is not None:
+            total += float(result["cost_usd"])
+    return total
+
+
+class Ledger(Protocol):
+    """Where a budget keeps its spend and its holds, in nanodollars."""
+
+    def reserve(
+        self, usage: str, hold: str, amount: int, limit: int | None, lapse_ms: int, seed: str
+    ) -> tuple[int, int]:
+        """Hold ``amount`` as ``hold`` if it fits ``limit``: (status, spent), as the script's."""
+        ...
+
+    def settle(self, usage: str, hold: str, cost: int) -> None:
+        """Let go of ``hold`` and count ``cost`` as spent."""
+        ...
+
+    def settle_batch(self, usage: str, step: str, cost: int) -> bool:
+        """Turn the holds of ``step``'s batches into ``cost`` spent, once; whether it did."""
+        ...
+
+
+class StoreLedger:
+    """The run's usage hash: shared by every process working on the run, lasting with it."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self._reserve = script(client, "budget_reserve")
+        self._settle = script(client, "budget_settle")
+
+    def reserve(
+        self, usage: str, hold: str, amount: int, limit: int | None, lapse_ms: int, seed: str
+    ) -> tuple[int, int]:
+        """One reservation script; when it finds no room, again without holders proved gone."""
+        assert limit is not None, "the store counts only under a budget"
+        me = ProcessIdentity.current()
+        args: list[str | int | bytes] = [hold, amount, limit, lapse_ms, seed, me.encode()]
+        status, spent, _ = self._reserve(keys=[usage], args=args)
+        if int(status) == 0:
+            gone = self._gone_holds(usage, me)
+            if gone:
+                status, spent, _ = self._reserve(keys=[usage], args=[*args, *gone])
+        return int(status), int(spent)
+
+    def _gone_holds(self, usage: str, me: ProcessIdentity) -> list[bytes]:
+        """The values of the holds whose processes ``me`` can prove have ended.
+
+        Read only when a call finds no room: a run that fits its budget never pays for it.
+        The script drops a hold only while it still has the value read here, so a hold taken
+        over meanwhile (a batch's, reserved again under its name by a live process) stays.
+        """
+        held = cast(dict[bytes, bytes], self.client.hgetall(usage))
+        gone = []
+        for name, value in held.items():
+            parts = value.split(b":", 2)
+            if name.startswith(b"r:") and len(parts) == 3:
+                holder = ProcessIdentity.decode(parts[2])
+                if holder is not None and holder.provably_gone(me):
+                    gone.append(value)
+        return gone
+
+    def settle(self, usage: str, hold: str, cost: int) -> None:
+        """Drop the hold and count the cost in one transaction."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hdel(usage, f"r:{hold}")
+        pipe.hincrby(usage, "spent", cost)
+        pipe.execute()
+
+    def settle_batch(self, usage: str, step: str, cost: int) -> bool:
+        """``budget_settle.lua``: once per step, and only over holds of its batches."""
+        return bool(int(self._settle(keys=[usage], args=[step, f"batch-{step}-", cost])))
+
+
+@dataclass
+class Tally:
+    """A rehearsal's ledger, in this process only, reported and then forgotten.
+
+    Attributes:
+        spent: what the rehearsed run has spent, nanodollars: its kept steps' calls, then
+            the rehearsal's.
+        charged: what the rehearsal's own calls cost, nanodollars.
+    """
+
+    spent: int
+    charged: int = 0
+    holds: dict[str, int] = field(default_factory=dict)
+    settled: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def starting_at(cls, dollars: float) -> Tally:
+        """A tally whose run has spent ``dollars`` already."""
+        return cls(_nanodollars(dollars))
+
+    @property
+    def charged_usd(self) -> float:
+        """What the rehearsal's calls cost, in dollars."""
+        return self.charged / NANO
+
+    def reserve(
+        self, usage: str, hold: str, amount: int, limit: int | None, lapse_ms: int, seed: str
+    ) -> tuple[int, int]:
+        """The script's answer, from memory: nothing lapses, every hold is this process's."""
+        with self.lock:
+            others = sum(held for name, held in self.holds.items() if name != hold)
+            if limit is not None and self.spent + amount > limit:
+                return -1, self.spent
+            if limit is not None and self.spent + others + amount > limit:
+                return 0, self.spent
+            self.holds[hold] = amount
+            return 1, self.spent
+
+    def settle(self, usage: str, hold: str, cost: int) -> None:
+        """Count the cost, in memory."""
+        with self.lock:
+            self.holds.pop(hold, None)
+            self.spent += cost
+            self.charged += cost
+
+    def settle_batch(self, usage: str, step: str, cost: int) -> bool:
+        """As ``budget_settle.lua`` does: once per step, and only over holds of its batches."""
+        prefix = f"batch-{step}-"
+        with self.lock:
+            held = [name for name in self.holds if name.startswith(prefix)]
+            if step in self.settled or not held:
+                return False
+            for name in held:
+                del self.holds[name]
+            self.settled.add(step)
+            self.spent += cost
+            self.charged += cost
+            return True
+
+
 @dataclass
 class Reservation:
     """One call's hold on the budget; ``settle`` replaces it with what the call cost."""
@@ -66,18 +214,16 @@ class Reservation:
     def settle(self, cost: float) -> None:
         """Count ``cost`` as spent and let go of the hold (its estimate)."""
         self.settled = True
-        pipe = self.budget.client.pipeline(transaction=True)
-        pipe.hdel(self.usage_key, f"r:{self.id}")
-        pipe.hincrby(self.usage_key, "spent", _nanodollars(cost))
-        pipe.execute()
+        self.budget.ledger.settle(self.usage_key, self.id, _nanodollars(cost))
 
 
 class Budget:
-    """The budget of every run in this process: one limit, one price table, one store.
+    """The budget of every run in this process: one limit, one price table, one ledger.
 
     Args:
-        client: the journal's store (the usage hash lives in the run's slot).
-        limit: ``DIGEST_MAX_COST_USD``; None reserves nothing.
+        ledger: where the spend and the holds are kept: the run's usage hash
+            (``StoreLedger``), or a rehearsal's ``Tally``.
+        limit: ``DIGEST_MAX_COST_USD``; None reserves nothing (a tally still counts).
         prices: the table estimates are priced with.
         call_timeout: how long one call may take, its wait for rate-limit room included, so
             a reservation lapses after it.
@@ -86,19 +232,19 @@ class Budget:
 
     def __init__(
         self,
-        client: Client,
+        ledger: Ledger,
         limit: float | None,
         prices: PriceTable,
         call_timeout: float,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.client = client
+        self.ledger = ledger
         self.limit = limit
         self.prices = prices
         self.lapse_ms = int((call_timeout + LAPSE_MARGIN_S) * 1000)
         self._sleep = sleep
-        self._reserve = script(client, "budget_reserve")
-        self._settle = script(client, "budget_settle")
+        # A tally counts with no limit too: a rehearsal reports what its calls cost.
+        self.counting = limit is not None or isinstance(ledger, Tally)
 
     def estimate(
         self, model: str, input_tokens: int, max_tokens: int, *, batch: bool = False
@@ -117,7 +263,7 @@ class Budget:
         Raises:
             BudgetExceeded: the batch does not fit even if every call in flight is free.
         """
-        if self.limit is None:
+        if not self.counting:
             return
         held = Reservation(self, keys.usage, name, estimate)
         self._wait_for_room(keys, name, held, lapse_ms=int(BATCH_LAPSE_S * 1000))
@@ -131,10 +277,9 @@ class Budget:
         Returns:
             Whether it settled now (False: settled before, nothing held, or no budget).
         """
-        if self.limit is None:
+        if not self.counting:
             return False
-        reply = self._settle(keys=[keys.usage], args=[step, f"batch-{step}-", _nanodollars(cost)])
-        return bool(int(reply))
+        return self.ledger.settle_batch(keys.usage, step, _nanodollars(cost))
 
     @contextmanager
     def hold(self, keys: RunKeys, step: str, estimate: float) -> Iterator[Reservation | None]:
@@ -149,7 +294,7 @@ class Budget:
         Raises:
             BudgetExceeded: the estimate does not fit even if every call in flight is free.
         """
-        if self.limit is None:
+        if not self.counting:
             yield None
             return
         reservation = Reservation(self, keys.usage, uuid.uuid4().hex, estimate)
@@ -163,23 +308,21 @@ class Budget:
     def _wait_for_room(
         self, keys: RunKeys, step: str, reservation: Reservation, lapse_ms: int | None = None
     ) -> None:
-        assert self.limit is not None
+        limit = None if self.limit is None else int(self.limit * NANO)
         seed = ""
         while True:
-            status, spent, _ = self._reserve(
-                keys=[keys.usage],
-                args=[
-                    reservation.id,
-                    _nanodollars(reservation.amount),
-                    int(self.limit * NANO),
-                    self.lapse_ms if lapse_ms is None else lapse_ms,
-                    seed,
-                ],
+            status, spent = self.ledger.reserve(
+                keys.usage,
+                reservation.id,
+                _nanodollars(reservation.amount),
+                limit,
+                self.lapse_ms if lapse_ms is None else lapse_ms,
+                seed,
             )
             if status == 1:
                 return
-            if status == -1:
-                raise BudgetExceeded(keys.run, int(spent) / NANO, self.limit, step)
+            if status == -1 and self.limit is not None:
+                raise BudgetExceeded(keys.run, spent / NANO, self.limit, step)
             if status == -2:
                 seed = str(_nanodollars(self.recorded_spend(keys)))
             elif status == 0:
@@ -189,8 +332,6 @@ class Budget:
 
     def recorded_spend(self, keys: RunKeys) -> float:
         """The cost of every call the run's journal records (the start of its usage hash)."""
-        steps = cast(dict[bytes, bytes], self.client.hgetall(keys.steps)).items()
-        results = [Record.decode(keys.run, key.decode(), raw).result for key, raw in steps]
-        return sum(
-            float(r["cost_usd"]) for r in results if is_call(r) and r.get("cost_usd") is not None
-        )
+        assert isinstance(self.ledger, StoreLedger), "a tally starts from its own spend"
+        steps = cast(dict[bytes, bytes], self.ledger.client.hgetall(keys.steps))
+        return journaled_spend(keys.run, steps)

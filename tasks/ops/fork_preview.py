@@ -10,7 +10,10 @@ and mark-seen) replayed in memory (``journal.testing.Recording``):
   included) into a scratch journal that lives in this process only.
 
 Nothing is written to Redis or sent: the steps the fork runs only read the store (the seen
-set, the claims), and an effect is never reached in memory. The fork keeps the run's id, so
+set, the claims), an effect is never reached in memory, and the fork's model calls are held
+against the budget (``DIGEST_MAX_COST_USD``) in a tally of this process, started from what
+the kept steps paid for, rather than in the run's usage hash: a preview's cost is reported,
+and charged to nothing that lasts. The fork keeps the run's id, so
 the two emails differ only where the fork's steps answered differently.
 """
 
@@ -23,7 +26,8 @@ from typing import Any
 from journal.errors import ControlRefused, JournalError
 from journal.testing import Frontier, Recording, RunOn, StopAtFrontier
 from tasks.job.workflow import digest, preview
-from tasks.runtime import Runtime
+from tasks.llm.budget import Tally, journaled_spend
+from tasks.runtime import Runtime, rehearsing
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,7 @@ class ForkPreview:
         forked: the email the fork would send.
         ran: the steps the fork ran for real, in the order they finished.
         model_calls: how many of them called the model.
+        cost_usd: what those calls cost.
     """
 
     run: str
@@ -44,6 +49,7 @@ class ForkPreview:
     forked: dict[str, str]
     ran: tuple[str, ...]
     model_calls: int
+    cost_usd: float
 
     def diff(self) -> str:
         """The two emails as a unified diff; empty when they are the same."""
@@ -72,15 +78,17 @@ def preview_fork(runtime: Runtime, run_id: str, step: str) -> ForkPreview:
         original = _email(recording.replay(preview, policy=StopAtFrontier(), clock=clock).result)
     except Frontier:
         original = None  # it stopped before composing: there is no email to compare with
+    tally = Tally.starting_at(journaled_spend(run, kept.steps))
     try:
-        fork = kept.replay(preview, policy=RunOn(), clock=clock)
+        with rehearsing(runtime, tally):
+            fork = kept.replay(preview, policy=RunOn(), clock=clock)
     except Frontier as stopped:
         raise ControlRefused(run, f"a fork from {step!r} stops at {stopped.key!r}") from None
     forked = _email(fork.result)
     if forked is None:
         raise ControlRefused(run, f"a fork from {step!r} sends no email ({fork.result})")
     calls = fork.result.get("model_calls", 0) if isinstance(fork.result, dict) else 0
-    return ForkPreview(run, step, original, forked, fork.ran, int(calls))
+    return ForkPreview(run, step, original, forked, fork.ran, int(calls), tally.charged_usd)
 
 
 def recorded_email(runtime: Runtime, run_id: str) -> dict[str, str] | None:

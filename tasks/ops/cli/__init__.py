@@ -27,15 +27,16 @@ from journal.logs import redact, redact_logging
 from tasks.config import Config
 from tasks.errors import BadInput, DigestError
 from tasks.job.weeks import iso_week_run_id
-from tasks.job.workflow import digest
-from tasks.ops.cli.commands import COMMANDS
 from tasks.ops.cli.parser import EXIT_BUSY, EXIT_FAILED, EXIT_USAGE, build_parser
-from tasks.ops.cli.render import printable
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``digest`` command."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)  # --help and usage errors end here
+    # Imported once the arguments are known: the commands bring the workflow, the runtime and
+    # the renderers, a third of a second that `digest --help` has no use for.
+    from tasks.ops.cli.commands import COMMANDS
+
     redact_logging()  # the journal's warnings, printed by logging's last-resort handler
     try:
         config = Config.from_env()
@@ -67,12 +68,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
 
 
+def printable(text: str) -> str:
+    """``render.printable``, imported when there is something to print: not for ``--help``."""
+    from tasks.ops.cli.render import printable as safe
+
+    return safe(text)
+
+
 def run_id_of(given: str) -> str:
     """The run id of ``given``, which may be as listings print it (``digest:2026-w42``).
 
     Raises:
         BadInput: ``given`` names a run of another workflow.
     """
+    from tasks.job.workflow import digest  # with the commands, after the arguments
+
     workflow, colon, run_id = given.rpartition(":")
     if colon and workflow != digest.name:
         raise BadInput(

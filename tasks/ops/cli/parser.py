@@ -88,6 +88,9 @@ def _add_reading(sub: Subparsers) -> None:
     show.add_argument(
         "--json", action="store_true", help=f"typed JSON, schema {SHOW_SCHEMA} (docs/operations.md)"
     )
+    show.add_argument(
+        "--all", action="store_true", help="every step (a long run lists its first and last 20)"
+    )
 
     runs = sub.add_parser("runs", help="the most recently updated runs, a page at a time")
     runs.add_argument("--status", choices=STATES, help="only runs in this state (default: all)")

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from journal import Record, Wait
 from journal.logs import redact
 from journal.ops.views import RunView
-from journal.testing.preflight import Verdict
 from tasks.job.claims import MAYBE_SENT, STUCK, Held
 from tasks.job.report import (
     answered_by,
@@ -31,6 +31,9 @@ from tasks.llm.cost import Usage, dollars, is_call, is_completion, usage_of
 from tasks.llm.prompts import PROMPTS
 from tasks.llm.ratelimit import LimitState
 from tasks.ops.cli.parser import SHOW_SCHEMA
+
+if TYPE_CHECKING:  # the replay machinery is check-replay's alone: not imported to show a run
+    from journal.testing.preflight import Verdict
 
 # Every C0 and C1 control character but tab (and newline, where a text may span lines).
 _CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
@@ -128,15 +131,24 @@ def _when_ms(meta: Mapping[str, str], name: str) -> str:
     return utc(int(raw) / 1000) if raw.isdigit() else f"unknown ({name}={raw!r})"
 
 
-def render_view(view: RunView, held: int = 0, limits: Sequence[LimitState] = ()) -> str:
+# A run longer than this shows its first and last steps, the rest counted in one line: a
+# week of thousands of items would otherwise print thousands of lines before its totals.
+STEPS_SHOWN = 40
+
+
+def render_view(
+    view: RunView, held: int = 0, limits: Sequence[LimitState] = (), *, every_step: bool = False
+) -> str:
     """``digest show``: the run's state, its steps with their usage, and a draft awaiting approval.
 
     ``held`` is how many items the run holds; ``limits`` the model API's rate limits as last
-    stated, shared by every process on the key, not the run's own.
+    stated, shared by every process on the key, not the run's own. A run of more than
+    ``STEPS_SHOWN`` steps lists its first and last steps and sums up the ones between, unless
+    ``every_step``.
     """
     usage = usage_of(record.result for record in view.steps)
     lines = _state_lines(view, held)
-    lines += _step_lines(view, usage, limits)
+    lines += _step_lines(view, usage, limits, every_step)
     lines += _draft_lines(view)
     return "\n".join(lines)
 
@@ -190,7 +202,9 @@ def _state_lines(view: RunView, held: int) -> list[str]:
     return lines
 
 
-def _step_lines(view: RunView, usage: Usage, limits: Sequence[LimitState]) -> list[str]:
+def _step_lines(
+    view: RunView, usage: Usage, limits: Sequence[LimitState], every_step: bool
+) -> list[str]:
     """The cache and the rate limits, then a line per step, then what the run used in all."""
     lines = [
         f"cache    hit ratio {usage.cache_hit_ratio:.2f} ({usage.cache_read_tokens} prompt "
@@ -200,11 +214,13 @@ def _step_lines(view: RunView, usage: Usage, limits: Sequence[LimitState]) -> li
     lines.extend(f"{'limits' if n == 0 else '':8} {state.line()}" for n, state in enumerate(limits))
     lines.append("")
     lines.append(f"{'step':22} {'finished':23} {'try':>3} {'usage':>13} {'cost':>9}  result")
-    for record in view.steps:
-        lines.append(
-            f"{record.key:22} {utc(record.finished_at / 1000):23} {record.attempt:>3} "
-            f"{_usage(record.result):>13} {_cost(record.result):>9}  {_result_text(record)}"
-        )
+    steps, half = view.steps, STEPS_SHOWN // 2
+    if every_step or len(steps) <= STEPS_SHOWN:
+        lines += [_step_line(record) for record in steps]
+    else:
+        lines += [_step_line(record) for record in steps[:half]]
+        lines.append(_hidden_line(view.run, steps[half:-half]))
+        lines += [_step_line(record) for record in steps[-half:]]
     lines += _prompt_lines(view)
     unpriced = f" ({usage.unpriced} calls unpriced)" if usage.unpriced else ""
     offline = f" ({usage.offline} offline summaries)" if usage.offline else ""
@@ -215,6 +231,28 @@ def _step_lines(view: RunView, usage: Usage, limits: Sequence[LimitState]) -> li
         f"{dollars(usage.cost_usd)}{unpriced}"
     )
     return lines
+
+
+def _step_line(record: Record) -> str:
+    return (
+        f"{record.key:22} {utc(record.finished_at / 1000):23} {record.attempt:>3} "
+        f"{_usage(record.result):>13} {_cost(record.result):>9}  {_result_text(record)}"
+    )
+
+
+def _hidden_line(run: str, hidden: Sequence[Record]) -> str:
+    """The steps a long run's listing leaves out, counted by kind, with the way to see them."""
+    kinds = Counter(record.key.split(":", 1)[0] for record in hidden)
+    counted = ", ".join(f"{count} {kind}" for kind, count in kinds.most_common())
+    retried = sum(1 for record in hidden if record.attempt > 1)
+    failed = sum(1 for r in hidden if isinstance(r.result, dict) and "error" in r.result)
+    notes = "".join(
+        f", {count} {what}" for count, what in ((retried, "retried"), (failed, "skipped")) if count
+    )
+    run_id = run.partition(":")[2]
+    return (
+        f"{'...':22} {len(hidden)} steps not shown ({counted}{notes}): digest show {run_id} --all"
+    )
 
 
 def _draft_lines(view: RunView) -> list[str]:

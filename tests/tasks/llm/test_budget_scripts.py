@@ -33,8 +33,19 @@ def fields(store: redis.Redis, key: str) -> dict[str, str]:
     return {as_text(k): as_text(v) for k, v in store.hgetall(key).items()}
 
 
-def reserve(store: redis.Redis, usage: str, hold: str, amount: int, seed: str = "") -> list[int]:
-    reply = script(store, "budget_reserve")(keys=[usage], args=[hold, amount, BUDGET, 60_000, seed])
+HOLDER = '{"pid":7}'  # the reserving process, as the script keeps it: opaque to it
+
+
+def reserve(
+    store: redis.Redis,
+    usage: str,
+    hold: str,
+    amount: int,
+    seed: str = "",
+    gone: tuple[str, ...] = (),
+) -> list[int]:
+    args: list[str | int] = [hold, amount, BUDGET, 60_000, seed, HOLDER, *gone]
+    reply = script(store, "budget_reserve")(keys=[usage], args=args)
     return [int(part) for part in reply]
 
 
@@ -72,9 +83,25 @@ def test_live_holds_but_the_callers_own_count_and_lapsed_ones_go(
     held = fields(store, usage)
     assert sorted(held) == ["r:live", "r:mine", "settled:step-1", "spent"]
     assert held["r:live"] == f"200:{now + 60_000}"
-    amount, expiry = held["r:mine"].split(":")
-    assert amount == "70"
+    amount, expiry, holder = held["r:mine"].split(":", 2)
+    assert (amount, holder) == ("70", HOLDER)
     assert now + 60_000 <= int(expiry) <= server_ms(store) + 60_000
+
+
+def test_holds_proved_gone_go_whatever_their_expiry_and_only_with_the_value_read(
+    store: redis.Redis, usage: str
+) -> None:
+    later = server_ms(store) + 60_000
+    dead, live = f'300:{later}:{{"pid":1}}', f'200:{later}:{{"pid":2}}'
+    store.hset(usage, mapping={"spent": 500, "r:dead": dead, "r:live": live})
+
+    # Proved gone, but under a value no hold has any more (taken over meanwhile): it stays.
+    assert reserve(store, usage, "call", 301, gone=(f'300:{later}:{{"pid":3}}',)) == [0, 500, 500]
+    assert sorted(fields(store, usage)) == ["r:dead", "r:live", "spent"]
+    # With the value read, the dead hold's money comes back and the call is held at once.
+    assert reserve(store, usage, "call", 300, gone=(dead,)) == [1, 500, 500]
+    assert sorted(fields(store, usage)) == ["r:call", "r:live", "spent"]
+    assert fields(store, usage)["r:live"] == live
 
 
 def test_a_call_that_fits_only_once_holds_settle_waits_and_one_that_never_fits_stops(

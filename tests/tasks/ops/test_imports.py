@@ -39,3 +39,28 @@ def test_a_reading_command_imports_nothing_it_does_not_use(
     done = deployment.cli(*args, env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert done.returncode == 0, done.stderr
     assert UNNEEDED & set(imported(done.stderr)) == set()
+
+
+def modules(stderr: str) -> set[str]:
+    """Every module a process imported, from its ``-X importtime`` report."""
+    return {
+        line.rsplit("|", 1)[1].strip()
+        for line in stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+
+
+def test_help_imports_no_command(deployment: Deployment) -> None:
+    # The commands bring the workflow, the runtime and the renderers: a third of what
+    # `digest --help` took beyond the floor, for a page the parser alone prints.
+    done = deployment.cli("--help", env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert done.returncode == 0, done.stderr
+    commands = {"tasks.ops.cli.commands", "tasks.ops.cli.render", "tasks.job.workflow"}
+    assert modules(done.stderr) & commands == set()
+
+
+def test_show_imports_no_replay_machinery(deployment: Deployment) -> None:
+    assert deployment.cli("run", RUN).returncode == 0
+    done = deployment.cli("show", RUN, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert done.returncode == 0, done.stderr
+    assert {m for m in modules(done.stderr) if m.startswith("journal.testing")} == set()

@@ -8,6 +8,7 @@ The fake API is set up before the deployment, which copies the environment it po
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import redis
 from journal.testing import replay
 from journal.testing.fixture import Fixture
 from tasks.job.workflow import digest, preview
+from tasks.llm.cost import is_call
 from tasks.llm.prompts import INTRO_PROMPT
 from tasks.runtime import storeless
 from tests.fakes.anthropic_server import FakeAnthropic
@@ -68,7 +70,7 @@ def test_an_exported_run_replays_here_with_no_model_call_and_the_same_email(
     assert drafted.result["email"] == sent(deployment)
 
 
-COMPOSE = '"compose", lambda: compose(runtime, run, kept, calls, walk.chain), retry=walk.policy'
+COMPOSE = '"compose",\n            lambda: compose(runtime, run, kept, calls, walk.chain, deadline),'
 RENAMED = COMPOSE.replace('"compose"', '"compose-intro"')
 GATED = COMPOSE.replace(
     '"compose"', '"compose-intro" if run.version("intro-step", 1) >= 1 else "compose"'
@@ -149,13 +151,44 @@ def test_a_dry_run_fork_prints_its_email_beside_the_runs_and_writes_nothing(
         fork.stdout
     )
     assert "+A new opening, from a new prompt.\n" in fork.stdout
-    assert lines[-1] == (
-        f"dry run: a fork of digest:{RUN} from compose would run compose (1 model calls made "
-        "now); nothing was written or sent"
+    assert re.fullmatch(
+        rf"dry run: a fork of digest:{RUN} from compose would run compose \(1 model calls made "
+        r"now, \$0\.\d{4}\); nothing was written, sent or charged",
+        lines[-1],
     )
     assert rewritten.calls == 1 and fake_anthropic.calls == 9
     assert everything(client) == before  # no scratch journal left, no claim, no seen item
     assert deployment.outbox() == outbox
+
+
+def test_dry_run_forks_under_a_budget_charge_nothing_that_lasts(
+    fake_anthropic: FakeAnthropic, deployment: Deployment
+) -> None:
+    assert deployment.cli("run", RUN).returncode == 0
+    client = deployment.client()
+    before = everything(client)
+    calls = [r.result for r in deployment.view(RUN).steps if is_call(r.result)]
+    spent = sum(float(call["cost_usd"]) for call in calls)
+    # A thousand-word opening costs about what the fork's call holds (~$0.017: max_tokens at
+    # the intro model's output price): the budget has room for one such call beyond what the
+    # run spent, not two. Previews charged to the run would be refused from the second on.
+    budget = {"DIGEST_MAX_COST_USD": f"{spent + 0.025:.6f}"}
+    verbose = FakeAnthropic(reply=lambda request: " ".join(["word"] * 1000)).start()
+    try:
+        env = verbose.env() | budget
+        previews = [
+            deployment.cli("fork", RUN, "--from", "compose", "--dry-run", env=env) for _ in range(3)
+        ]
+    finally:
+        verbose.stop()
+
+    assert [fork.returncode for fork in previews] == [0, 0, 0], previews[-1].stderr
+    assert verbose.calls == 3
+    lines = {fork.stdout.splitlines()[-1] for fork in previews}
+    assert len(lines) == 1, lines  # the same cost each time: nothing accumulated
+    (line,) = lines
+    assert re.search(r"made now, \$0\.01\d\d\); nothing was written, sent or charged$", line)
+    assert everything(client) == before  # no usage hash, with or without an expiry
 
 
 def test_show_names_the_model_steps_recorded_under_another_prompt_version(
