@@ -144,7 +144,8 @@ class Runner:
     ) -> Outcome:
         """One delivery of ``keys``'s run (see ``Journal.execute``), in its span when traced."""
         with tracing.delivery(keys.workflow, keys.run_id) as traced:
-            outcome = self._execute(keys, body, args, on_step, delivered, traced)
+            opening = self._opening(args, delivered, traced.context)
+            outcome = self._execute(keys, body, on_step, opening, traced)
             status = outcome_of(outcome.result) if outcome.status == "done" else ""
             traced.ended(outcome.status, status, outcome.ran, outcome.replayed)
             return outcome
@@ -153,13 +154,11 @@ class Runner:
         self,
         keys: RunKeys,
         body: Callable[[Run], R],
-        args: dict[str, Any] | None,
         on_step: Callable[[StepEvent], None] | None,
-        delivered: bool,
+        opening: Opening,
         traced: tracing.Delivery,
     ) -> Outcome:
         lease = self._lease(keys)
-        opening = self._opening(args, delivered, traced.context)
         taken = lease.open(millis(self.clock.now()), opening)
         if isinstance(taken, Found):
             return self._found(keys, taken)
@@ -170,7 +169,7 @@ class Runner:
             traced.opened(
                 fence=grant.fence,
                 attempt=current.count("starts") + 1,  # as it was before this start counted
-                delivery=current.count("deliveries") if delivered else 0,
+                delivery=current.count("deliveries") if opening.count_delivery else 0,
                 first=current.get("trace"),
             )
             created = current.created(self.clock.now())
@@ -184,7 +183,7 @@ class Runner:
             # As it was before the start cleared it: a retry wait carries its attempt count.
             waited = current.wait
             run, heartbeat = self._open(keys, grant, on_step, lease, waited)
-            run.args = dict(frozen if frozen is not None else args or {})
+            run.args = dict(frozen if frozen is not None else opening.args or {})
         except BaseException:
             lease.release(grant.holder)
             raise
@@ -202,7 +201,7 @@ class Runner:
         return Opening(
             max_stalled_starts=self.settings.max_stalled_starts,
             due_at_ms=self._due_ms(),
-            args=b"" if args is None else codec.dumps(args),
+            args=args,
             count_delivery=delivered,
             trace=trace,
         )

@@ -29,6 +29,7 @@ from typing import Any, Protocol, TypeVar, cast
 import redis
 
 from journal._redis.scripts import Client, KeyOrArg, Scripts
+from journal._schema import codec
 from journal._schema.keys import Keyspace, RunKeys
 from journal.errors import (
     Hints,
@@ -244,7 +245,7 @@ class Opening:
     Attributes:
         max_stalled_starts: starts that died without recording anything before parking.
         due_at_ms: when the run is due again should this holder die (lease expiry + grace).
-        args: the run's arguments as JSON, frozen unless an earlier start froze some.
+        args: the run's arguments, frozen unless an earlier start froze some; None for none.
         count_delivery: count this start in ``meta.deliveries`` (a queue delivered it).
         trace: this delivery's trace context (``journal.tracing``), kept in ``meta.trace``
             by the first delivery traced; "" when tracing is off (nothing is written).
@@ -252,7 +253,7 @@ class Opening:
 
     max_stalled_starts: int
     due_at_ms: int
-    args: bytes
+    args: dict[str, Any] | None
     count_delivery: bool = False
     trace: str = ""
 
@@ -506,7 +507,8 @@ class RedisBackend:
         if opening is not None:
             run_keys += [keys.index.runs, keys.index.due]
             args += [opening.max_stalled_starts, opening.due_at_ms, keys.run]
-            args += [keys.workflow, keys.run_id, opening.args]
+            frozen = b"" if opening.args is None else codec.dumps(opening.args)
+            args += [keys.workflow, keys.run_id, frozen]
             args += ["1" if opening.count_delivery else "", opening.trace]
         reply = self.scripts.open(keys=run_keys, args=args)
         status = code("open", reply, Opened)

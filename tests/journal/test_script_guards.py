@@ -117,7 +117,7 @@ def test_a_start_reads_back_only_the_meta_fields_its_caller_reads(
             "note": "caf\u00e9",  # not ASCII: read back, for the caller to check it is UTF-8
         },
     )
-    opening = Opening(max_stalled_starts=5, due_at_ms=LIVE, args=b"")
+    opening = Opening(max_stalled_starts=5, due_at_ms=LIVE, args=None)
 
     grant = Lease(keys, journal.backend, 60_000).open(1000, opening)
 
