@@ -34,7 +34,7 @@ from tasks import app
 print(app.send_task("tasks.digest", args=[sys.argv[1]], kwargs=json.loads(sys.argv[2])).id)
 """
 
-TAKES = "the workflow takes to, items, approval, batch"
+TAKES = "the workflow takes to, items, approval, batch, degrade_at"
 
 
 def python(

@@ -91,9 +91,7 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
         )
     # A dry run is a workflow of its own, in a scratch journal: a worker never runs a preview.
     workflow = preview if args.dry_run else digest
-    options = _run_options(
-        config, args, lambda: inspect_run(journal, workflow.name, run_id), offline
-    )
+    options = _run_options(config, args, inspect_run(journal, workflow.name, run_id), offline)
     try:
         outcome = workflow.start(run_id, options, on_step=_step_printer(offline))
     except RunParked as parked:
@@ -116,10 +114,7 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
 
 
 def _run_options(
-    config: Config,
-    args: argparse.Namespace,
-    view: Callable[[], RunView],
-    offline: OfflineSummarizer | None,
+    config: Config, args: argparse.Namespace, view: RunView, offline: OfflineSummarizer | None
 ) -> DigestOptions:
     """What ``digest run`` gives the run, its input checked first.
 
@@ -131,20 +126,10 @@ def _run_options(
         BadInput: the items cannot be read, or ``--batch`` has no API key to batch with.
     """
     source = args.items or config.items_path
-
-    def unstarted() -> bool:
-        seen = view()
-        return seen.step("select") is None and seen.status not in ("done", "cancelled")
-
-    # The run is read only where it decides something: a run's opening reads what it needs,
-    # and a look before it would cost every run a round trip.
-    if not is_url(source):
-        try:
-            load_items(source)
-        except BadInput:
-            if unstarted():
-                raise
-    if args.batch and offline is not None and unstarted():
+    unstarted = view.step("select") is None and view.status not in ("done", "cancelled")
+    if unstarted and not is_url(source):
+        load_items(source)
+    if args.batch and offline is not None and unstarted:
         raise BadInput(
             "--batch needs ANTHROPIC_API_KEY: the offline summarizer has no batches (and costs "
             "nothing); set the key, or run without --batch"
