@@ -70,7 +70,9 @@ def test_an_exported_run_replays_here_with_no_model_call_and_the_same_email(
     assert drafted.result["email"] == sent(deployment)
 
 
-COMPOSE = '"compose",\n            lambda: compose(runtime, run, kept, calls, walk.chain, deadline),'
+COMPOSE = (
+    '"compose",\n            lambda: compose(runtime, run, kept, calls, walk.chain, deadline),'
+)
 RENAMED = COMPOSE.replace('"compose"', '"compose-intro"')
 GATED = COMPOSE.replace(
     '"compose"', '"compose-intro" if run.version("intro-step", 1) >= 1 else "compose"'
