@@ -190,13 +190,19 @@ def summarize(
         return priced(runtime, run, completion, model, reservation, SUMMARY_PROMPT)
 
 
-def batch_policy(runtime: Runtime) -> BatchPolicy:
-    """How a batch run waits for its batches, and when it asks synchronously instead."""
+def batch_policy(runtime: Runtime, deadline: Deadline = Deadline()) -> BatchPolicy:
+    """How a batch run waits for its batches, and when it asks synchronously instead.
+
+    The run's own deadline ends the wait too (``until``): a batch in flight then is cancelled,
+    and what it did not answer is summarized offline by ``summarize``, which the deadline
+    sends there instead of to the model.
+    """
     config = runtime.config
     return BatchPolicy(
         first_look=config.batch_first_look,
         max_look=config.batch_max_look,
         deadline=config.batch_deadline,
+        until=deadline.at,
         cancel_look=min(5.0, config.batch_first_look),
         max_requests=MAX_REQUESTS,
         # Within it the create is sent; the SDK's own timeout bounds the request itself.
@@ -217,8 +223,9 @@ def summarize_batch(
 
     What the batch does not answer (expired, cancelled, past ``DIGEST_BATCH_DEADLINE``, or an
     error the API calls transient) is asked synchronously by ``summarize``, through the shared
-    rate limiter and the budget like any call. The batch itself is held in the budget as a
-    whole before it is created and settled from its results once they are recorded.
+    rate limiter and the budget like any call; past the run's deadline, which cancels a batch
+    still in flight, ``summarize`` writes it offline instead. The batch itself is held in the
+    budget as a whole before it is created and settled from its results once they are recorded.
     """
     model = runtime.config.summary_models[0]
     walk = chained(runtime, runtime.config.summary_models, policy)
@@ -249,7 +256,7 @@ def summarize_batch(
         api=batches,
         settle=settle,
         fallback=ask,
-        policy=batch_policy(runtime),
+        policy=batch_policy(runtime, deadline),
         retry=walk.policy,
         concurrency=runtime.config.concurrency,
         reserve=reserve,
@@ -299,7 +306,7 @@ def compose_batch(
         api=batches,
         settle=settle,
         fallback=ask,
-        policy=batch_policy(runtime),
+        policy=batch_policy(runtime, deadline),
         retry=walk.policy,
         reserve=reserve,
     )

@@ -202,3 +202,41 @@ def test_without_a_deadline_nothing_is_summarized_offline(
     with pytest.raises(RetryScheduled):
         execute(runtime.journal, "digest", "w3", lambda run: run_digest(run, runtime))
     assert fake_anthropic.calls_for("Body c.") == 10
+
+
+def test_a_batch_in_flight_at_the_deadline_is_cancelled_and_its_items_summarized_offline(
+    runtime: Runtime, fake_anthropic: FakeAnthropic, clock: ManualClock
+) -> None:
+    fake_anthropic.batch_processing_time = 3600.0  # no request of it finishes in this test
+    options = DigestOptions(batch=True, degrade_at=DEADLINE)
+    args = {"batch": True, "degrade_at": DEADLINE}
+    wakes: list[float] = []
+    for _ in range(20):  # each delivery as the due sweep would make it, at its wake-up time
+        outcome = execute(
+            runtime.journal,
+            "digest",
+            "w4",
+            lambda run: run_digest(run, runtime, options),
+            args=args,
+        )
+        if outcome.status != "waiting":
+            break
+        assert outcome.wait is not None and outcome.wait.until is not None
+        wakes.append(outcome.wait.until)
+        clock.advance(max(0.0, outcome.wait.until - clock.now()))
+
+    assert DEADLINE in wakes  # the looks woke at the deadline, not at their own pace after it
+    assert clock.now() <= DEADLINE + 5.0  # one look after the cancel (its cancel_look)
+    assert isinstance(outcome.result, dict) and outcome.result["status"] == "sent"
+    assert outcome.result["degraded"] == {
+        "offline": ["a", "b", "c"],
+        "of": 3,
+        "opening": True,
+        "deadline": DEADLINE,
+    }
+    [batch] = fake_anthropic.batches  # the summaries' batch, cancelled; none for the opening
+    assert batch.cancel_at is not None and batch.counts()["canceled"] == 3
+    assert fake_anthropic.calls == 0  # past the deadline nothing is asked synchronously
+    view = inspect_run(runtime.journal, "digest", "w4")
+    a = view.step("summarize:a")
+    assert a is not None and a.result["model"] == "offline" and "degraded" in a.result
