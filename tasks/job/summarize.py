@@ -60,6 +60,7 @@ from tasks.llm.prompts import (
     intro_prompt,
     summary_prompt,
 )
+from tasks.llm.ratelimit import NoRoomByDeadline
 from tasks.runtime import Runtime
 
 
@@ -86,6 +87,11 @@ class CallCounter:
                 self.offline += 1
             else:
                 self.count += 1
+
+    def withdraw(self) -> None:
+        """Take back a model call counted before it went out: it never did (no room in time)."""
+        with self._lock:
+            self.count -= 1
 
     def add_batched(self) -> None:
         """Count one request a batch answered (recorded in this attempt)."""
@@ -168,7 +174,8 @@ def summarize(
     Any other refusal (``ModelRefused``: the account, the key, the model) propagates and fails
     the run: it would refuse every item alike. An error that says the model is unavailable
     is counted by the chain, which may name the next model for the step's next attempt.
-    Past the run's deadline, checked at every attempt, the offline summary instead.
+    Past the run's deadline, checked at every attempt and ending a wait for rate-limit room,
+    the offline summary instead.
     """
     if deadline.passed(run):
         return deadline.offline(OFFLINE.summarize(item), SUMMARY_PROMPT, calls)
@@ -180,10 +187,13 @@ def summarize(
     with runtime.budget.hold(run.keys, step, estimate) as reservation:
         calls.add(runtime.summarizer)
         try:
-            with checked_calls(run.check_lease):
+            with checked_calls(run.check_lease, deadline.at):
                 completion = runtime.summarizer.summarize(item, model)
         except ItemRefused as refused:
             return {"error": f"the model refused this item: {refused}"}
+        except NoRoomByDeadline:
+            calls.withdraw()
+            return deadline.offline(OFFLINE.summarize(item), SUMMARY_PROMPT, calls)
         except Exception as error:
             chain.failed(step, model, error)
             raise
@@ -386,7 +396,8 @@ def compose(
 ) -> dict[str, Any]:
     """One model call for the opening paragraph, to the model the chain names now.
 
-    Past the run's deadline, the offline opening instead: there is no email without one.
+    Past the run's deadline, or at it while waiting for rate-limit room, the offline opening
+    instead: there is no email without one.
     """
     if deadline.passed(run):
         return deadline.offline(OFFLINE.compose(kept), INTRO_PROMPT, calls)
@@ -398,8 +409,11 @@ def compose(
     with runtime.budget.hold(run.keys, "compose", estimate) as reservation:
         calls.add(runtime.summarizer)
         try:
-            with checked_calls(run.check_lease):
+            with checked_calls(run.check_lease, deadline.at):
                 completion = runtime.summarizer.compose(kept, model)
+        except NoRoomByDeadline:
+            calls.withdraw()
+            return deadline.offline(OFFLINE.compose(kept), INTRO_PROMPT, calls)
         except Exception as error:
             chain.failed("compose", model, error)
             raise
