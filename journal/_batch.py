@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -194,6 +195,9 @@ class BatchPolicy:
         deadline: seconds from the step's first plan after which a batch still processing
             is cancelled and its items asked synchronously; None waits for the provider
             (whose batches expire by themselves, after 24 h for Anthropic).
+        until: an instant (seconds since the epoch, the run's clock) that ends the wait as
+            ``deadline`` does, whichever comes first: a run's own deadline (``Run.wake_by``),
+            which a batch in flight must not outlast. None: no such instant.
         cancel_look: seconds between looks once a deadline cancel was asked.
         cancel_grace: how long after that cancel the run waits for the batch to end before
             asking what it lacks synchronously.
@@ -207,6 +211,7 @@ class BatchPolicy:
     first_look: float = 30.0
     max_look: float = 300.0
     deadline: float | None = None
+    until: float | None = None
     cancel_look: float = 5.0
     cancel_grace: float = 60.0
     max_requests: int = 100_000
@@ -333,7 +338,7 @@ class BatchStep(Generic[X, T]):
         def plan() -> dict[str, Any]:
             now = self.run.clock.now()
             first = now if self.first_at is None else self.first_at
-            late = policy.deadline is not None and now >= first + policy.deadline
+            late = now >= self._give_up_at(first)
             keys = [self.ids[i] for i in remaining[: policy.max_requests]]
             return {"at": now, "keys": keys, "create": not late, "first_at": first}
 
@@ -454,11 +459,17 @@ class BatchStep(Generic[X, T]):
                 delay = float(looked["delay"])
             k += 1
 
+    def _give_up_at(self, first: float) -> float:
+        """When a batch still processing is given up: the policy's deadline or ``until``."""
+        policy = self.policy
+        at = math.inf if policy.deadline is None else first + policy.deadline
+        return at if policy.until is None else min(at, policy.until)
+
     def _before_deadline(self, delay: float) -> float:
         """``delay``, or less so that the run looks again as the deadline passes."""
-        if self.policy.deadline is None or self.first_at is None:
+        if self.first_at is None:
             return delay
-        left = self.first_at + self.policy.deadline - self.run.clock.now()
+        left = self._give_up_at(self.first_at) - self.run.clock.now()
         return max(0.0, min(delay, left))
 
     def _look(self, batch_id: str, k: int, cancelled_at: float | None) -> dict[str, Any]:
@@ -482,7 +493,7 @@ class BatchStep(Generic[X, T]):
                 return look | {"then": "give-up"}
             return look | {"then": "wait", "delay": policy.cancel_look}
         first = self.first_at if self.first_at is not None else now
-        if policy.deadline is not None and now >= first + policy.deadline:
+        if now >= self._give_up_at(first):
             return look | {"then": "cancel"}
         return look | {"then": "wait", "delay": backoff}
 

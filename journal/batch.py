@@ -21,10 +21,11 @@ more batches, one after the other):
    entry is ``expired``, ``canceled`` or missing is asked synchronously (``fallback``), as a
    map would ask it. A replay costs nothing; a resumed run never asks again for an item that
    has a result, and never re-reads the results unless an item lacks one.
-5. **Deadline.** A look past ``deadline`` seconds from the first plan cancels a batch still
-   processing (``cancel:P-N``), then looks every ``cancel_look`` seconds for up to
-   ``cancel_grace`` for it to end (what it finished is kept), and gives up on it: the items
-   without a result are asked synchronously.
+5. **Deadline.** A look past ``deadline`` seconds from the first plan, or past the instant
+   ``until`` (a run's own deadline), whichever comes first, cancels a batch still processing
+   (``cancel:P-N``), then looks every ``cancel_look`` seconds for up to ``cancel_grace`` for
+   it to end (what it finished is kept), and gives up on it: the items without a result are
+   asked synchronously. The looks before it wake by it, and no batch is created after it.
 
 Every decision is recorded (a look says what comes next), so a resumed run takes the path
 the first attempt took, whatever the time when it replays.

@@ -60,6 +60,7 @@ from tasks.llm.prompts import (
     intro_prompt,
     summary_prompt,
 )
+from tasks.llm.ratelimit import NoRoomByDeadline
 from tasks.runtime import Runtime
 
 
@@ -86,6 +87,11 @@ class CallCounter:
                 self.offline += 1
             else:
                 self.count += 1
+
+    def withdraw(self) -> None:
+        """Take back a model call counted before it went out: it never did (no room in time)."""
+        with self._lock:
+            self.count -= 1
 
     def add_batched(self) -> None:
         """Count one request a batch answered (recorded in this attempt)."""
@@ -168,7 +174,8 @@ def summarize(
     Any other refusal (``ModelRefused``: the account, the key, the model) propagates and fails
     the run: it would refuse every item alike. An error that says the model is unavailable
     is counted by the chain, which may name the next model for the step's next attempt.
-    Past the run's deadline, checked at every attempt, the offline summary instead.
+    Past the run's deadline, checked at every attempt and ending a wait for rate-limit room,
+    the offline summary instead.
     """
     if deadline.passed(run):
         return deadline.offline(OFFLINE.summarize(item), SUMMARY_PROMPT, calls)
@@ -180,23 +187,32 @@ def summarize(
     with runtime.budget.hold(run.keys, step, estimate) as reservation:
         calls.add(runtime.summarizer)
         try:
-            with checked_calls(run.check_lease):
+            with checked_calls(run.check_lease, deadline.at):
                 completion = runtime.summarizer.summarize(item, model)
         except ItemRefused as refused:
             return {"error": f"the model refused this item: {refused}"}
+        except NoRoomByDeadline:
+            calls.withdraw()
+            return deadline.offline(OFFLINE.summarize(item), SUMMARY_PROMPT, calls)
         except Exception as error:
             chain.failed(step, model, error)
             raise
         return priced(runtime, run, completion, model, reservation, SUMMARY_PROMPT)
 
 
-def batch_policy(runtime: Runtime) -> BatchPolicy:
-    """How a batch run waits for its batches, and when it asks synchronously instead."""
+def batch_policy(runtime: Runtime, deadline: Deadline = Deadline()) -> BatchPolicy:
+    """How a batch run waits for its batches, and when it asks synchronously instead.
+
+    The run's own deadline ends the wait too (``until``): a batch in flight then is cancelled,
+    and what it did not answer is summarized offline by ``summarize``, which the deadline
+    sends there instead of to the model.
+    """
     config = runtime.config
     return BatchPolicy(
         first_look=config.batch_first_look,
         max_look=config.batch_max_look,
         deadline=config.batch_deadline,
+        until=deadline.at,
         cancel_look=min(5.0, config.batch_first_look),
         max_requests=MAX_REQUESTS,
         # Within it the create is sent; the SDK's own timeout bounds the request itself.
@@ -217,8 +233,9 @@ def summarize_batch(
 
     What the batch does not answer (expired, cancelled, past ``DIGEST_BATCH_DEADLINE``, or an
     error the API calls transient) is asked synchronously by ``summarize``, through the shared
-    rate limiter and the budget like any call. The batch itself is held in the budget as a
-    whole before it is created and settled from its results once they are recorded.
+    rate limiter and the budget like any call; past the run's deadline, which cancels a batch
+    still in flight, ``summarize`` writes it offline instead. The batch itself is held in the
+    budget as a whole before it is created and settled from its results once they are recorded.
     """
     model = runtime.config.summary_models[0]
     walk = chained(runtime, runtime.config.summary_models, policy)
@@ -249,7 +266,7 @@ def summarize_batch(
         api=batches,
         settle=settle,
         fallback=ask,
-        policy=batch_policy(runtime),
+        policy=batch_policy(runtime, deadline),
         retry=walk.policy,
         concurrency=runtime.config.concurrency,
         reserve=reserve,
@@ -299,7 +316,7 @@ def compose_batch(
         api=batches,
         settle=settle,
         fallback=ask,
-        policy=batch_policy(runtime),
+        policy=batch_policy(runtime, deadline),
         retry=walk.policy,
         reserve=reserve,
     )
@@ -379,7 +396,8 @@ def compose(
 ) -> dict[str, Any]:
     """One model call for the opening paragraph, to the model the chain names now.
 
-    Past the run's deadline, the offline opening instead: there is no email without one.
+    Past the run's deadline, or at it while waiting for rate-limit room, the offline opening
+    instead: there is no email without one.
     """
     if deadline.passed(run):
         return deadline.offline(OFFLINE.compose(kept), INTRO_PROMPT, calls)
@@ -391,8 +409,11 @@ def compose(
     with runtime.budget.hold(run.keys, "compose", estimate) as reservation:
         calls.add(runtime.summarizer)
         try:
-            with checked_calls(run.check_lease):
+            with checked_calls(run.check_lease, deadline.at):
                 completion = runtime.summarizer.compose(kept, model)
+        except NoRoomByDeadline:
+            calls.withdraw()
+            return deadline.offline(OFFLINE.compose(kept), INTRO_PROMPT, calls)
         except Exception as error:
             chain.failed("compose", model, error)
             raise

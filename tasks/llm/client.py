@@ -197,15 +197,21 @@ def _is_count(value: object) -> TypeGuard[int]:
 # A wait for the shared rate limits' room is slept inside the step, like a back-off, and may
 # outlast the lease (a stopped worker); the call then goes out only if the run is still ours.
 _BEFORE_CALL: ContextVar[Callable[[], None] | None] = ContextVar("before_call", default=None)
+# The run's deadline, if it has one: a wait for room ends at it (``RateLimiter.take``).
+_WAIT_UNTIL: ContextVar[float | None] = ContextVar("wait_until", default=None)
 
 
 @contextlib.contextmanager
-def checked_calls(check: Callable[[], None]) -> Iterator[None]:
-    """Model calls made in this block each run ``check`` first, after any wait for room."""
-    token = _BEFORE_CALL.set(check)
+def checked_calls(check: Callable[[], None], until: float | None = None) -> Iterator[None]:
+    """Model calls made in this block each run ``check`` first, after any wait for room.
+
+    A wait for room ends at ``until`` (the run's deadline), with ``NoRoomByDeadline``.
+    """
+    token, deadline = _BEFORE_CALL.set(check), _WAIT_UNTIL.set(until)
     try:
         yield
     finally:
+        _WAIT_UNTIL.reset(deadline)
         _BEFORE_CALL.reset(token)
 
 
@@ -357,7 +363,8 @@ class AnthropicSummarizer:
         limiter = self._limiter
         take = None
         if limiter is not None:
-            take = limiter.take(model, estimated_tokens(system, prompt), MAX_TOKENS)
+            tokens = estimated_tokens(system, prompt)
+            take = limiter.take(model, tokens, MAX_TOKENS, _WAIT_UNTIL.get())
         started = time.monotonic()
         try:
             check = _BEFORE_CALL.get()

@@ -17,7 +17,9 @@ The limits live under one hash tag per API key (a hash of it and the API's URL, 
 and model, so the script touches one slot of a Redis Cluster.
 
 A wait longer than the step's back-off threshold is not slept: ``CapacityWait`` carries it to
-the step's retry policy, which suspends the run durably, as for a long ``retry-after``.
+the step's retry policy, which suspends the run durably, as for a long ``retry-after``. A wait
+that would outlast the run's deadline (``DIGEST_DEGRADE_AT``) ends at it: ``NoRoomByDeadline``
+tells the step to write its answer offline instead.
 """
 
 from __future__ import annotations
@@ -63,6 +65,21 @@ class CapacityWait(DigestError):
             f"the API's rate limits for {self.model} have no room for {self.seconds:.1f} s "
             "(shared by every process on this API key)"
         )
+
+
+class NoRoomByDeadline(DigestError):
+    """The model's rate limits have no room before the run's deadline, which has now come.
+
+    Not transient: past the deadline the step writes its answer offline, never asks again.
+    """
+
+    def __init__(self, model: str, deadline: float) -> None:
+        super().__init__(model, deadline)
+        self.model = model
+        self.deadline = deadline
+
+    def __str__(self) -> str:
+        return f"the API's rate limits for {self.model} had no room before the run's deadline"
 
 
 def account_of(base_url: str, api_key: str) -> str:
@@ -115,10 +132,20 @@ class RateLimiter:
         self._reserve = script(client, "ratelimit_reserve")
         self._settle = script(client, "ratelimit_settle")
 
-    def take(self, model: str, input_tokens: int, max_tokens: int) -> Take:
+    def take(
+        self, model: str, input_tokens: int, max_tokens: int, until: float | None = None
+    ) -> Take:
         """Wait until the model's limits have room for this call, and take its estimate.
 
+        Args:
+            model: the model the call asks.
+            input_tokens: the prompt's estimated input tokens.
+            max_tokens: the call's output tokens at most.
+            until: the run's deadline (on the ``now`` clock): a wait for room past it is
+                slept only up to it, so the step is awake to write its answer offline then.
+
         Raises:
+            NoRoomByDeadline: the room comes after ``until``, which has now come.
             CapacityWait: the room is further away than ``wait_over`` (counting the wait so far).
         """
         key = self.keys.model_limits(self.account, model)
@@ -135,6 +162,11 @@ class RateLimiter:
                     key, model, input_tokens, int(reply[2]), int(reply[3]), int(waited * 1000)
                 )
             wait = int(reply[1]) / 1000
+            left = math.inf if until is None else max(0.0, until - self._now())
+            if wait >= left and waited + left <= self.wait_over:
+                self._sleep(left)
+                emit("capacity_wait_seconds", model, waited + left)
+                raise NoRoomByDeadline(model, float(until or 0.0))
             if waited + wait > self.wait_over:
                 raise CapacityWait(model, wait)
             # A little jitter, so callers woken together do not all ask at the same instant.

@@ -4,7 +4,8 @@ Every call answers 529. The run fails its summaries and is scheduled to retry an
 (``DIGEST_RUN_RETRY_DELAY=3600``), past its deadline a few seconds ahead
 (``DIGEST_DEGRADE_AT``); the retry is brought forward to the deadline, beat's due sweep hands
 it to the worker then, and the email goes out at once, every summary offline and the email
-saying so. The same week delivered again after the API is back sends nothing more.
+saying so. The same week delivered again after the API is back sends nothing more. A batch
+run's batch still processing at the deadline is cancelled there, its items written offline.
 """
 
 from __future__ import annotations
@@ -90,3 +91,43 @@ def test_the_api_down_until_the_deadline_sends_a_degraded_email_at_the_deadline_
         f"API down until the deadline: {fake_anthropic.calls_per_model()} calls, $0 spent, "
         f"email {late:.1f}s after the deadline"
     )
+
+
+def test_a_batch_in_flight_at_the_deadline_is_cancelled_and_the_email_goes_out_at_it(
+    live: Deployment, fake_anthropic: FakeAnthropic
+) -> None:
+    target = datetime.now(UTC) + timedelta(seconds=AHEAD)
+    deadline = target.replace(microsecond=0).timestamp()
+    live.env.update(
+        DIGEST_DEGRADE_AT=target.strftime("%a %H:%M:%S").lower(),
+        DIGEST_BATCH="1",
+        # Looks at 10 s, then 20 s later: the second would come after the deadline.
+        DIGEST_BATCH_FIRST_LOOK="10",
+        DIGEST_BATCH_MAX_LOOK="60",
+    )
+    fake_anthropic.batch_processing_time = 3600.0  # nothing of it finishes in this test
+    worker = live.worker("w1", concurrency=1)
+    live.beat()
+
+    enqueue(live)
+    cancel_look = 5.0  # min(5 s, the first look): the look that finds the cancelled batch ended
+    wait_for_status(live, "done", deadline - time.time() + cancel_look + SLACK)
+
+    view = live.view(RUN)
+    send = view.step("send")
+    assert send is not None
+    late = send.started_at / 1000 - deadline
+    assert 0 <= late <= cancel_look + SLACK, late  # one look after the deadline's cancel
+    [batch] = fake_anthropic.batches  # none for the opening: created past the deadline
+    assert batch.cancel_at is not None and batch.counts()["canceled"] == ITEMS
+    assert fake_anthropic.calls == 0  # nothing asked synchronously past the deadline
+    outcome = json.loads(view.meta["outcome"])
+    assert outcome["degraded"] == {
+        "offline": [f"i{n}" for n in range(1, ITEMS + 1)],
+        "of": ITEMS,
+        "opening": True,
+        "deadline": deadline,
+    }
+    assert len(live.outbox()) == 1
+    assert log_problems(worker) == []
+    print(f"batch in flight at the deadline: cancelled, email {late:.1f}s after the deadline")

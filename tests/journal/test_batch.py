@@ -323,6 +323,34 @@ def test_past_the_deadline_the_batch_is_cancelled_and_what_it_lacks_asked_synchr
     assert "cancel:ask-1" in keys_of(journal)
 
 
+def test_an_instant_until_ends_the_wait_as_the_deadline_does_whichever_comes_first(
+    journal: Journal, clock: ManualClock, provider: Provider
+) -> None:
+    provider.processing = 300.0  # items finish at 100, 200, 300 s
+    policy = BatchPolicy(first_look=30, max_look=300, deadline=150, until=T0 + 120, cancel_look=5)
+    flow = Digestish(provider, policy)
+
+    outcome, waits = drive(journal, clock, flow.body)
+
+    # Looks at 30 and 90 s; the third is brought forward to the instant at 120 s, before the
+    # deadline's 150 s, cancels, and the look 5 s later finds "a" done and the rest cancelled.
+    assert waits == [30, 60, 30, 5]
+    assert [r["text"] for r in outcome.result] == ["answer a", "sync b", "sync c"]
+    assert provider.cancelled == ["b1"] and flow.asked == ["b", "c"]
+
+
+def test_no_batch_is_created_past_the_instant_until(
+    journal: Journal, clock: ManualClock, provider: Provider
+) -> None:
+    flow = Digestish(provider, BatchPolicy(until=T0 - 1))
+
+    outcome, waits = drive(journal, clock, flow.body)
+
+    assert waits == [] and provider.held == {}
+    assert flow.asked == ITEMS
+    assert [r["text"] for r in outcome.result] == ["sync a", "sync b", "sync c"]
+
+
 def test_a_batch_that_will_not_end_after_its_cancel_is_given_up_on(
     journal: Journal, clock: ManualClock, provider: Provider
 ) -> None:

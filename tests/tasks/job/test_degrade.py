@@ -9,6 +9,7 @@ one: the deadline passes when the test says so.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -21,10 +22,12 @@ from journal import Journal, Keyspace, ManualClock, RunRetry, Settings
 from journal.errors import RetryScheduled
 from journal.ops.views import inspect_run
 from tasks.config import Config
+from tasks.config.limits import Overrides
 from tasks.errors import is_transient_failure
 from tasks.job.workflow import DigestOptions, run_digest
 from tasks.keys import DigestKeys
 from tasks.llm.client import AnthropicSummarizer
+from tasks.llm.ratelimit import RateLimiter
 from tasks.mail.smtp import FileOutbox
 from tasks.ops.cli.render import outcome_line, render_view, result_lines
 from tasks.ops.console import Names, create_app
@@ -202,3 +205,87 @@ def test_without_a_deadline_nothing_is_summarized_offline(
     with pytest.raises(RetryScheduled):
         execute(runtime.journal, "digest", "w3", lambda run: run_digest(run, runtime))
     assert fake_anthropic.calls_for("Body c.") == 10
+
+
+def test_a_batch_in_flight_at_the_deadline_is_cancelled_and_its_items_summarized_offline(
+    runtime: Runtime, fake_anthropic: FakeAnthropic, clock: ManualClock
+) -> None:
+    fake_anthropic.batch_processing_time = 3600.0  # no request of it finishes in this test
+    options = DigestOptions(batch=True, degrade_at=DEADLINE)
+    args = {"batch": True, "degrade_at": DEADLINE}
+    wakes: list[float] = []
+    for _ in range(20):  # each delivery as the due sweep would make it, at its wake-up time
+        outcome = execute(
+            runtime.journal,
+            "digest",
+            "w4",
+            lambda run: run_digest(run, runtime, options),
+            args=args,
+        )
+        if outcome.status != "waiting":
+            break
+        assert outcome.wait is not None and outcome.wait.until is not None
+        wakes.append(outcome.wait.until)
+        clock.advance(max(0.0, outcome.wait.until - clock.now()))
+
+    assert DEADLINE in wakes  # the looks woke at the deadline, not at their own pace after it
+    assert clock.now() <= DEADLINE + 5.0  # one look after the cancel (its cancel_look)
+    assert isinstance(outcome.result, dict) and outcome.result["status"] == "sent"
+    assert outcome.result["degraded"] == {
+        "offline": ["a", "b", "c"],
+        "of": 3,
+        "opening": True,
+        "deadline": DEADLINE,
+    }
+    [batch] = fake_anthropic.batches  # the summaries' batch, cancelled; none for the opening
+    assert batch.cancel_at is not None and batch.counts()["canceled"] == 3
+    assert fake_anthropic.calls == 0  # past the deadline nothing is asked synchronously
+    view = inspect_run(runtime.journal, "digest", "w4")
+    a = view.step("summarize:a")
+    assert a is not None and a.result["model"] == "offline" and "degraded" in a.result
+
+
+def test_a_wait_for_rate_limit_room_stops_at_the_deadline_and_the_item_is_summarized_offline(
+    runtime: Runtime, fake_anthropic: FakeAnthropic, clock: ManualClock
+) -> None:
+    # One request a minute, set by the operator: the second call's room is a minute away,
+    # a wait slept in the worker (under its 120 s bound), on the run's clock.
+    limiter = RateLimiter(
+        runtime.client,
+        runtime.keys,
+        "acct",
+        wait_over=120,
+        overrides=Overrides({"claude-haiku-5-5": {"requests": 1}}),
+        sleep=clock.advance,
+        now=clock.now,
+    )
+    summarizer = AnthropicSummarizer(
+        functools.partial(fake_anthropic.client, timeout=5.0),
+        runtime.config.summary_models[0],
+        runtime.config.intro_models[0],
+        limiter=limiter,
+    )
+    limited = dataclasses.replace(runtime, summarizer=summarizer, limiter=limiter)
+    clock.advance(DEADLINE - 10 - clock.now())  # started ten seconds before its deadline
+
+    outcome = execute(
+        runtime.journal,
+        "digest",
+        "w5",
+        lambda run: run_digest(run, limited, DigestOptions(degrade_at=DEADLINE)),
+        args={"degrade_at": DEADLINE},
+    )
+
+    assert clock.now() == DEADLINE  # b waited for room until the deadline, not a minute
+    assert isinstance(outcome.result, dict) and outcome.result["status"] == "sent"
+    assert outcome.result["degraded"] == {
+        "offline": ["b", "c"],
+        "of": 3,
+        "opening": True,
+        "deadline": DEADLINE,
+    }
+    assert fake_anthropic.calls == 1  # a; b never went out
+    assert outcome.result["model_calls"] == 1
+    view = inspect_run(runtime.journal, "digest", "w5")
+    b = view.step("summarize:b")
+    assert b is not None and b.result["model"] == "offline" and "degraded" in b.result

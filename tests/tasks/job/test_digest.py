@@ -254,10 +254,12 @@ def test_a_call_that_waited_for_the_rate_limits_past_its_lease_is_not_paid_for(
     lease = digest.journal.keys("digest", "w1").lease
 
     class PausedInTheWait(RateLimiter):
-        def take(self, model: str, input_tokens: int, max_tokens: int) -> Any:
+        def take(
+            self, model: str, input_tokens: int, max_tokens: int, until: float | None = None
+        ) -> Any:
             digest.client.delete(lease)  # expired while the process was stopped
             time.sleep(LEASE_TTL)  # long enough for the heartbeat to find it gone
-            return super().take(model, input_tokens, max_tokens)
+            return super().take(model, input_tokens, max_tokens, until)
 
     limiter = PausedInTheWait(
         digest.client, DigestKeys(digest.prefix), account_of(fake_anthropic.url, "k"), 30

@@ -22,7 +22,7 @@ from tasks.config.limits import Overrides
 from tasks.errors import BadInput
 from tasks.keys import DigestKeys
 from tasks.llm.client import is_transient, retry_after_seconds
-from tasks.llm.ratelimit import CapacityWait, RateLimiter, account_of
+from tasks.llm.ratelimit import CapacityWait, NoRoomByDeadline, RateLimiter, account_of
 from tasks.worker.metrics import store_registry
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.support import ROOT, Deployment, wait_until
@@ -157,6 +157,31 @@ def test_an_operators_override_sets_a_limit_without_asking_the_api(
 
     assert 25 < waiting.value.seconds <= 30  # 2 a minute: the next in 30 s
     limiter.take("other", 10, 100)  # another model is not limited by it
+
+
+@pytest.mark.slow  # the shared Valkey
+def test_a_wait_for_room_past_the_runs_deadline_ends_at_it(
+    real_redis: redis.Redis, prefix: str
+) -> None:
+    overrides = Overrides.from_env({"DIGEST_RATE_LIMITS": '{"m": {"requests": 1}}'})
+    now = 1_800_000_000.0
+    slept: list[float] = []
+
+    def limiter(wait_over: float) -> RateLimiter:
+        account = account_of("http://api", "k")
+        return RateLimiter(
+            real_redis, DigestKeys(prefix), account, wait_over, overrides, slept.append, lambda: now
+        )
+
+    limiter(120).take("m", 10, 100)  # the minute's one request
+    with pytest.raises(NoRoomByDeadline):
+        limiter(120).take("m", 10, 100, until=now + 10)
+    assert slept == [10.0]  # up to the deadline, not the minute to the room
+
+    # The deadline further than a worker may wait: suspended durably, woken by the deadline.
+    with pytest.raises(CapacityWait):
+        limiter(5).take("m", 10, 100, until=now + 10)
+    assert slept == [10.0]
 
 
 @pytest.mark.parametrize(
