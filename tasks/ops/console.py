@@ -57,7 +57,16 @@ from tasks.job.report import batch_lines
 from tasks.job.workflow import APPROVAL
 from tasks.llm.cost import dollars, is_completion, usage_of
 from tasks.ops import actions
-from tasks.ops.run_page import badge, outcome_of, span, stamp, step_words, waterfall, when
+from tasks.ops.run_page import (
+    badge,
+    counted,
+    outcome_of,
+    span,
+    stamp,
+    step_words,
+    waterfall,
+    when,
+)
 from tasks.runtime import Runtime, prepare_metrics, use_runtime
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -157,9 +166,9 @@ def summary(record: Record) -> str:
     if isinstance(result, bool):
         return "done" if result else "not done"
     if isinstance(result, int) and record.key == "mark-seen":
-        return f"marked sent: {result} items sent in all weeks so far"
+        return f"marked sent: {counted(result, 'item')} sent in all weeks so far"
     if isinstance(result, list):
-        return f"{len(result)} items"
+        return counted(len(result), "item")
     if isinstance(result, dict) and "received" in result:
         return "decision received" if result["received"] else "no decision in time"
     if isinstance(result, dict) and {"id", "sent"} <= result.keys():
@@ -330,7 +339,14 @@ def _guard(app: Flask, names: Names, token: str | None, csrf: str) -> None:
 
     @app.context_processor
     def shared() -> dict[str, Any]:
-        return {"csrf": csrf, "when": when, "stamp": stamp, "span": span, "states": STATES}
+        return {
+            "csrf": csrf,
+            "when": when,
+            "stamp": stamp,
+            "span": span,
+            "counted": counted,
+            "states": STATES,
+        }
 
     @app.get("/console.js")
     def local_times() -> Response:

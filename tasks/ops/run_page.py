@@ -102,6 +102,19 @@ def step_words(key: str) -> str:
     return f"{name} {item}" if item else name
 
 
+def counted(n: int, noun: str, plural: str = "") -> str:
+    """``n`` and its noun agreeing, as a sentence says it: "1 step", "2 steps", "no steps".
+
+    A count pasted before a plural noun reads "1 steps" whenever the count is one; every count
+    a console page shows goes through here. ``plural``: when it is not the noun and an s
+    (``deliveries``).
+    """
+    many = plural or f"{noun}s"
+    if n == 0:
+        return f"no {many}"
+    return f"{n} {noun if n == 1 else many}"
+
+
 def badge(state: str, meta: Mapping[str, str]) -> str:
     """The one word of a run's status badge: how a finished run ended, not just ``done``.
 
@@ -193,7 +206,7 @@ def _finished(view: RunView, report: dict[str, Any]) -> Outcome:
         items = report.get("items", 0)
         return Outcome(
             "sent",
-            f"Sent {items} items{_degraded(report)}",
+            f"Sent {counted(items, 'item')}{_degraded(report)}",
             send.finished_at if send else ended,
             ((f"Message-ID {receipt}.",) if receipt else ()) + _offline(view, report) + held,
         )
@@ -268,8 +281,7 @@ def _failing(view: RunView, run_id: str) -> Outcome:
     meta, state = view.meta, view.state
     error = redact(meta.get("last_error", ""))
     failures = meta.get("failures", "")
-    plural = "" if failures == "1" else "s"
-    tried = (f"{failures} failed attempt{plural} so far.",) if failures else ()
+    tried = (f"{counted(int(failures), 'failed attempt')} so far.",) if failures.isdigit() else ()
     if state == "retrying":
         return Outcome(
             "retrying",

@@ -15,9 +15,9 @@ import redis
 
 from journal import Run
 from tasks.ops.console import Names, create_app
-from tasks.ops.run_page import badge
+from tasks.ops.run_page import badge, counted
 from tests.support import execute
-from tests.tasks.ops.console_states import every_state, runtime_for
+from tests.tasks.ops.console_states import every_state, runtime_for, start, week
 
 LOCAL = Names.bound("127.0.0.1", 80)
 
@@ -196,3 +196,30 @@ def test_the_runs_page_searches_filters_and_says_a_holder_is_gone(listing: Any) 
     assert 'id="flower"' in sent
     assert re.findall(r'href="/runs/([^"]+)"', sent) == ["2026-w46", "2026-w42"]
     assert listing.get("/?outcome=bogus").status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("n", "said"),
+    [(0, "no model calls"), (1, "1 model call"), (2, "2 model calls")],
+)
+def test_a_count_agrees_with_its_noun(n: int, said: str) -> None:
+    assert counted(n, "model call") == said
+
+
+def test_a_count_takes_a_plural_that_is_not_the_noun_and_s() -> None:
+    assert [counted(n, "delivery", "deliveries") for n in (1, 3)] == ["1 delivery", "3 deliveries"]
+
+
+def test_a_run_of_one_item_counts_it_in_the_singular(
+    real_redis: redis.Redis, prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    runtime = runtime_for(real_redis, prefix, tmp_path)
+    start("2026-w40", items=week(tmp_path, "a", size=1))
+    page = create_app(runtime, LOCAL).test_client().get("/runs/2026-w40").get_data(as_text=True)
+    text = " ".join(shown(page).split())
+    assert "Sent 1 item to team@example.com" in text
+    assert "1 delivery to a worker so far" in text
+    assert "$0.0000 for no model calls" in text  # offline summaries are no model call
+    assert "marked sent: 1 item sent in all weeks so far" in text
+    assert not re.search(r"\b1 (item|step|model call|deliverie)s\b", text)
