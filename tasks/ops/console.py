@@ -152,7 +152,6 @@ def run_context(runtime: Runtime, view: RunView, run_id: str) -> dict[str, Any]:
         "batches": batch_lines(view.steps, view.wait, view.effects),
         "summary": summary,
         "badge": badge,
-        "step_words": step_words,
         "pretty": lambda value: redact(json.dumps(value, indent=2, ensure_ascii=False)),
         "forkable": [r.key for r in view.steps if r.key != "select"],
     }
@@ -345,6 +344,7 @@ def _guard(app: Flask, names: Names, token: str | None, csrf: str) -> None:
             "stamp": stamp,
             "span": span,
             "counted": counted,
+            "step_words": step_words,
             "states": STATES,
         }
 
@@ -440,8 +440,9 @@ def _run_pages(app: Flask, runtime: Runtime) -> None:
             run_id=run_id,
             step=step,
             diff=diff,
-            ran=rehearsed.ran,
+            ran=[step_words(key) for key in rehearsed.ran],
             calls=rehearsed.model_calls,
+            cost=dollars(rehearsed.cost_usd) if rehearsed.cost_usd else "nothing",
         )
 
     @app.get("/runs/<run_id>/export")

@@ -7,6 +7,8 @@ In process, with Flask's test client; the same runs are seen in a browser in
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,8 @@ import pytest
 import redis
 
 from journal import Run
+from tasks.llm.client import Completion, OfflineSummarizer
+from tasks.llm.prompts import Update
 from tasks.ops.console import Names, create_app
 from tasks.ops.run_page import badge, counted
 from tests.support import execute
@@ -223,3 +227,42 @@ def test_a_run_of_one_item_counts_it_in_the_singular(
     assert "$0.0000 for no model calls" in text  # offline summaries are no model call
     assert "marked sent: 1 item sent in all weeks so far" in text
     assert not re.search(r"\b1 (item|step|model call|deliverie)s\b", text)
+
+
+class PricedOpening(OfflineSummarizer):
+    """Offline summaries, and an opening from a priced model: a fork that costs something."""
+
+    name = "claude-haiku-5-5"
+    remote = True
+
+    def compose(self, pairs: Sequence[tuple[Update, str]], model: str | None = None) -> Completion:
+        return Completion("A new opening.", 1000, 200, model or self.name)
+
+
+def test_a_forks_preview_says_its_steps_and_its_cost_in_the_operators_words(
+    real_redis: redis.Redis, prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    runtime = runtime_for(real_redis, prefix, tmp_path)
+    start("2026-w40", items=week(tmp_path, "a", size=1))  # recorded with offline summaries
+    client = create_app(replace(runtime, summarizer=PricedOpening()), LOCAL).test_client()
+
+    page = client.get("/runs/2026-w40/fork?step=compose").get_data(as_text=True)
+    text = " ".join(shown(page).split())
+    assert "Fork 2026-w40: run again from “compose the introduction”?" in text
+    assert (
+        "The fork would run 1 step (compose the introduction) and make 1 model call, "
+        "costing $0.0060" in text
+    )
+    assert "+A new opening." in text
+    assert re.search(r'id="fork-confirm">Fork: run again from “compose the introduction”<', page)
+
+    page = client.get("/runs/2026-w40/fork?step=summarize:ai1").get_data(as_text=True)
+    text = " ".join(shown(page).split())
+    assert (
+        "would run 2 steps (summarize ai1, compose the introduction) and make 2 model calls" in text
+    )
+
+    offline = create_app(runtime, LOCAL).test_client()
+    page = offline.get("/runs/2026-w40/fork?step=compose").get_data(as_text=True)
+    assert "and make no model calls, costing nothing" in " ".join(shown(page).split())
