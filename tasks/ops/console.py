@@ -53,13 +53,12 @@ from journal.ops.views import (
 from journal.testing import fixture
 from tasks.errors import BadInput, DigestError
 from tasks.job.claims import holdings
-from tasks.job.report import batch_lines
+from tasks.job.report import batch_lines, counted
 from tasks.job.workflow import APPROVAL
 from tasks.llm.cost import dollars, is_completion, usage_of
 from tasks.ops import actions
 from tasks.ops.run_page import (
     badge,
-    counted,
     outcome_of,
     span,
     stamp,

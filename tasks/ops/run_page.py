@@ -26,7 +26,7 @@ from journal.batch import is_batch_look
 from journal.logs import redact
 from journal.ops.views import RunView
 from tasks.job.claims import Held
-from tasks.job.report import degraded_words
+from tasks.job.report import counted, degraded_words
 from tasks.job.workflow import APPROVAL
 
 # A wait longer than this is drawn as a break of ``BREAK_SHARE`` of the axis, not to scale.
@@ -100,19 +100,6 @@ def step_words(key: str) -> str:
             return f"{word} {key.removeprefix(prefix.value)}"
     name, _, item = key.partition(":")
     return f"{name} {item}" if item else name
-
-
-def counted(n: int, noun: str, plural: str = "") -> str:
-    """``n`` and its noun agreeing, as a sentence says it: "1 step", "2 steps", "no steps".
-
-    A count pasted before a plural noun reads "1 steps" whenever the count is one; every count
-    a console page shows goes through here. ``plural``: when it is not the noun and an s
-    (``deliveries``).
-    """
-    many = plural or f"{noun}s"
-    if n == 0:
-        return f"no {many}"
-    return f"{n} {noun if n == 1 else many}"
 
 
 def badge(state: str, meta: Mapping[str, str]) -> str:

@@ -16,10 +16,11 @@ import pytest
 import redis
 
 from journal import Run
+from tasks.job.report import counted
 from tasks.llm.client import Completion, OfflineSummarizer
 from tasks.llm.prompts import Update
 from tasks.ops.console import Names, create_app
-from tasks.ops.run_page import badge, counted
+from tasks.ops.run_page import badge
 from tests.support import execute
 from tests.tasks.ops.console_states import every_state, runtime_for, start, week
 
