@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from journal import Run
+from tasks.job.claims import Held
 from tasks.job.report import counted
 from tasks.llm.client import Completion, OfflineSummarizer
 from tasks.llm.prompts import Update
@@ -228,6 +229,14 @@ def test_a_run_of_one_item_counts_it_in_the_singular(
     assert "$0.0000 for no model calls" in text  # offline summaries are no model call
     assert "marked sent: 1 item sent in all weeks so far" in text
     assert not re.search(r"\b1 (item|step|model call|deliverie)s\b", text)
+
+
+@pytest.mark.parametrize("send", ["", "ambiguous"])
+def test_what_another_run_holds_agrees_with_one_item(send: str) -> None:
+    # As a held week's page and its report say it, one of its lines per holder.
+    one = Held("digest:2026-w45", 1, "failed", "the API key was refused", send).line()
+    assert one.startswith("1 is held by digest:2026-w45 (")
+    assert Held("digest:2026-w45", 8, "failed", send=send).line().startswith("8 are held by ")
 
 
 class PricedOpening(OfflineSummarizer):
