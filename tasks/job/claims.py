@@ -46,15 +46,16 @@ class Held:
         that email.
         """
         run_id = self.run.partition(":")[2]
+        held = f"{self.items} {'is' if self.items == 1 else 'are'} held by {self.run}"
         if self.send in MAYBE_SENT:
             return (
-                f"{self.items} are held by {self.run} (its email may have been sent); check "
+                f"{held} (its email may have been sent); check "
                 f"the recipient's mailbox, then digest mark-sent {run_id} or digest resend "
                 f"{run_id}"
             )
         stuck = self.status in STUCK
         why = f"{self.status}: {self.error}" if stuck and self.error else self.status
-        said = f"{self.items} are held by {self.run} ({why})"
+        said = f"{held} ({why})"
         if stuck:
             said += (
                 f"; digest retry {run_id} sends them, digest release {run_id} hands them "

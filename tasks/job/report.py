@@ -2,8 +2,8 @@
 
 The email is built only from recorded step results, so every attempt drafts the same one;
 the report is JSON, so it survives Celery's result backend and the journal; the lines
-(``receipt_line``, ``email_state``, ``batch_lines``) are worded once for ``digest`` and the
-console alike.
+(``receipt_line``, ``email_state``, ``batch_lines``) and their counts (``counted``) are worded
+once for ``digest`` and the console alike.
 """
 
 from __future__ import annotations
@@ -193,6 +193,19 @@ def email_state(view: RunView) -> str:
     return "not sent"
 
 
+def counted(n: int, noun: str, plural: str = "") -> str:
+    """``n`` and its noun agreeing, as a sentence says it: "1 step", "2 steps", "no steps".
+
+    A count pasted before a plural noun reads "1 steps" whenever the count is one; every count
+    the console and these lines show goes through here. ``plural``: when it is not the noun
+    and an s (``deliveries``).
+    """
+    many = plural or f"{noun}s"
+    if n == 0:
+        return f"no {many}"
+    return f"{n} {noun if n == 1 else many}"
+
+
 def batch_lines(
     steps: Sequence[Record], wait: Wait | None, effects: Mapping[str, str] | None = None
 ) -> list[str]:
@@ -204,7 +217,7 @@ def batch_lines(
     """
     lines = []
     for shown in batch_views(steps, effects or {}, wait):
-        size = f"{len(shown.keys)} requests"
+        size = counted(len(shown.keys), "request")
         if shown.state is None:
             creating = effects is None or shown.creating
             state = "being created" if creating else "not created"

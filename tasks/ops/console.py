@@ -53,11 +53,19 @@ from journal.ops.views import (
 from journal.testing import fixture
 from tasks.errors import BadInput, DigestError
 from tasks.job.claims import holdings
-from tasks.job.report import batch_lines
+from tasks.job.report import batch_lines, counted
 from tasks.job.workflow import APPROVAL
 from tasks.llm.cost import dollars, is_completion, usage_of
 from tasks.ops import actions
-from tasks.ops.run_page import badge, outcome_of, span, stamp, step_words, waterfall, when
+from tasks.ops.run_page import (
+    badge,
+    outcome_of,
+    span,
+    stamp,
+    step_words,
+    waterfall,
+    when,
+)
 from tasks.runtime import Runtime, prepare_metrics, use_runtime
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -143,7 +151,6 @@ def run_context(runtime: Runtime, view: RunView, run_id: str) -> dict[str, Any]:
         "batches": batch_lines(view.steps, view.wait, view.effects),
         "summary": summary,
         "badge": badge,
-        "step_words": step_words,
         "pretty": lambda value: redact(json.dumps(value, indent=2, ensure_ascii=False)),
         "forkable": [r.key for r in view.steps if r.key != "select"],
     }
@@ -157,9 +164,9 @@ def summary(record: Record) -> str:
     if isinstance(result, bool):
         return "done" if result else "not done"
     if isinstance(result, int) and record.key == "mark-seen":
-        return f"marked sent: {result} items sent in all weeks so far"
+        return f"marked sent: {counted(result, 'item')} sent in all weeks so far"
     if isinstance(result, list):
-        return f"{len(result)} items"
+        return counted(len(result), "item")
     if isinstance(result, dict) and "received" in result:
         return "decision received" if result["received"] else "no decision in time"
     if isinstance(result, dict) and {"id", "sent"} <= result.keys():
@@ -330,7 +337,15 @@ def _guard(app: Flask, names: Names, token: str | None, csrf: str) -> None:
 
     @app.context_processor
     def shared() -> dict[str, Any]:
-        return {"csrf": csrf, "when": when, "stamp": stamp, "span": span, "states": STATES}
+        return {
+            "csrf": csrf,
+            "when": when,
+            "stamp": stamp,
+            "span": span,
+            "counted": counted,
+            "step_words": step_words,
+            "states": STATES,
+        }
 
     @app.get("/console.js")
     def local_times() -> Response:
@@ -424,8 +439,9 @@ def _run_pages(app: Flask, runtime: Runtime) -> None:
             run_id=run_id,
             step=step,
             diff=diff,
-            ran=rehearsed.ran,
+            ran=[step_words(key) for key in rehearsed.ran],
             calls=rehearsed.model_calls,
+            cost=dollars(rehearsed.cost_usd) if rehearsed.cost_usd else "nothing",
         )
 
     @app.get("/runs/<run_id>/export")

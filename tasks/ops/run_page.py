@@ -26,7 +26,7 @@ from journal.batch import is_batch_look
 from journal.logs import redact
 from journal.ops.views import RunView
 from tasks.job.claims import Held
-from tasks.job.report import degraded_words
+from tasks.job.report import counted, degraded_words
 from tasks.job.workflow import APPROVAL
 
 # A wait longer than this is drawn as a break of ``BREAK_SHARE`` of the axis, not to scale.
@@ -193,7 +193,7 @@ def _finished(view: RunView, report: dict[str, Any]) -> Outcome:
         items = report.get("items", 0)
         return Outcome(
             "sent",
-            f"Sent {items} items{_degraded(report)}",
+            f"Sent {counted(items, 'item')}{_degraded(report)}",
             send.finished_at if send else ended,
             ((f"Message-ID {receipt}.",) if receipt else ()) + _offline(view, report) + held,
         )
@@ -268,8 +268,7 @@ def _failing(view: RunView, run_id: str) -> Outcome:
     meta, state = view.meta, view.state
     error = redact(meta.get("last_error", ""))
     failures = meta.get("failures", "")
-    plural = "" if failures == "1" else "s"
-    tried = (f"{failures} failed attempt{plural} so far.",) if failures else ()
+    tried = (f"{counted(int(failures), 'failed attempt')} so far.",) if failures.isdigit() else ()
     if state == "retrying":
         return Outcome(
             "retrying",

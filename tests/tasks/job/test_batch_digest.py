@@ -191,6 +191,18 @@ def test_the_console_shows_a_waiting_runs_batch_on_both_pages(
     assert f'<dd class="batch">{shown}' in page
 
 
+def test_a_batch_of_one_request_is_counted_in_the_singular(
+    deployed: BatchDigest, fake_anthropic: FakeAnthropic
+) -> None:
+    deployed.finish("w1", deployed.runtime())
+    view = inspect_run(deployed.journal, "digest", "w1")
+
+    summaries, opening = batch_lines(view.steps, view.wait, view.effects)
+
+    assert ", 3 requests (3 succeeded)" in summaries
+    assert opening.startswith("compose ") and ", 1 request (1 succeeded)" in opening
+
+
 def test_a_creation_the_api_refuses_for_its_queue_waits_its_retry_after_then_creates_once(
     deployed: BatchDigest, fake_anthropic: FakeAnthropic
 ) -> None:

@@ -4,7 +4,8 @@ Debian's ``chromium`` driven by Playwright's Python API (the system browser: not
 downloaded), a real ``digest console``, a real worker and beat on an isolated deployment, the
 offline summarizer in the CLI and the fake Anthropic API on the worker. The operator lists
 runs, opens one, approves a waiting run and sees its email go out, rejects another, sees the
-model call a running one is in, cancels it, and forks a finished one from a step. Each page is
+model call a running one is in, cancels it, and forks a finished one from a step after reading
+the fork's preview and what it would cost (the console asks the fake API too). Each page is
 saved as a screenshot, to ``DIGEST_SCREENSHOTS`` when set (``DIGEST_SCREENSHOTS=docs``
 refreshes the ones docs/operations.md shows).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -23,6 +25,7 @@ from typing import Any
 import pytest
 
 from tasks.keys import DigestKeys
+from tasks.llm.cost import dollars
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.support import BIN, ROOT, WEEK, Deployment, wait_until
 
@@ -59,12 +62,14 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def console(deployment: Deployment, port: int) -> subprocess.Popen[bytes]:
+def console(
+    deployment: Deployment, port: int, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     log = (deployment.state_dir / "console.log").open("ab")
     process = subprocess.Popen(
         [str(BIN / "digest"), "console", "--port", str(port)],
         cwd=ROOT,
-        env=deployment.env,
+        env={**deployment.env, **(env or {})},
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -113,7 +118,7 @@ def test_an_operator_steers_runs_from_the_console(
     deployment.worker("w1", concurrency=2, env=worker_env)
     deployment.beat()
     port = free_port()
-    console(deployment, port)
+    console(deployment, port, env=fake_anthropic.env())  # a fork's preview asks the model
     base = f"http://127.0.0.1:{port}"
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     shots.mkdir(exist_ok=True)
@@ -175,12 +180,19 @@ def test_an_operator_steers_runs_from_the_console(
     assert [r.key for r in deployment.view("2026-w43").steps] == ["select", "summarize:i1"]
     assert fake_anthropic.calls == 1
 
-    # Fork a finished one from its compose step: a new run, its own email.
+    # Fork a finished one from its compose step: a new run, its own email. Its preview asks
+    # the fake model for the opening the CLI wrote offline, and says what that call costs.
     page.goto(base + "/runs/2026-w42")
     page.select_option("#fork-step", "compose")
     page.click("#fork-preview")
-    # The fake model answers the opening as before: the preview says the email would not change.
-    assert "the same email: this fork would change nothing" in page.locator("#diff").inner_text()
+    assert "run again from “compose the introduction”" in page.locator("h1").inner_text()
+    cost = page.locator("#fork-cost").inner_text()
+    assert re.fullmatch(r"1 model call, costing \$0\.\d{4}", cost) and not cost.endswith("0000")
+    assert fake_anthropic.calls == 2  # the preview's own call, charged to nothing
+    diff = page.locator("#diff").inner_text().splitlines()
+    previewed = [line[1:] for line in diff if line.startswith("+") and line[:3] != "+++"]
+    assert previewed[0].startswith("opening for Dark mode"), diff
+    page.screenshot(path=str(shots / "console-fork.png"), full_page=True)
     page.click("#fork-confirm")
     assert (
         "forked digest:2026-w42 at compose as digest:2026-w42-fork1"
@@ -188,7 +200,11 @@ def test_an_operator_steers_runs_from_the_console(
     )
     assert page.url.endswith("/runs/2026-w42-fork1")
     wait_until(lambda: state_of(page, base + "/runs/2026-w42-fork1", "sent"), 30, "the fork done")
-    assert (outbox / "digest-2026-w42-fork1.json").exists()
+    sent = json.loads((outbox / "digest-2026-w42-fork1.json").read_text())
+    assert all(line in sent["body"] for line in previewed)  # what went out is what was shown
+    assert fake_anthropic.calls == 3  # the fork's own call
+    composed = deployment.view("2026-w42-fork1").step("compose")
+    assert composed is not None and cost.endswith(dollars(composed.result["cost_usd"]))
     assert "from digest:2026-w42 at compose" in page.inner_text("dl")
 
     # Readable on a phone: the runs page at a phone's width keeps week, status and cost.

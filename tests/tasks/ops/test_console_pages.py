@@ -7,6 +7,8 @@ In process, with Flask's test client; the same runs are seen in a browser in
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +16,14 @@ import pytest
 import redis
 
 from journal import Run
+from tasks.job.claims import Held
+from tasks.job.report import counted
+from tasks.llm.client import Completion, OfflineSummarizer
+from tasks.llm.prompts import Update
 from tasks.ops.console import Names, create_app
 from tasks.ops.run_page import badge
 from tests.support import execute
-from tests.tasks.ops.console_states import every_state, runtime_for
+from tests.tasks.ops.console_states import every_state, runtime_for, start, week
 
 LOCAL = Names.bound("127.0.0.1", 80)
 
@@ -196,3 +202,77 @@ def test_the_runs_page_searches_filters_and_says_a_holder_is_gone(listing: Any) 
     assert 'id="flower"' in sent
     assert re.findall(r'href="/runs/([^"]+)"', sent) == ["2026-w46", "2026-w42"]
     assert listing.get("/?outcome=bogus").status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("n", "said"),
+    [(0, "no model calls"), (1, "1 model call"), (2, "2 model calls")],
+)
+def test_a_count_agrees_with_its_noun(n: int, said: str) -> None:
+    assert counted(n, "model call") == said
+
+
+def test_a_count_takes_a_plural_that_is_not_the_noun_and_s() -> None:
+    assert [counted(n, "delivery", "deliveries") for n in (1, 3)] == ["1 delivery", "3 deliveries"]
+
+
+def test_a_run_of_one_item_counts_it_in_the_singular(
+    real_redis: redis.Redis, prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    runtime = runtime_for(real_redis, prefix, tmp_path)
+    start("2026-w40", items=week(tmp_path, "a", size=1))
+    page = create_app(runtime, LOCAL).test_client().get("/runs/2026-w40").get_data(as_text=True)
+    text = " ".join(shown(page).split())
+    assert "Sent 1 item to team@example.com" in text
+    assert "1 delivery to a worker so far" in text
+    assert "$0.0000 for no model calls" in text  # offline summaries are no model call
+    assert "marked sent: 1 item sent in all weeks so far" in text
+    assert not re.search(r"\b1 (item|step|model call|deliverie)s\b", text)
+
+
+@pytest.mark.parametrize("send", ["", "ambiguous"])
+def test_what_another_run_holds_agrees_with_one_item(send: str) -> None:
+    # As a held week's page and its report say it, one of its lines per holder.
+    one = Held("digest:2026-w45", 1, "failed", "the API key was refused", send).line()
+    assert one.startswith("1 is held by digest:2026-w45 (")
+    assert Held("digest:2026-w45", 8, "failed", send=send).line().startswith("8 are held by ")
+
+
+class PricedOpening(OfflineSummarizer):
+    """Offline summaries, and an opening from a priced model: a fork that costs something."""
+
+    name = "claude-haiku-5-5"
+    remote = True
+
+    def compose(self, pairs: Sequence[tuple[Update, str]], model: str | None = None) -> Completion:
+        return Completion("A new opening.", 1000, 200, model or self.name)
+
+
+def test_a_forks_preview_says_its_steps_and_its_cost_in_the_operators_words(
+    real_redis: redis.Redis, prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    runtime = runtime_for(real_redis, prefix, tmp_path)
+    start("2026-w40", items=week(tmp_path, "a", size=1))  # recorded with offline summaries
+    client = create_app(replace(runtime, summarizer=PricedOpening()), LOCAL).test_client()
+
+    page = client.get("/runs/2026-w40/fork?step=compose").get_data(as_text=True)
+    text = " ".join(shown(page).split())
+    assert "Fork 2026-w40: run again from “compose the introduction”?" in text
+    assert (
+        "The fork would run 1 step (compose the introduction) and make 1 model call, "
+        "costing $0.0060" in text
+    )
+    assert "+A new opening." in text
+    assert re.search(r'id="fork-confirm">Fork: run again from “compose the introduction”<', page)
+
+    page = client.get("/runs/2026-w40/fork?step=summarize:ai1").get_data(as_text=True)
+    text = " ".join(shown(page).split())
+    assert (
+        "would run 2 steps (summarize ai1, compose the introduction) and make 2 model calls" in text
+    )
+
+    offline = create_app(runtime, LOCAL).test_client()
+    page = offline.get("/runs/2026-w40/fork?step=compose").get_data(as_text=True)
+    assert "and make no model calls, costing nothing" in " ".join(shown(page).split())

@@ -86,8 +86,9 @@ def test_each_run_state_reads_in_a_browser(
     page.goto(f"{base}/runs/{runs['sent']}")
     page.select_option("#fork-step", "compose")
     page.click("#fork-preview")
-    assert "Fork 2026-w40 from compose?" in page.locator("h1").inner_text()
-    page.screenshot(path=str(shots / "console-fork.png"), full_page=True)
+    said = page.locator("h1").inner_text()
+    assert said == "Fork 2026-w40: run again from “compose the introduction”?"
+    assert page.locator("#fork-cost").inner_text() == "no model calls, costing nothing"
 
 
 def test_ten_thousand_runs_page_and_read_at_phone_width(
