@@ -463,12 +463,12 @@ class DurableWorkflow(Generic[Opts, R]):
         The store being down must not stop a send (the broker may be up): that delivery then
         relies on the broker alone, as every delivery did before runs were armed.
         """
-        journal = self._journal()
-        keys = journal.keys(self.workflow.name, run_id)
+        run = f"{self.workflow.name}:{run_id}"
         try:
-            journal.expect(keys, args)
+            journal = self._journal()
+            journal.expect(journal.keys(self.workflow.name, run_id), args)
         except StoreUnavailable as down:
-            log.warning("%s; %s sent unarmed: a lost message waits for the broker", down, keys.run)
+            log.warning("%s; %s sent unarmed: a lost message waits for the broker", down, run)
 
     def start(self, run_id: str, options: Opts | None = None, **celery_options: Any) -> Any:
         """Send one delivery of ``run_id`` with typed options; Celery's ``AsyncResult`` back.
