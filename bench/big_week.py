@@ -19,7 +19,6 @@ runs it as its only child.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -33,7 +32,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench
 sys.path.insert(0, str(_ROOT))
 
 from tests.fakes.anthropic_server import FakeAnthropic  # noqa: E402
-from tests.support import BIN, Deployment, round_trips  # noqa: E402
+from tests.support import BIN, Deployment, fresh_items, round_trips  # noqa: E402
 
 # Runs its arguments as a child and prints the child's peak resident set, kilobytes, last.
 _PEAK = (
@@ -72,31 +71,19 @@ def measured(deployment: Deployment, *args: str, env: dict[str, str] | None = No
     return Measured(wall, peak_kb / 1024, done.stdout)
 
 
-def items_file(directory: Path, tag: str, count: int) -> Path:
-    """``count`` updates, the shipped eight over and over, under ids of their own."""
-    shipped = json.loads((_ROOT / "data" / "items.json").read_text(encoding="utf-8"))
-    items = [
-        {**shipped[n % len(shipped)], "id": f"{tag}-{n}", "title": f"{tag} update {n}"}
-        for n in range(count)
-    ]
-    path = directory / f"items-{tag}.json"
-    path.write_text(json.dumps(items))
-    return path
-
-
 def offline(directory: Path, count: int) -> None:
     """The week offline: timed, then the next one counted, the first rehearsed and shown."""
     deployment = Deployment(directory / "offline", DIGEST_LEASE_TTL="60")
     try:
         deployment.client().ping()  # the embedded server starts before timing
         run = measured(
-            deployment, "run", "2031-w01", "--items", str(items_file(directory, "a", count))
+            deployment, "run", "2031-w01", "--items", str(fresh_items(directory, "a", count))
         )
         print(
             f"offline, {count} items: digest run {run.wall:.1f} s "
             f"({run.wall / count * 1000:.2f} ms an item), peak {run.peak_mb:.0f} MB"
         )
-        again = items_file(directory, "b", count)
+        again = fresh_items(directory, "b", count)
         sent = round_trips(
             deployment.client(),
             lambda: measured(deployment, "run", "2031-w02", "--items", str(again)),
@@ -132,7 +119,7 @@ def through_api(directory: Path, count: int, rate: float, latency: float, concur
         )
         try:
             deployment.client().ping()
-            items = items_file(directory, "c", count)
+            items = fresh_items(directory, "c", count)
             run = measured(deployment, "run", "2031-w03", "--items", str(items))
         finally:
             deployment.close()

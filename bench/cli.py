@@ -16,7 +16,6 @@ each row is the median wall time and its ratio to the floor's median. The target
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -30,6 +29,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench
 sys.path.insert(0, str(_ROOT))
 
 from journal.contrib.embedded import stop_embedded  # noqa: E402
+from tests.support import fresh_items  # noqa: E402
 
 BIN = Path(sys.executable).parent
 RUN = "2026-w42"
@@ -64,14 +64,6 @@ def exit_lag(command: list[str], env: dict[str, str], cwd: Path) -> float:
     return time.perf_counter() - last
 
 
-def items_file(directory: Path, tag: str) -> Path:
-    """Eight updates no earlier round has covered, so each full run summarizes all of them."""
-    shipped = json.loads((_ROOT / "data" / "items.json").read_text(encoding="utf-8"))
-    path = directory / f"items-{tag}.json"
-    path.write_text(json.dumps([{**item, "id": f"{tag}-{item['id']}"} for item in shipped]))
-    return path
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
@@ -83,7 +75,7 @@ def main() -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DIGEST_", "CRASH"))}
         for name in ("ANTHROPIC_API_KEY", "REDIS_URL", "CELERY_BROKER_URL"):
             env.pop(name, None)
-        env |= {"DIGEST_STATE_DIR": str(state), "DIGEST_ITEMS": str(items_file(here, "w42"))}
+        env |= {"DIGEST_STATE_DIR": str(state), "DIGEST_ITEMS": str(fresh_items(here, "w42"))}
         try:
             subprocess.run(
                 [str(BIN / "digest"), "run", RUN],
@@ -97,7 +89,7 @@ def main() -> None:
             for round_ in range(rounds):
                 for name, (command, _) in COMMANDS.items():
                     times[name].append(timed(command, env, here))
-                fresh = env | {"DIGEST_ITEMS": str(items_file(here, f"r{round_}"))}
+                fresh = env | {"DIGEST_ITEMS": str(fresh_items(here, f"r{round_}"))}
                 lags.append(
                     exit_lag([str(BIN / "digest"), "run", f"2027-w{round_ + 1:02d}"], fresh, here)
                 )

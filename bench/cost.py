@@ -38,18 +38,11 @@ from journal.contrib.embedded import embedded_url, stop_embedded  # noqa: E402
 from journal.ops.views import inspect_run  # noqa: E402
 from tasks.llm.cost import Usage, usage_of  # noqa: E402
 from tests.fakes.anthropic_server import FakeAnthropic  # noqa: E402
+from tests.support import fresh_items  # noqa: E402
 
 BIN = Path(sys.executable).parent
 CONCURRENCY = 3
 TARGET = 0.55
-
-
-def items_file(directory: Path, tag: str) -> Path:
-    """The shipped eight updates under ids no other run has used (same titles and bodies)."""
-    shipped = json.loads((_ROOT / "data" / "items.json").read_text(encoding="utf-8"))
-    path = directory / f"items-{tag}.json"
-    path.write_text(json.dumps([{**item, "id": f"{tag}-{item['id']}"} for item in shipped]))
-    return path
 
 
 def journal_in(here: Path) -> Journal:
@@ -109,11 +102,11 @@ def main(argv: list[str] | None = None) -> None:
         }
         try:
             embedded_url(state)  # started before timing, as a deployment's server is
-            sync_env = env | {"DIGEST_ITEMS": str(items_file(here, "sync"))}
+            sync_env = env | {"DIGEST_ITEMS": str(fresh_items(here, "sync"))}
             sync_wall, _ = run(sync_env, here, "2029-w01")
             calls = fake.calls
             fake.forget_cache()  # as if the two runs were a week apart
-            batch_env = env | {"DIGEST_ITEMS": str(items_file(here, "batch"))}
+            batch_env = env | {"DIGEST_ITEMS": str(fresh_items(here, "batch"))}
             batch_wall, invocations = run(batch_env, here, "2029-w02", "--batch")
             sync, batch = usage(here, "2029-w01"), usage(here, "2029-w02")
         finally:

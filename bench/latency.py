@@ -31,19 +31,12 @@ sys.path.insert(0, str(_ROOT))
 
 from journal.contrib.embedded import embedded_url, stop_embedded  # noqa: E402
 from tests.fakes.anthropic_server import FakeAnthropic  # noqa: E402
+from tests.support import fresh_items  # noqa: E402
 
 BIN = Path(sys.executable).parent
 LATENCY = 1.0
 CONCURRENCY = 3
 SLACK = 1.15
-
-
-def items_file(directory: Path, tag: str) -> Path:
-    """The shipped eight updates under ids no earlier round has used."""
-    shipped = json.loads((_ROOT / "data" / "items.json").read_text(encoding="utf-8"))
-    path = directory / f"items-{tag}.json"
-    path.write_text(json.dumps([{**item, "id": f"{tag}-{item['id']}"} for item in shipped]))
-    return path
 
 
 def sdk_import_time() -> float:
@@ -84,7 +77,7 @@ def through_worker(fake: FakeAnthropic, directory: Path, rounds: int) -> list[fl
         walls: list[float] = []
         for round_ in range(rounds + 1):
             week = f"2028-w{round_ + 1:02d}"
-            items = str(items_file(directory, f"w{round_}"))
+            items = str(fresh_items(directory, f"w{round_}"))
             started = time.perf_counter()
             digest.start(week, DigestOptions(items=items))
 
@@ -173,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
             embedded_url(state)  # started before timing, as a deployment's server is
             for round_ in range(rounds):
                 week = f"2027-w{round_ + 1:02d}"
-                fresh = env | {"DIGEST_ITEMS": str(items_file(here, f"r{round_}"))}
+                fresh = env | {"DIGEST_ITEMS": str(fresh_items(here, f"r{round_}"))}
                 arrivals.clear()
                 started = time.perf_counter()
                 subprocess.run(

@@ -26,7 +26,6 @@ most 1.1x the floor, at most 2% of requests refused.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -41,7 +40,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench
 sys.path.insert(0, str(_ROOT))
 
 from tests.fakes.anthropic_server import FakeAnthropic, prompt_tokens  # noqa: E402
-from tests.support import Deployment, wait_until  # noqa: E402
+from tests.support import Deployment, fresh_items, wait_until  # noqa: E402
 
 LATENCY = 0.25
 RATE = 4.0  # requests a second, burst 4
@@ -70,18 +69,6 @@ class Round:
         return self.refused / max(1, self.answered + self.refused)
 
 
-def items_file(directory: Path, tag: str, count: int) -> Path:
-    """``count`` updates, the shipped eight over and over, under ids of their own."""
-    shipped = json.loads((_ROOT / "data" / "items.json").read_text(encoding="utf-8"))
-    items = [
-        {**shipped[n % len(shipped)], "id": f"{tag}-{n}", "title": f"{tag} update {n}"}
-        for n in range(count)
-    ]
-    path = directory / f"items-{tag}.json"
-    path.write_text(json.dumps(items))
-    return path
-
-
 def token_floor(fake: FakeAnthropic) -> float:
     """The input-token floor: each model's answered input tokens over the token rate (each
     model has buckets of its own), the slowest model's, plus the last call's latency.
@@ -105,7 +92,7 @@ def one_week(directory: Path, tag: str, *, tokens: bool) -> Round:
         deployment = Deployment(directory / tag, **fake.env(), DIGEST_LEASE_TTL="30")
         try:
             deployment.client().ping()  # the embedded server starts before timing
-            items = items_file(directory, tag, 40)
+            items = fresh_items(directory, tag, 40)
             started = time.perf_counter()
             done = deployment.cli("run", "2029-w01", env={"DIGEST_ITEMS": str(items)})
             wall = time.perf_counter() - started
@@ -150,7 +137,7 @@ def three_weeks(directory: Path, rounds: int) -> list[Round]:
                 answered, refused, first = fake.answered(), fake.refused, len(arrivals)
                 weeks = [f"20{30 + round_}-w{n:02d}" for n in (1, 2, 3)]
                 tag = f"c2r{round_}"
-                files = [str(items_file(directory, f"{tag}-{n}", 20)) for n in range(3)]
+                files = [str(fresh_items(directory, f"{tag}-{n}", 20)) for n in range(3)]
                 started = time.perf_counter()
                 for week, items in zip(weeks, files, strict=True):
                     digest.start(week, DigestOptions(items=items))

@@ -7,6 +7,7 @@ Every test that starts processes gets its own state dir, hence its own embedded 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -31,6 +32,7 @@ from journal.contrib.embedded import embedded_url, stop_embedded, valkey_server_
 from journal.events import listen
 from journal.ops.views import RunView, inspect_run
 from tasks.config import Config
+from tasks.keys import DigestKeys
 from tasks.runtime import Runtime
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -224,6 +226,59 @@ def recorded_events() -> Iterator[list[Event]]:
         yield sink
     finally:
         _event_sinks.remove(sink)
+
+
+def fresh_items(directory: Path, tag: str, count: int | None = None) -> Path:
+    """The shipped updates under ids no other run has used, so a run summarizes them all.
+
+    Without ``count``, the shipped eight once, ids prefixed with ``tag``; with it, the eight
+    over and over up to ``count``, each numbered in its id and title (a week of thousands).
+    """
+    shipped = json.loads((ROOT / "data" / "items.json").read_text(encoding="utf-8"))
+    if count is None:
+        items = [{**item, "id": f"{tag}-{item['id']}"} for item in shipped]
+    else:
+        items = [
+            {**shipped[n % len(shipped)], "id": f"{tag}-{n}", "title": f"{tag} update {n}"}
+            for n in range(count)
+        ]
+    path = directory / f"items-{tag}.json"
+    path.write_text(json.dumps(items))
+    return path
+
+
+def fake_api_runtime(config: Config, client: redis.Redis, journal: Journal, fake: Any) -> Runtime:
+    """A runtime whose model calls go to ``fake`` (a ``FakeAnthropic``), its email to a file.
+
+    The first model of each chain is the summarizer's; the rest of a chain is the config's.
+    """
+    from tasks.llm.client import AnthropicSummarizer
+    from tasks.mail.smtp import FileOutbox
+
+    return Runtime(
+        config=config,
+        client=client,
+        journal=journal,
+        keys=DigestKeys(config.key_prefix),
+        summarizer=AnthropicSummarizer(
+            functools.partial(fake.client, timeout=5.0),
+            config.summary_models[0],
+            config.intro_models[0],
+        ),
+        mailer=FileOutbox(config.state_dir / "outbox"),
+    )
+
+
+def counted_by(counter: Any, **labels: str) -> float:
+    """What a prometheus counter of this process counted for ``labels`` (its ``_total``)."""
+    [family] = counter.collect()
+    return float(
+        sum(
+            sample.value
+            for sample in family.samples
+            if sample.name.endswith("_total") and sample.labels == labels
+        )
+    )
 
 
 def digest_env(state_dir: Path, **overrides: str) -> dict[str, str]:

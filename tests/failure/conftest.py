@@ -32,10 +32,10 @@ ITEMS = len(WEEK)
 _PROBLEM = re.compile(r"ERROR/|CRITICAL/|raised unexpected|Traceback")
 
 _ENQUEUE = """
-import sys
+import json, sys
 from tasks import digest
 for _ in range(int(sys.argv[2])):
-    print(digest.delay(sys.argv[1]).id)
+    print(digest.delay(sys.argv[1], **json.loads(sys.argv[3])).id)
 """
 
 
@@ -46,10 +46,10 @@ def live(deployment: Deployment, fake_anthropic: FakeAnthropic) -> Iterator[Depl
     yield deployment
 
 
-def enqueue(deployment: Deployment, times: int = 1, run_id: str = RUN) -> list[str]:
-    """Deliver ``digest(run_id)`` ``times`` times from one producer process; the task ids."""
+def enqueue(deployment: Deployment, times: int = 1, run_id: str = RUN, **options: str) -> list[str]:
+    """Deliver ``digest(run_id, **options)`` ``times`` times from one producer; the task ids."""
     done = subprocess.run(
-        [sys.executable, "-c", _ENQUEUE, run_id, str(times)],
+        [sys.executable, "-c", _ENQUEUE, run_id, str(times), json.dumps(options)],
         cwd=ROOT,
         env=deployment.env,
         capture_output=True,

@@ -14,19 +14,16 @@ ahead), with its arguments, so the sweep sends it again unless a delivery opened
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.failure.conftest import RUN
-from tests.support import ROOT, Deployment, wait_until
+from tests.failure.conftest import RUN, enqueue
+from tests.support import Deployment, wait_until
 
 pytestmark = pytest.mark.slow
 
 
 TO = "lost-and-found@example.org"
-_SEND = "import sys; from tasks import digest; digest.delay(sys.argv[1], to=sys.argv[2])"
 
 
 def lose_every_queued_message(deployment: Deployment) -> int:
@@ -43,16 +40,7 @@ def test_a_run_whose_first_delivery_is_lost_is_delivered_by_the_sweep(
     deployment: Deployment,
 ) -> None:
     deployment.env.update(DIGEST_OFFLINE="1", DIGEST_REDELIVER_AFTER="2")
-    sent = subprocess.run(
-        [sys.executable, "-c", _SEND, RUN, TO],
-        cwd=ROOT,
-        env=deployment.env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert sent.returncode == 0, sent.stderr
+    enqueue(deployment, to=TO)
     assert lose_every_queued_message(deployment) == 1
     assert deployment.view(RUN).status == "new"
 

@@ -25,16 +25,14 @@ from tasks.config import Config
 from tasks.config.limits import Overrides
 from tasks.errors import is_transient_failure
 from tasks.job.workflow import DigestOptions, run_digest
-from tasks.keys import DigestKeys
 from tasks.llm.client import AnthropicSummarizer
 from tasks.llm.ratelimit import RateLimiter
-from tasks.mail.smtp import FileOutbox
 from tasks.ops.cli.render import outcome_line, render_view, result_lines
 from tasks.ops.console import Names, create_app
 from tasks.runtime import Runtime
 from tasks.worker import metrics
 from tests.fakes.anthropic_server import PROMPT_TOO_LONG, FakeAnthropic
-from tests.support import execute
+from tests.support import counted_by, execute, fake_api_runtime
 
 ITEMS = [{"id": i, "title": f"Item {i}", "body": f"Body {i}. More {i}."} for i in ("a", "b", "c")]
 START = 1_800_000_000.0
@@ -67,28 +65,13 @@ def runtime(
     config.check()
     retry = RunRetry(retryable=is_transient_failure, first_delay=3600, max_delay=3600)
     settings = Settings(lease_ttl=2, run_retry=retry)
-    return Runtime(
-        config=config,
-        client=real_redis,
-        journal=Journal(real_redis, keyspace=Keyspace(prefix), settings=settings, clock=clock),
-        keys=DigestKeys(prefix),
-        summarizer=AnthropicSummarizer(
-            functools.partial(fake_anthropic.client, timeout=5.0),
-            config.summary_models[0],
-            config.intro_models[0],
-        ),
-        mailer=FileOutbox(tmp_path / "state" / "outbox"),
-    )
+    journal = Journal(real_redis, keyspace=Keyspace(prefix), settings=settings, clock=clock)
+    return fake_api_runtime(config, real_redis, journal, fake_anthropic)
 
 
 def degraded_count(kind: str) -> float:
     """``digest_degraded_items_total{kind}`` as this process counted it."""
-    [family] = metrics.DEGRADED.collect()
-    return sum(
-        sample.value
-        for sample in family.samples
-        if sample.name == "digest_degraded_items_total" and sample.labels == {"kind": kind}
-    )
+    return counted_by(metrics.DEGRADED, kind=kind)
 
 
 def deliver(runtime: Runtime, run_id: str) -> dict[str, Any]:

@@ -8,7 +8,6 @@ patched. A refusal (a 400) is never a reason to ask the next model.
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
@@ -20,14 +19,11 @@ from journal.ops.views import inspect_run
 from tasks.config import Config
 from tasks.errors import ModelRefused, ModelUnavailable
 from tasks.job.workflow import run_digest
-from tasks.keys import DigestKeys
-from tasks.llm.client import AnthropicSummarizer
-from tasks.mail.smtp import FileOutbox
 from tasks.ops.cli.render import render_view
 from tasks.runtime import Runtime
 from tasks.worker import metrics
 from tests.fakes.anthropic_server import PROMPT_TOO_LONG, FakeAnthropic
-from tests.support import execute
+from tests.support import counted_by, execute, fake_api_runtime
 
 ITEMS = [{"id": i, "title": f"Item {i}", "body": f"Body {i}."} for i in ("a", "b", "c")]
 PRIMARY = "claude-haiku-5-5"
@@ -62,28 +58,13 @@ def runtime(
         retry_base_delay=0.01,
     )
     config.check()
-    return Runtime(
-        config=config,
-        client=real_redis,
-        journal=Journal(real_redis, keyspace=Keyspace(prefix), settings=Settings(lease_ttl=2)),
-        keys=DigestKeys(prefix),
-        summarizer=AnthropicSummarizer(
-            functools.partial(fake_anthropic.client, timeout=5.0),
-            config.summary_models[0],
-            config.intro_models[0],
-        ),
-        mailer=FileOutbox(tmp_path / "state" / "outbox"),
-    )
+    journal = Journal(real_redis, keyspace=Keyspace(prefix), settings=Settings(lease_ttl=2))
+    return fake_api_runtime(config, real_redis, journal, fake_anthropic)
 
 
 def fallbacks_from(model: str) -> float:
     """``digest_model_fallbacks_total{model}`` as this process counted it."""
-    [family] = metrics.FALLBACKS.collect()
-    return sum(
-        sample.value
-        for sample in family.samples
-        if sample.name == "digest_model_fallbacks_total" and sample.labels == {"model": model}
-    )
+    return counted_by(metrics.FALLBACKS, model=model)
 
 
 def answered_by(runtime: Runtime, run_id: str) -> dict[str, str]:
