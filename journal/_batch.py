@@ -11,7 +11,7 @@ import logging
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from journal._cancel import Cancelled
@@ -262,47 +262,44 @@ def cancel_key(prefix: str, n: int) -> str:
     return f"cancel:{prefix}-{n}"
 
 
+@dataclass(eq=False)
 class BatchStep(Generic[X, T]):
-    """One ``Run.batch`` call: its batches one after another, then the synchronous rest."""
+    """One ``Run.batch`` call: its batches one after another, then the synchronous rest.
 
-    def __init__(
-        self,
-        run: BatchRun,
-        prefix: str,
-        items: Sequence[X],
-        request: Callable[[X], Mapping[str, Any]],
-        *,
-        key: Callable[[X], str],
-        api: BatchApi,
-        settle: Callable[[X, BatchEntry], T],
-        fallback: Callable[[X], T],
-        policy: BatchPolicy,
-        retry: RetryPolicy | None,
-        concurrency: int,
-        reserve: Callable[[str, Sequence[X]], None] | None,
-    ) -> None:
-        self.run = run
-        self.prefix = prefix
-        self.items = items
-        self.request = request
-        self.api = api
-        self.settle = settle
-        self.fallback = fallback
-        self.policy = policy
-        self.retry = retry
-        self.concurrency = concurrency
-        self.reserve = reserve
-        self.key = key
-        self.ids = [key(item) for item in items]
+    Its working state (the step keys, what is answered) is derived from the arguments once.
+    """
+
+    run: BatchRun
+    prefix: str
+    items: Sequence[X]
+    request: Callable[[X], Mapping[str, Any]]
+    _: KW_ONLY
+    key: Callable[[X], str]
+    api: BatchApi
+    settle: Callable[[X, BatchEntry], T]
+    fallback: Callable[[X], T]
+    policy: BatchPolicy
+    retry: RetryPolicy | None
+    concurrency: int
+    reserve: Callable[[str, Sequence[X]], None] | None
+    ids: list[str] = field(init=False)
+    custom: list[str] = field(init=False)
+    index: dict[str, int] = field(init=False)
+    by_custom: dict[str, int] = field(init=False)
+    steps: list[str] = field(init=False)
+    results: list[Any] = field(init=False)
+    done: set[int] = field(init=False, default_factory=set)
+    first_at: float | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.ids = [self.key(item) for item in self.items]
         self.custom = [custom_id(item_key) for item_key in self.ids]
         if len(set(self.custom)) != len(self.custom):
-            raise ValueError(f"batch {prefix!r}: item keys are not unique")
+            raise ValueError(f"batch {self.prefix!r}: item keys are not unique")
         self.index = {item_key: n for n, item_key in enumerate(self.ids)}
         self.by_custom = {custom: n for n, custom in enumerate(self.custom)}
-        self.steps = [f"{prefix}:{item_key}" for item_key in self.ids]
-        self.results: list[Any] = [None] * len(items)
-        self.done: set[int] = set()
-        self.first_at: float | None = None
+        self.steps = [f"{self.prefix}:{item_key}" for item_key in self.ids]
+        self.results = [None] * len(self.items)
 
     def __call__(self) -> list[T]:
         run = self.run
