@@ -44,7 +44,7 @@ import redis
 from journal._clock import millis
 from journal._holder import ProcessIdentity
 from journal._lease import Holding
-from journal._redis.backend import Confirmed, EffectClaimed, EffectTerms, Settled
+from journal._redis.backend import Claimant, Confirmed, EffectClaimed, EffectTerms, Settled
 from journal._schema import codec
 from journal.errors import (
     EffectAmbiguous,
@@ -134,9 +134,8 @@ class Effect:
         earlier = ""
         while True:
             self._claimed_at = time.monotonic()  # before the request: a deadline never grows
-            claim = self._backend.effect_claim(
-                self._keys, self._holder, self.key, self._fence, me.encode(), earlier, terms
-            )
+            us = Claimant(self._holder, self._fence, me.encode(), earlier)
+            claim = self._backend.effect_claim(self._keys, self.key, us, terms)
             if claim.status is EffectClaimed.CLAIMED:
                 self.resumed = claim.resumed
                 return

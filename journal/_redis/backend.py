@@ -305,6 +305,25 @@ class OpenReply:
 
 
 @dataclass(frozen=True)
+class Claimant:
+    """Who claims an effect (see ``effect_claim.lua``).
+
+    Attributes:
+        holder: the claimant's lease, ``<fence>:<token>``: only the run's holder claims.
+        fence: its fence, which the claim carries so a later holder knows whose it was.
+        process: its process identity (``ProcessIdentity.encode``), by which a later
+            claimant may prove it gone.
+        earlier: ``"dead"`` when the claimant proved the earlier claimant's process gone (its
+            claim is taken over at once), else ``""``.
+    """
+
+    holder: str
+    fence: int
+    process: str
+    earlier: str = ""
+
+
+@dataclass(frozen=True)
 class EffectTerms:
     """What a claim asks of the store besides who claims.
 
@@ -379,14 +398,7 @@ class StepStore(Protocol):
         ...
 
     def effect_claim(
-        self,
-        keys: RunKeys,
-        holder: str,
-        effect: str,
-        fence: int,
-        process: str,
-        earlier: str,
-        terms: EffectTerms,
+        self, keys: RunKeys, effect: str, claimant: Claimant, terms: EffectTerms
     ) -> EffectClaim:
         """Claim ``effect`` for this fence before it is performed."""
         ...
@@ -755,25 +767,18 @@ class RedisBackend:
     # -- effects ---------------------------------------------------------------------------
 
     def effect_claim(
-        self,
-        keys: RunKeys,
-        holder: str,
-        effect: str,
-        fence: int,
-        process: str,
-        earlier: str,
-        terms: EffectTerms,
+        self, keys: RunKeys, effect: str, claimant: Claimant, terms: EffectTerms
     ) -> EffectClaim:
         """Claim ``effect`` for this fence, unless an earlier claimant may still be acting."""
         reply = self.scripts.effect_claim(
             keys=[keys.lease, keys.effects],
             args=[
-                holder,
+                claimant.holder,
                 effect,
-                fence,
+                claimant.fence,
                 terms.claim_ms,
-                process,
-                earlier,
+                claimant.process,
+                claimant.earlier,
                 "1" if terms.repeatable else "",
                 terms.unknown,
                 "1" if terms.revocable else "",

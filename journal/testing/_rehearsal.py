@@ -26,6 +26,7 @@ from journal._clock import Clock
 from journal._lease import Holding, InFlight
 from journal._redis.backend import (
     NO_WAIT,
+    Claimant,
     Confirmed,
     EffectClaim,
     EffectTerms,
@@ -123,14 +124,7 @@ class MemoryStore:
         return self._signals.get(name)
 
     def effect_claim(
-        self,
-        keys: RunKeys,
-        holder: str,
-        effect: str,
-        fence: int,
-        process: str,
-        earlier: str,
-        terms: EffectTerms,
+        self, keys: RunKeys, effect: str, claimant: Claimant, terms: EffectTerms
     ) -> EffectClaim:
         """Refuse: a replay never performs an effect (the policy says how it refuses)."""
         self._policy.refuse_effect(effect)

@@ -18,6 +18,7 @@ from journal import Journal
 from journal._lease import Grant, Lease
 from journal._redis.backend import (
     DELETE,
+    Claimant,
     Closed,
     Closing,
     Confirmed,
@@ -134,13 +135,13 @@ def test_a_live_claim_an_earlier_holder_has_not_confirmed_yet_is_waited_for(
     journal: Journal, store: redis.Redis, keys: RunKeys
 ) -> None:
     first = take(journal, keys)
-    claimed = journal.backend.effect_claim(keys, first.holder, "send", 1, "p1", "", TERMS)
+    claimed = journal.backend.effect_claim(keys, "send", Claimant(first.holder, 1, "p1"), TERMS)
     assert claimed.status is EffectClaimed.CLAIMED
     store.delete(keys.lease)  # the first holder's lease lapsed, its claim did not
     second = take(journal, keys)
     before = hash_of(store, keys.effects)
 
-    waits = journal.backend.effect_claim(keys, second.holder, "send", 2, "p2", "", TERMS)
+    waits = journal.backend.effect_claim(keys, "send", Claimant(second.holder, 2, "p2"), TERMS)
 
     assert waits.status is EffectClaimed.CLAIMED_BY_EARLIER
     assert 0 < waits.remaining_ms <= 60_000
@@ -156,7 +157,9 @@ def test_an_ambiguous_effect_keeps_the_reason_it_was_found_with(
     before = hash_of(store, keys.effects)
     grant = take(journal, keys)
 
-    found = journal.backend.effect_claim(keys, grant.holder, "send", grant.fence, "p", "", TERMS)
+    found = journal.backend.effect_claim(
+        keys, "send", Claimant(grant.holder, grant.fence, "p"), TERMS
+    )
 
     assert (found.status, found.fence, found.detail) == (
         EffectClaimed.AMBIGUOUS,
@@ -217,7 +220,7 @@ def test_a_released_claim_keeps_no_reason_it_may_have_happened(
     journal: Journal, store: redis.Redis, keys: RunKeys
 ) -> None:
     grant = take(journal, keys)
-    claimed = journal.backend.effect_claim(keys, grant.holder, "send", 1, "p1", "", TERMS)
+    claimed = journal.backend.effect_claim(keys, "send", Claimant(grant.holder, 1, "p1"), TERMS)
     assert claimed.status is EffectClaimed.CLAIMED
 
     settled = journal.backend.effect_settle(keys, grant.holder, "send", 1, "released", b"")
