@@ -122,6 +122,24 @@ def test_a_sent_run_that_never_opens_is_claimed_with_its_arguments_after_rearm_a
     assert [claimed.run for claimed in journal.claim_due()] == ["wf:r1"]  # the nap's own time
 
 
+def test_a_run_armed_at_its_send_freezes_the_defaults_of_where_it_first_starts(
+    make_journal: MakeJournal,
+) -> None:
+    journal: Journal = make_journal(clock=ManualClock(T0))
+
+    @workflow("wf", defaults=lambda: {"to": "worker-default@example.org", "gate": True})
+    def wf(run: Run, **options: object) -> dict[str, object]:
+        return dict(options)
+
+    assert journal.expect(journal.keys("wf", "r1"), {"to": "sent@example.org"})
+    outcome = wf._start("r1", {"to": "sent@example.org"}, journal=journal)
+    # The send's options and the worker's defaults, frozen together by the first start: a
+    # run frozen at its send would lose the defaults (the gate) and take them from wherever
+    # each later start ran.
+    assert outcome.result == {"to": "sent@example.org", "gate": True}
+    assert journal.meta(journal.keys("wf", "r1")).args == outcome.result
+
+
 def test_a_run_that_has_opened_keeps_its_own_due_time_when_sent_again(
     make_journal: MakeJournal,
 ) -> None:
