@@ -36,8 +36,10 @@ def test_a_delivery_past_the_soft_time_limit_is_retried_from_where_it_stopped(
 ) -> None:
     live.env.update(
         DIGEST_MODEL_TIMEOUT="2",
-        DIGEST_RUN_RETRY_DELAY="1",
-        DIGEST_RUN_RETRY_MAX_DELAY="1",
+        # Long enough that `digest runs` still finds the run retrying on a loaded machine (its
+        # process starts in about a second); the sweep restarts it after that.
+        DIGEST_RUN_RETRY_DELAY="4",
+        DIGEST_RUN_RETRY_MAX_DELAY="4",
         DIGEST_CONCURRENCY="1",
     )
     fake_anthropic.delay = CALL_TIME
