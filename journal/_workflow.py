@@ -11,8 +11,8 @@ The options are either a frozen dataclass (``options=InvoiceOptions``; the body 
 ``fn(run, options: InvoiceOptions)``) or, with no ``options``, the body's keyword arguments
 (``fn(run, customer="c1")``). Either way they are checked (``journal._arguments``) before
 anything is sent or written, and travel and are frozen as a JSON object: the options given,
-a dataclass's fields left at their default omitted. ``defaults()`` fills the ones left out at
-the run's first start (a setting read from the environment, say), so they are frozen with the
+a dataclass's fields left at their default omitted. ``defaults(run_id)`` fills the ones left
+out at the run's first start (a setting read from the environment, say), so they are frozen with the
 others and a later change of the environment cannot change a started run.
 """
 
@@ -31,7 +31,7 @@ from journal._schema.keys import Keyspace
 Opts = TypeVar("Opts")
 R = TypeVar("R")
 
-Defaults = Callable[[], Mapping[str, Any]]
+Defaults = Callable[[str], Mapping[str, Any]]
 Observer = Callable[[StepEvent], None]
 
 
@@ -43,7 +43,9 @@ class Workflow(Generic[Opts, R]):
         body: ``body(run, options)`` with an ``options`` type, else ``body(run, **options)``.
         journal: the journal ``start`` uses unless given one.
         options: the frozen dataclass of the options; None for keyword options.
-        defaults: the options a run's first start fills in when they were left out.
+        defaults: ``defaults(run_id)``, the options a run's first start fills in when they
+            were left out; given the run id, so a default may follow from it (the deadline of
+            the week a run id names, say).
         on_step: told of every step after the caller's own observer (fault injection, say),
             however the run is started.
     """
@@ -152,7 +154,7 @@ class Workflow(Generic[Opts, R]):
                 raise TypeError(f"workflow {self.name!r} has no journal: pass one")
             journal = self._journal()
         keys = journal.keys(self.name, run_id)
-        merged = {**self._defaults(), **args} if self._defaults is not None else dict(args)
+        merged = {**self._defaults(run_id), **args} if self._defaults is not None else dict(args)
         check_arguments(keys.run, self._signature(), merged)
         return journal._deliver(
             keys, self.invoke, args=merged, on_step=self._observers(on_step), delivered=delivered

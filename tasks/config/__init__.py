@@ -21,7 +21,7 @@ from journal import redelivers_running, safe_time_limit
 from journal.logs import add_secret, add_url_secrets, redact
 from tasks.config.limits import Overrides
 from tasks.config.prices import PriceTable
-from tasks.config.schedule import DEFAULT_SCHEDULE, Schedule, Weekly
+from tasks.config.schedule import DEFAULT_SCHEDULE, Schedule, Weekly, week_monday
 from tasks.config.variables import SETTINGS
 from tasks.errors import BadInput
 
@@ -484,16 +484,25 @@ class Config:
                 "and a time in DIGEST_TIMEZONE, such as mon 11:00 (or mon 11:00:30)"
             ) from None
 
-    def degrade_deadline(self, start: float) -> float | None:
-        """The first ``DIGEST_DEGRADE_AT`` at or after ``start``, in epoch seconds; None if unset.
+    def degrade_deadline(self, run_id: str, start: float) -> float | None:
+        """A run's deadline in epoch seconds, or None if ``DIGEST_DEGRADE_AT`` is unset.
 
-        A run freezes it at its first start (``tasks.job.workflow.frozen_settings``), so a
-        change of the setting, or a resume after the deadline, never moves a run's deadline.
+        For a week's run id, the first ``DIGEST_DEGRADE_AT`` at or after the week's scheduled
+        time, however late the run first starts (a week first started past its deadline
+        degrades at once, rather than waiting for next week's); for any other id, the first
+        at or after ``start``, its first start. A run freezes it then
+        (``tasks.job.workflow.frozen_settings``), so a change of the setting never moves it.
         """
         weekly = self.parsed_degrade_at()
         if weekly is None:
             return None
-        return weekly.next_at(datetime.fromtimestamp(start, UTC), self.zone).timestamp()
+        monday = week_monday(run_id)
+        since = (
+            datetime.fromtimestamp(start, UTC)
+            if monday is None
+            else self.parsed_schedule().first_in_week(monday, self.zone)
+        )
+        return weekly.next_at(since, self.zone).timestamp()
 
     @property
     def zone(self) -> ZoneInfo:

@@ -19,6 +19,22 @@ DEFAULT_SCHEDULE = "mon 08:00"
 _DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _DAY_AND_TIME = re.compile(r"([a-z]{3})[a-z]*\s+(\d{1,2}):(\d{2})")
 _DAY_AND_TIME_SECONDS = re.compile(r"([a-z]{3})[a-z]*\s+(\d{1,2}):(\d{2})(?::(\d{2}))?")
+# A week's run id (``2026-w42``): four digits of ISO year, two of ISO week.
+WEEK_ID = re.compile(r"(\d{4})-w(\d{2})")
+
+
+def week_monday(run_id: str) -> date | None:
+    """The Monday of the ISO week a week's run id names; None for any other id.
+
+    ``2025-w53`` has the form of a week's id but names no week (2025 has 52): None too.
+    """
+    found = WEEK_ID.fullmatch(run_id)
+    if found is None:
+        return None
+    try:
+        return date.fromisocalendar(int(found.group(1)), int(found.group(2)), 1)
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -130,6 +146,13 @@ class Schedule:
         either = "*" not in (self.fields[2], self.fields[4])
         wanted = (by_date or by_weekday) if either else (by_date and by_weekday)
         return wanted and day.month in self.months
+
+    def first_in_week(self, monday: date, tz: ZoneInfo) -> datetime:
+        """The week's first occurrence; its Monday's midnight for a week the schedule skips."""
+        for day in (monday + timedelta(days=n) for n in range(7)):
+            if found := self.times_on(day, tz):
+                return found[0]
+        return datetime.combine(monday, time(0), tzinfo=tz)
 
     def times_on(self, day: date, tz: ZoneInfo) -> list[datetime]:
         """The schedule's occurrences on ``day`` in ``tz``, earliest first."""

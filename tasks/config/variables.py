@@ -347,9 +347,10 @@ SETTINGS: tuple[Setting, ...] = (
         "degrade_at",
         "optional",
         "the deadline of a week's digest, a day and a time in `DIGEST_TIMEZONE` (`mon 11:00`, "
-        "seconds allowed): the first one after a run's first start is frozen with it; items "
-        "still without a model summary then get the offline summary (never a refused one) "
-        "and the email says so",
+        "seconds allowed): the first one after the week's scheduled time is frozen with a "
+        "run (after its first start, for a run id that names no week), so a week first "
+        "started past it degrades at once; items still without a model summary then get "
+        "the offline summary (never a refused one) and the email says so",
         shown="unset: never",
     ),
     Setting(
@@ -581,7 +582,8 @@ SETTINGS: tuple[Setting, ...] = (
         "duration",
         "from a batch step's start: what its batch has not answered by then is cancelled and "
         "asked synchronously, so a slow batch never makes the email late (schedule batch "
-        "weeks this much earlier than the email must arrive)",
+        "weeks this much earlier than the email must arrive); the run's own deadline "
+        "(DIGEST_DEGRADE_AT) ends it sooner when it comes first",
         shown="`4h`",
     ),
     Setting(

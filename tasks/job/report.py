@@ -84,6 +84,8 @@ def degraded_words(result: Mapping[str, Any]) -> str:
     degraded = result.get("degraded")
     if not isinstance(degraded, dict):
         return str(result["status"])
+    if not degraded["offline"]:  # every item the model's; the opening paragraph was not
+        return f"{result['status']} (degraded: the opening paragraph offline)"
     return f"{result['status']} (degraded: {len(degraded['offline'])} of {degraded['of']} offline)"
 
 

@@ -6,17 +6,13 @@ run, and an occurrence dispatched twice is one run.
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from tasks.config.schedule import DEFAULT_SCHEDULE, Schedule
+from tasks.config.schedule import DEFAULT_SCHEDULE, WEEK_ID, Schedule
 
 # How far back the latest occurrence is looked for: a yearly schedule (29 February) included.
 _SEARCH_DAYS = 4 * 366
-
-# Every id ``iso_week_run_id`` gives, and nothing else: four digits of year, two of week.
-_WEEK_ID = re.compile(r"\d{4}-w\d{2}")
 
 
 def iso_week_run_id(moment: datetime) -> str:
@@ -33,7 +29,7 @@ def iso_week_run_id(moment: datetime) -> str:
 
 def is_week_id(run_id: str) -> bool:
     """Whether ``run_id`` has the form of a week's id (``2026-w43``): the schedule's to take."""
-    return _WEEK_ID.fullmatch(run_id) is not None
+    return WEEK_ID.fullmatch(run_id) is not None
 
 
 def scheduled_occurrences(

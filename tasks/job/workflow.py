@@ -49,8 +49,9 @@ class DigestOptions:
         batch: ask the model by Message Batches (``DIGEST_BATCH``); a run frozen before this
             option existed (None) asks synchronously, as it started.
         degrade_at: the run's deadline in epoch seconds, the first ``DIGEST_DEGRADE_AT`` after
-            its first start: what has no model summary by then is summarized offline; None,
-            never (and for every run frozen before this option existed).
+            its week's scheduled time (after its first start, for an id that names no week):
+            what has no model summary by then is summarized offline; None, never (and for
+            every run frozen before this option existed).
     """
 
     to: str | None = None
@@ -60,18 +61,19 @@ class DigestOptions:
     degrade_at: float | None = None
 
 
-def frozen_settings() -> dict[str, Any]:
+def frozen_settings(run_id: str) -> dict[str, Any]:
     """The recipient, the approval gate, the batch mode and the deadline, frozen at first start.
 
     A process with no API key has nothing to batch with (offline summaries are free): its
     runs ask synchronously whatever ``DIGEST_BATCH`` says. The deadline is an instant, not
-    the setting's text, so a run resumed after the setting changed keeps the one it began with.
+    the setting's text, so a run resumed after the setting changed keeps the one it began with;
+    a week's run takes its week's (``Config.degrade_deadline``).
     """
     config = process_config()
     frozen: dict[str, Any] = {"to": config.recipient, "approval": config.approval}
     if config.batch and os.environ.get("ANTHROPIC_API_KEY"):
         frozen["batch"] = True  # left out, a run asks synchronously, as every run did before
-    deadline = config.degrade_deadline(time.time())
+    deadline = config.degrade_deadline(run_id, time.time())
     if deadline is not None:
         frozen["degrade_at"] = deadline
     return frozen

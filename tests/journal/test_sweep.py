@@ -127,7 +127,7 @@ def test_a_run_armed_at_its_send_freezes_the_defaults_of_where_it_first_starts(
 ) -> None:
     journal: Journal = make_journal(clock=ManualClock(T0))
 
-    @workflow("wf", defaults=lambda: {"to": "worker-default@example.org", "gate": True})
+    @workflow("wf", defaults=lambda _: {"to": "worker-default@example.org", "gate": True})
     def wf(run: Run, **options: object) -> dict[str, object]:
         return dict(options)
 

@@ -53,13 +53,19 @@ def test_defaults_fill_what_was_left_out_and_the_caller_wins(
 ) -> None:
     journal = make_journal()
 
-    @workflow("greet", options=Greeting, journal=lambda: journal, defaults=lambda: {"to": "env"})
+    # Given the run id, as a default derived from it (a week's deadline) would be.
+    @workflow(
+        "greet",
+        options=Greeting,
+        journal=lambda: journal,
+        defaults=lambda run_id: {"to": f"env-{run_id}"},
+    )
     def greet(run: Run, options: Greeting) -> str:
         return run.step("text", lambda: f"hello {options.to}")
 
-    assert greet.start("r1").result == "hello env"
+    assert greet.start("r1").result == "hello env-r1"
     assert greet.start("r2", Greeting(to="ada")).result == "hello ada"
-    assert journal.meta(journal.keys("greet", "r1"))["args"] == '{"to":"env"}'
+    assert journal.meta(journal.keys("greet", "r1"))["args"] == '{"to":"env-r1"}'
 
 
 def test_bad_options_and_run_ids_are_refused_before_anything_is_written(

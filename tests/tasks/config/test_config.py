@@ -406,20 +406,40 @@ def test_a_cluster_store_is_refused_where_celery_would_need_it() -> None:
     )
 
 
+ADHOC = "release-notes"  # a run id that names no week
+
+
 def test_the_degrade_deadline_is_the_next_day_and_time_in_the_zone() -> None:
     config = Config.from_env(
         {"DIGEST_DEGRADE_AT": "Monday 11:00", "DIGEST_TIMEZONE": "Europe/Berlin"}
     )
     monday_eight = datetime(2026, 10, 12, 8, 0, tzinfo=ZoneInfo("Europe/Berlin")).timestamp()
     eleven = datetime(2026, 10, 12, 11, 0, tzinfo=ZoneInfo("Europe/Berlin")).timestamp()
-    assert config.degrade_deadline(monday_eight) == eleven
-    assert config.degrade_deadline(eleven) == eleven  # at the deadline: the deadline
-    assert config.degrade_deadline(eleven + 1) == eleven + 7 * 86400  # past it: next week's
+    assert config.degrade_deadline(ADHOC, monday_eight) == eleven
+    assert config.degrade_deadline(ADHOC, eleven) == eleven  # at the deadline: the deadline
+    assert config.degrade_deadline(ADHOC, eleven + 1) == eleven + 7 * 86400  # past: next week's
     seconds = Config.from_env({"DIGEST_DEGRADE_AT": "mon 11:00:30"})
-    assert seconds.degrade_deadline(datetime(2026, 10, 12, 11, 0, tzinfo=UTC).timestamp()) == (
+    at_eleven = datetime(2026, 10, 12, 11, 0, tzinfo=UTC).timestamp()
+    assert seconds.degrade_deadline(ADHOC, at_eleven) == (
         datetime(2026, 10, 12, 11, 0, 30, tzinfo=UTC).timestamp()
     )
-    assert Config().degrade_deadline(monday_eight) is None  # off by default
+    assert Config().degrade_deadline(ADHOC, monday_eight) is None  # off by default
+
+
+def test_a_weeks_deadline_follows_its_scheduled_time_not_its_first_start() -> None:
+    """A week's run first started late (a worker down over Monday) is already past its
+    deadline and degrades at once; one started early keeps its week's deadline."""
+    config = Config.from_env({"DIGEST_DEGRADE_AT": "mon 11:00"})
+    deadline = datetime(2026, 10, 12, 11, 0, tzinfo=UTC).timestamp()  # w42's Monday
+    tuesday = datetime(2026, 10, 13, 9, 0, tzinfo=UTC).timestamp()
+    assert config.degrade_deadline("2026-w42", tuesday) == deadline
+    assert config.degrade_deadline("2026-w42", deadline - 30 * 86400) == deadline
+    assert config.degrade_deadline(ADHOC, tuesday) == deadline + 7 * 86400
+    # A week the schedule reaches on its Sunday evening is due by the Monday after it.
+    sunday = Config.from_env({"DIGEST_DEGRADE_AT": "mon 11:00", "DIGEST_SCHEDULE": "sun 20:00"})
+    assert sunday.degrade_deadline("2026-w42", tuesday) == deadline + 7 * 86400
+    # A week no year has is no week: its deadline follows the first start.
+    assert config.degrade_deadline("2025-w53", tuesday) == deadline + 7 * 86400
 
 
 @pytest.mark.parametrize("value", ["monday", "mon 25:00", "11:00", "someday 11:00", "mon 11:00:61"])

@@ -24,6 +24,7 @@ from journal.ops.views import inspect_run
 from tasks.config import Config
 from tasks.config.limits import Overrides
 from tasks.errors import is_transient_failure
+from tasks.job.report import degraded_words
 from tasks.job.workflow import DigestOptions, run_digest
 from tasks.llm.client import AnthropicSummarizer
 from tasks.llm.ratelimit import RateLimiter
@@ -272,3 +273,12 @@ def test_a_wait_for_rate_limit_room_stops_at_the_deadline_and_the_item_is_summar
     view = inspect_run(runtime.journal, "digest", "w5")
     b = view.step("summarize:b")
     assert b is not None and b.result["model"] == "offline" and "degraded" in b.result
+
+
+def test_a_run_whose_only_offline_text_is_its_opening_says_so_not_none_of_its_items() -> None:
+    def words(offline: list[str]) -> str:
+        report = {"status": "sent", "degraded": {"offline": offline, "of": 3, "opening": True}}
+        return degraded_words(report)
+
+    assert words([]) == "sent (degraded: the opening paragraph offline)"
+    assert words(["c"]) == "sent (degraded: 1 of 3 offline)"
