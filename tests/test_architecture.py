@@ -58,3 +58,19 @@ def test_every_path_and_name_the_page_walks_through_is_in_the_code() -> None:
     named = NAMED.findall(page)
     assert len(named) >= 8, "the walk from digest.delay to the keys names its functions"
     assert [f"{module} {name}" for module, name in named if not defines(module, name)] == []
+
+
+LONGEST = 60  # lines of a function, from its def to its last line
+
+
+def test_no_function_outside_the_tests_is_longer_than_a_screen() -> None:
+    """A function that outgrows a screen is read in pieces; split it where it changes subject."""
+    long = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)"
+        for package in ("journal", "tasks", "bench", "examples")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and (length := (node.end_lineno or node.lineno) - node.lineno + 1) > LONGEST
+    ]
+    assert long == [], f"split these under {LONGEST} lines: {long}"

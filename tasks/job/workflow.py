@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 from journal import Effect, Journal, Run, SignalResult, workflow
 from journal.events import emit
 from tasks.job import faults
-from tasks.job.claims import Seen, held_elsewhere, mark_seen, release, select_unseen
+from tasks.job.claims import Held, Seen, held_elsewhere, mark_seen, release, select_unseen
 from tasks.job.items import Item
 from tasks.job.report import Degraded, draft_digest, draft_email, email_json, report
 from tasks.job.summarize import (
@@ -146,9 +146,8 @@ def run_digest(
     policy = model_retry_policy(runtime)
     batches = runtime.batches if options.batch is True else None  # as frozen at its start
 
-    # 1. Freeze this week's unseen items, so a resumed run works on exactly the same list.
-    # Claimed for this run, atomically per item: an overlapping run of another week (after an
-    # outage) gets the rest, never the same items. A run that ends without sending lets go.
+    # 1. Freeze this week's unseen items, claimed for this run atomically per item: a resumed
+    #    run works on the same list, an overlapping run of another week never on the same items.
     owner = f"{run.workflow}:{run.run_id}"
     source = options.items or config.items_path
     week = typed_step(
@@ -158,10 +157,9 @@ def run_digest(
         run.step("done", lambda: True)
         return report("nothing-new", 0, calls, held=held_elsewhere(runtime, owner))
 
-    # 2. One model call per item, each its own step: a crash loses at most the calls in flight.
-    #    Or, for a batch run, one Message Batch of them, each answer recorded as its own step.
-    #    Past the run's deadline, if it has one, what the model has not answered is summarized
-    #    offline; every retry of the run wakes by the deadline to do so.
+    # 2. One model call per item (or one Message Batch), each answer its own step: a crash
+    #    loses at most the calls in flight. Past the run's deadline, if it has one, what the
+    #    model has not answered is summarized offline; every retry wakes by the deadline.
     deadline = Deadline(options.degrade_at)
     run.wake_by(deadline.at)
     kept, skipped, offline = summarize_week(runtime, run, batches, week, calls, policy, deadline)
@@ -180,11 +178,9 @@ def run_digest(
             run.step("done", lambda: release(runtime, owner, [item.id for item in week]))
             return report(refused.status, 0, calls, skipped=skipped, reason=refused.reason)
 
-    # 4. The side effect, fenced: claimed, the lease confirmed right before delivery, the
-    #    receipt saved right after; a repeat carries an idempotency key derived from the run.
-    #    A send that may have happened is repeated under its key only where the receiver
-    #    drops repeats (or the operator chose a second copy); otherwise the run waits for
-    #    `digest mark-sent` or `digest resend`.
+    # 4. The side effect, fenced, under an idempotency key derived from the run. A send that
+    #    may have happened is repeated only where the receiver drops repeats (or the operator
+    #    chose a second copy); else the run waits for `digest mark-sent` or `digest resend`.
     receipt = run.effect(
         "send",
         lambda effect: send(runtime, run.idempotency_key(), email, effect),
@@ -192,8 +188,29 @@ def run_digest(
         repeatable=runtime.mailer.deduplicates or config.ambiguous_send == "resend",
     )
 
-    # 5. Remember what this digest covered. A set union: safe to repeat.
-    seen: list[Seen] = []  # what it found, when it ran in this attempt rather than replayed
+    # 5. Remember what this digest covered, and let go of what it skipped.
+    held = remember_sent(run, runtime, owner, kept, skipped)
+    return report(
+        "sent", len(kept), calls, skipped=skipped, receipt=receipt, held=held, degraded=degraded
+    )
+
+
+# -- the steps' bodies ------------------------------------------------------------------------
+
+
+def remember_sent(
+    run: Run,
+    runtime: Runtime,
+    owner: str,
+    kept: list[tuple[Item, str]],
+    skipped: list[dict[str, str]],
+) -> list[Held]:
+    """Mark the sent items seen (a set union: safe to repeat), release the skipped ones.
+
+    Returns the items other runs hold, for the report, with what marking found when it ran in
+    this attempt rather than replayed.
+    """
+    seen: list[Seen] = []
 
     def remember() -> int:
         seen.append(mark_seen(runtime, [item.id for item, _ in kept]))
@@ -201,13 +218,7 @@ def run_digest(
 
     run.step("mark-seen", remember)
     run.step("done", lambda: release(runtime, owner, [entry["id"] for entry in skipped]))
-    held = held_elsewhere(runtime, owner, seen[0] if seen else None)
-    return report(
-        "sent", len(kept), calls, skipped=skipped, receipt=receipt, held=held, degraded=degraded
-    )
-
-
-# -- the steps' bodies ------------------------------------------------------------------------
+    return held_elsewhere(runtime, owner, seen[0] if seen else None)
 
 
 @dataclass(frozen=True)
