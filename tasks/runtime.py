@@ -99,14 +99,15 @@ def broker_url(config: Config) -> str:
 
 
 # A client that fails fast: a dead store surfaces as an error within seconds, not hangs.
-# No health-check PING and no CLIENT SETINFO: each cost a round trip on every new connection
-# (a run's model calls in flight open one each), and a connection the server dropped is
-# reconnected by the client's retry on the command that finds it gone. RESP2 would save the
-# HELLO too, but redis-py's cluster client then answers a transaction's HGETALL as a list.
+# No health-check PING, no CLIENT SETINFO and no HELLO (RESP2 needs no handshake): each cost
+# a round trip on every new connection (a run's model calls in flight open one each), and a
+# connection the server dropped is reconnected by the client's retry on the command that
+# finds it gone. A cluster client speaks RESP3 all the same (``journal.connect``).
 CLIENT_OPTIONS: dict[str, Any] = {
     "socket_timeout": 5,
     "socket_connect_timeout": 3,
     "driver_info": None,
+    "protocol": 2,
 }
 
 

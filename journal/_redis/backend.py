@@ -110,7 +110,17 @@ def connect(url: str, **options: Any) -> Client:
     if not enabled:
         return plain
     plain.close()
-    return redis.RedisCluster.from_url(url, **options)
+    return cluster_client(url, options)
+
+
+def cluster_client(url: str, options: Mapping[str, Any]) -> redis.RedisCluster:
+    """A cluster client of the cluster ``url``'s node is in, speaking RESP3 whatever ``options``.
+
+    Under RESP2, redis-py's cluster client answers a transaction's HGETALL as a flat list; a
+    plain client parses it either way, so a caller may choose RESP2 (no HELLO per connection)
+    for a single server and still reach a cluster.
+    """
+    return redis.RedisCluster.from_url(url, **{**options, "protocol": 3})
 
 
 E = TypeVar("E", bound=IntEnum)

@@ -24,6 +24,7 @@ from typing import Any
 import redis
 
 from journal._clock import Clock
+from journal._redis.backend import cluster_client
 from journal._redis.backend import connect as journal_connect
 from journal._redis.scripts import Client
 from journal.errors import ClockSkewed, StoreEvicts
@@ -175,7 +176,7 @@ def connect_checked(
     info = info if isinstance(info, dict) else {}
     if info.get("cluster_enabled") in (1, "1"):
         plain.close()
-        cluster = redis.RedisCluster.from_url(url, **options)
+        cluster = cluster_client(url, options)
         return _checked_apart(cluster, url, clock, logger, accept)
     if accept is not None:
         accept(False)
