@@ -7,8 +7,8 @@ the step could wake after another took over and act again. ``Run.effect`` closes
 1. **Claim.** One script checks the lease and records "effect claimed by fence F, until
    deadline D" (D = the server's time + the effect's timeout + a margin) before it starts.
 2. **Confirm.** Right before the last step that can still be undone (for SMTP: before DATA)
-   the function calls ``effect.confirm()``: the lease is renewed synchronously and the claim
-   marked *confirmed*: from here on the effect may have happened. The claim's timeout is
+   the function calls ``effect.confirm()``: one script renews the lease and marks the claim
+   *confirmed*: from here on the effect may have happened. The claim's timeout is
    checked against a clock read before the claim was sent.
 3. **Last moment.** At the very instant before the irreversible write (SMTP's end-of-data
    marker) ``effect.last_moment()`` checks the timeout again, with no I/O: past it, the
@@ -44,7 +44,7 @@ import redis
 from journal._clock import millis
 from journal._holder import ProcessIdentity
 from journal._lease import Holding
-from journal._redis.backend import Claimant, Confirmed, EffectClaimed, EffectTerms, Settled
+from journal._redis.backend import Claimant, EffectClaimed, EffectTerms, Settled
 from journal._schema import codec
 from journal.errors import (
     EffectAmbiguous,
@@ -170,12 +170,10 @@ class Effect:
             LeaseLost: the lease is gone: do not act.
             Cancelled: the run was cancelled before its effect: do not act.
         """
-        asked = self._guard.confirm()
-        if asked - self._claimed_at >= self.timeout:
+        if time.monotonic() - self._claimed_at >= self.timeout:
             raise self._late()
-        status = self._backend.effect_confirm(self._keys, self._holder, self.key, self._fence)
-        if status is not Confirmed.CONFIRMED:
-            raise self._lost(status is not Confirmed.LEASE_EXPIRED, "could be confirmed")
+        if not self._guard.confirm((self.key, self._fence)):  # the renewal, in one round trip
+            raise self._lost(True, "could be confirmed")
         self.confirmed = True
 
     def last_moment(self) -> None:

@@ -131,16 +131,23 @@ class Lease:
             raise CorruptJournal(self.keys.run, reply.detail, "not an integer counter")
         return reply
 
-    def renew(self, holder: str, flight: Mapping[str, int] | None = None) -> Renewed:
+    def renew(
+        self,
+        holder: str,
+        flight: Mapping[str, int] | None = None,
+        confirming: tuple[str, int] | None = None,
+    ) -> Renewed:
         """Extend the lease if we still hold it (compare-and-PEXPIRE), pushing its due time.
 
         Args:
             holder: ``<fence>:<token>``, ours.
             flight: the steps we run now (step key -> started at, ms), published for
                 operators in the same round trip; none clears what the last renewal said.
+            confirming: an effect's step key and the fence that claimed it: its claim is
+                marked confirmed in the same round trip, unless a cancel is pending.
         """
         due_at = None if self.due_after_ms is None else self.due_after_ms()
-        return self.backend.renew(self.keys, holder, self.ttl_ms, due_at, flight or {})
+        return self.backend.renew(self.keys, holder, self.ttl_ms, due_at, flight or {}, confirming)
 
     def release(self, holder: str) -> bool:
         """Give the lease back if we still hold it (compare-and-DEL)."""
@@ -255,8 +262,12 @@ class Guard(Protocol):
         """Raise unless the run may start another step."""
         ...
 
-    def confirm(self) -> float:
-        """Raise unless the run may act now; the ``time.monotonic()`` it was confirmed at."""
+    def confirm(self, effect: tuple[str, int] | None = None) -> bool:
+        """Raise unless the run may act now; with ``effect``, confirm its claim in that check.
+
+        ``effect`` is the step key and the fence of a claim to mark confirmed; False when that
+        claim is no longer this fence's claimed one (nothing confirmed).
+        """
         ...
 
 
@@ -349,27 +360,33 @@ class Heartbeat:
         if self.cancelled.is_set():
             raise Cancelled(self._lease.keys.run)
 
-    def confirm(self) -> float:
+    def confirm(self, effect: tuple[str, int] | None = None) -> bool:
         """Renew synchronously, now, whatever the last confirmation: for an irreversible act.
 
+        The lease is then held until at least the time before the request plus the TTL.
+
+        Args:
+            effect: the step key and the fence of an effect's claim, marked confirmed by the
+                same script that renews (one round trip), unless the run is cancelled.
+
         Returns:
-            The confirmation time (``time.monotonic()`` before the request); the lease is
-            held until at least this plus the TTL.
+            False when ``effect``'s claim is no longer this fence's claimed one (the lease
+            renewed all the same, nothing confirmed); True otherwise.
 
         Raises:
             LeaseLost: the lease is gone or held by another.
             Cancelled: the run was cancelled: the act must not happen.
         """
-        asked = time.monotonic()
-        if self.lost.is_set() or not self._renew(asked):
+        renewed = Renewed.LOST if self.lost.is_set() else self._renew(effect)
+        if renewed is Renewed.LOST:
             raise LeaseLost(self._lease.keys.run, "the lease expired or was taken over")
         if self.cancelled.is_set():
             raise Cancelled(self._lease.keys.run)
-        return asked
+        return renewed is not Renewed.NOT_THIS_CLAIM
 
-    def _renew(self, asked: float | None = None) -> bool:
-        asked = time.monotonic() if asked is None else asked
-        status = self._lease.renew(self._holder, self.flight.now())
+    def _renew(self, effect: tuple[str, int] | None = None) -> Renewed:
+        asked = time.monotonic()
+        status = self._lease.renew(self._holder, self.flight.now(), effect)
         if status is Renewed.LOST:
             emit("renewal_failed", workflow=self._lease.keys.workflow)
             with self._confirm_lock:  # the beat and a step boundary may find it at once
@@ -377,13 +394,13 @@ class Heartbeat:
                 self.lost.set()
             if first:  # one line, whichever of them found it
                 log.error("lease on %s lost; the run stops at its next step", self._lease.keys.run)
-            return False
+            return status
         if status is Renewed.CANCEL_PENDING:
             self.cancelled.set()
         with self._confirm_lock:  # the beat and a step boundary may both renew
             self._confirmed_at = max(self._confirmed_at, asked)
             self.renewals += 1
-        return True
+        return status
 
     def beat(self) -> None:
         """One background renewal; a lost lease stops the beats."""
@@ -391,7 +408,7 @@ class Heartbeat:
             with self._beating:
                 if self._stop.is_set() or self.lost.is_set():
                     return
-                renewed = self._renew()
+                renewed = self._renew() is not Renewed.LOST
             if not renewed:
                 _BEATS.remove(self)
         except Exception:  # a blip must not kill the thread; the next beat retries

@@ -101,8 +101,8 @@
  *                                    earlier (ok 3), {3} wait (ok 2: sleep, claim again with
  *                                    the deadline or "dead"), {4} ambiguous (ok 4:
  *                                    EffectAmbiguous -> Run.effect's Suspend(decision))
- *   la = lage[id]; the confirm step  Effect.confirm: Heartbeat.confirm (`asked`, renew.lua),
- *                                    the timeout check, journal/lua/effect_confirm.lua
+ *   la = lage[id]; the confirm step  Effect.confirm: the timeout check, then Heartbeat.confirm:
+ *                                    journal/lua/renew.lua renews and confirms the claim
  *   the act ........................ Effect.last_moment, then the end-of-data marker taken
  *                                    (tasks/mail/smtp.py _Envelope.transmit)
  *   settle(SETTLED) ................ effect.accepted: journal/lua/effect_settle.lua "done"
@@ -172,7 +172,7 @@
  *   -DCLAIM_NEVER_EXPIRES    the week's claim without its TTL: a dispatcher that dies on
  *                       another host holds its week for ever         -> ltl published
  * (The mailer's own check of effect.earlier, the old -DRECEIPT_IGNORED, is not a guard of the
- * protocol any more: effect_claim.lua answers "done" with no claim, and effect_confirm.lua
+ * protocol any more: effect_claim.lua answers "done" with no claim, and renew.lua (confirming)
  * refuses a fence that holds none, so a mailer that ignored it could not act.)
  */
 
@@ -207,7 +207,7 @@
 
 /* the effect: its claim's state in the effects hash (effect_claim.lua's states) */
 #define CLAIMED 1                                   /* before its irreversible moment */
-#define CONFIRMED 2                                 /* at or past it: effect_confirm.lua */
+#define CONFIRMED 2                                 /* at or past it: renew.lua confirming */
 #define SETTLED 3                                   /* done: a receipt */
 #define RELEASED 4                                  /* it did not happen */
 #define AMBIGUOUS 5                                 /* it may have happened: nobody knows */
@@ -566,10 +566,9 @@ end_decided: cstate != AMBIGUOUS;                       /* the decision wakes it
           goto start
        :: ok == 3 -> skip                             /* effect.earlier: sent, not again */
        :: ok == 1 ->
-          /* SmtpMailer._deliver: connect, MAIL, RCPT; then effect.confirm(): Heartbeat.confirm
-             reads `asked` and renews (renew.lua), the timeout check, effect_confirm.lua. The
-             renewal writes nothing the model keeps, and the confirm script checks the lease
-             again, so the two scripts are one step here. */
+          /* SmtpMailer._deliver: connect, MAIL, RCPT; then effect.confirm(): the timeout
+             check, then Heartbeat.confirm: renew.lua checks the lease, renews it and marks
+             the claim confirmed in one script, one step here as it is one on the server. */
           la = lage[id];
           d_step {
             if

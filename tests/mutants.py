@@ -280,8 +280,8 @@ MUTANTS = (
     lua(
         "renew",
         "a renewal leaves the run due at the old expiry",
-        "redis.call('ZADD', KEYS[4], ARGV[3], ARGV[4])",
-        "redis.call('ZSCORE', KEYS[4], ARGV[4])",
+        "redis.call('ZADD', KEYS[5], ARGV[3], ARGV[4])",
+        "redis.call('ZSCORE', KEYS[5], ARGV[4])",
     ),
     # -- cancel: asked of a run, learnt by its holder inside the fenced scripts
     lua(
@@ -379,15 +379,9 @@ MUTANTS = (
         "if false then",
     ),
     lua(
-        "effect_confirm",
-        "the holder check removed",
-        NUMBER_FENCE,
-        "",
-    ),
-    lua(
-        "effect_confirm",
+        "renew",
         "another fence's claim is confirmed",
-        "if fence ~= ARGV[3] or state ~= 'claimed' then",
+        "if fence ~= ARGV[6] or state ~= 'claimed' then",
         "if state ~= 'claimed' then",
     ),
     lua(
@@ -770,11 +764,6 @@ LUA_TESTS: dict[str, tuple[str, ...]] = {
         "tests/journal/test_script_guards.py",
         "tests/journal/test_protocol.py",
     ),
-    "journal/lua/effect_confirm.lua": (
-        "tests/journal/test_step_kinds.py",
-        "tests/journal/test_script_guards.py",
-        "tests/journal/test_protocol.py",
-    ),
     "journal/lua/effect_decide.lua": (
         "tests/journal/test_script_guards.py",
         "tests/journal/test_protocol.py",
@@ -815,9 +804,12 @@ LUA_TESTS: dict[str, tuple[str, ...]] = {
     "journal/lua/release.lua": ("tests/journal/test_corrupt_fields.py",),
     "journal/lua/renew.lua": (
         "tests/journal/test_heartbeat_confirm.py",
+        "tests/journal/test_step_kinds.py",
+        "tests/journal/test_script_guards.py",
         "tests/journal/test_store_meta.py",
         "tests/journal/test_protocol.py::test_a_renewal_publishes_the_holders_steps_in_flight_"
         "for_as_long_as_its_lease",
+        "tests/journal/test_protocol.py::test_the_effect_scripts_answer_each_of_their_codes",
     ),
     "tasks/lua/budget_reserve.lua": (
         "tests/tasks/llm/test_budget_scripts.py",

@@ -145,11 +145,12 @@ class Opened(IntEnum):
 
 
 class Renewed(IntEnum):
-    """How ``renew.lua`` answered."""
+    """How ``renew.lua`` answered (``EXTENDED``: and the effect's claim confirmed, if asked)."""
 
     LOST = 0
     EXTENDED = 1
     CANCEL_PENDING = 2
+    NOT_THIS_CLAIM = -3
 
 
 class Released(IntEnum):
@@ -198,15 +199,6 @@ class EffectClaimed(IntEnum):
     AMBIGUOUS = 4
     LEASE_EXPIRED = -1
     FENCED = -2
-
-
-class Confirmed(IntEnum):
-    """How ``effect_confirm.lua`` answered."""
-
-    CONFIRMED = 1
-    LEASE_EXPIRED = -1
-    FENCED = -2
-    NOT_THIS_CLAIM = -3
 
 
 class Settled(IntEnum):
@@ -413,10 +405,6 @@ class StepStore(Protocol):
         """Claim ``effect`` for this fence before it is performed."""
         ...
 
-    def effect_confirm(self, keys: RunKeys, holder: str, effect: str, fence: int) -> Confirmed:
-        """Mark this fence's claim as at its irreversible moment."""
-        ...
-
     def make_due(self, keys: RunKeys, at_ms: int) -> None:
         """Put the run in the due index at ``at_ms`` (now, for a wake-up)."""
         ...
@@ -553,14 +541,24 @@ class RedisBackend:
         ttl_ms: int,
         due_at_ms: int | None,
         flight: Mapping[str, int],
+        confirming: tuple[str, int] | None = None,
     ) -> Renewed:
         """Extend the lease if ``holder`` still has it; publish its steps in ``flight``.
 
         ``flight``: step key -> started at (ms), replacing what the last renewal published;
-        ``due_at_ms`` also pushes the run's due time.
+        ``due_at_ms`` also pushes the run's due time; ``confirming``, an effect's step key and
+        the fence that claimed it, also marks that claim confirmed, in the same round trip.
         """
-        run_keys = [keys.lease, keys.meta, keys.flight]
-        args: list[KeyOrArg] = [holder, ttl_ms, 0 if due_at_ms is None else due_at_ms, keys.run]
+        run_keys = [keys.lease, keys.meta, keys.flight, keys.effects]
+        effect, fence = confirming or ("", 0)
+        args: list[KeyOrArg] = [
+            holder,
+            ttl_ms,
+            0 if due_at_ms is None else due_at_ms,
+            keys.run,
+            effect,
+            fence,
+        ]
         if due_at_ms is not None:
             run_keys.append(keys.index.due)
         for step, started in flight.items():
@@ -806,13 +804,6 @@ class RedisBackend:
         if status is EffectClaimed.AMBIGUOUS:
             return EffectClaim(status, fence=int(reply[1]), detail=_text(reply[2]))
         return EffectClaim(status)
-
-    def effect_confirm(self, keys: RunKeys, holder: str, effect: str, fence: int) -> Confirmed:
-        """Mark this fence's claim as at its irreversible moment, if it still holds the lease."""
-        reply = self.scripts.effect_confirm(
-            keys=[keys.lease, keys.effects], args=[holder, effect, fence]
-        )
-        return code("effect_confirm", reply, Confirmed)
 
     def effect_settle(
         self, keys: RunKeys, holder: str, effect: str, fence: int, state: str, receipt: bytes

@@ -36,7 +36,6 @@ SCRIPT_NAMES = (
     "claim_due",
     "expect",
     "effect_claim",
-    "effect_confirm",
     "effect_settle",
     "effect_decide",
     "cancel",
@@ -123,7 +122,6 @@ class Scripts:
     claim_due: Script
     expect: Script
     effect_claim: Script
-    effect_confirm: Script
     effect_settle: Script
     effect_decide: Script
     cancel: Script

@@ -1,33 +1,51 @@
 -- Extend a lease, but only for the holder that owns it (compare-and-PEXPIRE), push the
 -- run's due time past the new expiry, and publish the steps the holder is running, all in
 -- the same round trip: what operators see in flight is never older than the last renewal.
+-- Asked to (ARGV[5]), it also confirms an effect's claim: the synchronous renewal right
+-- before an irreversible act and the mark "from here it may have happened" are one trip.
 -- KEYS[1] - the run's lease key
 -- KEYS[2] - the run's meta hash (only its cancel field is read)
 -- KEYS[3] - the run's in-flight hash (step key -> started at, ms): replaced, and expiring
 --           with the lease, so a holder that died takes its steps in flight with it
--- KEYS[4] - the due index (sorted set: full run id -> when to look again, ms); optional
+-- KEYS[4] - the run's effects hash (see effect_claim.lua); read only to confirm
+-- KEYS[5] - the due index (sorted set: full run id -> when to look again, ms); optional
 -- ARGV[1] - the holder, "<fence>:<token>"
 -- ARGV[2] - new time to live, in milliseconds
--- ARGV[3] - the run's new due time, in milliseconds (unused without KEYS[4])
+-- ARGV[3] - the run's new due time, in milliseconds (unused without KEYS[5])
 -- ARGV[4] - the run's full id, "<workflow>:<run_id>", as the due index holds it
--- ARGV[5..] - the steps in flight: step key, started at (ms), step key, ...; none is empty
--- returns 1 when extended, 2 when extended and a cancel of the run is pending,
---         0 when the lease is gone or held by someone else (nothing written).
+-- ARGV[5] - the effect's step key to confirm, or "" for a renewal alone
+-- ARGV[6] - the holder's fence, whose claim ARGV[5] must be (unused without ARGV[5])
+-- ARGV[7..] - the steps in flight: step key, started at (ms), step key, ...; none is empty
+-- returns 1 when extended (and the claim confirmed, if asked), 2 when extended and a cancel
+--         of the run is pending (nothing confirmed: the act must not happen),
+--         0 when the lease is gone or held by someone else (nothing written),
+--         -3 when extended but the claim is not this fence's claimed one (not confirmed).
 -- The due index is the run's shard's (journal/keys.py): sharded, it shares the run's hash tag,
 -- so this script touches one slot, on one server or a Redis Cluster alike.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  if KEYS[4] then
-    redis.call('ZADD', KEYS[4], ARGV[3], ARGV[4])
+  if KEYS[5] then
+    redis.call('ZADD', KEYS[5], ARGV[3], ARGV[4])
   end
   redis.call('DEL', KEYS[3])
-  if ARGV[5] then
-    redis.call('HSET', KEYS[3], unpack(ARGV, 5))
+  if ARGV[7] then
+    redis.call('HSET', KEYS[3], unpack(ARGV, 7))
     redis.call('PEXPIRE', KEYS[3], ARGV[2])
   end
   if redis.call('HEXISTS', KEYS[2], 'cancel') == 1 then
     return 2
   end
+  if ARGV[5] == '' then
+    return 1
+  end
+  -- From here until a settlement the effect may have happened: a later holder that finds it
+  -- confirmed, once its deadline has passed, treats it as ambiguous, never as not done.
+  local claim = redis.call('HGET', KEYS[4], ARGV[5])
+  local fence, deadline, state = string.match(claim or '', '^(%d+):(%d+):(%a+)$')
+  if fence ~= ARGV[6] or state ~= 'claimed' then
+    return -3
+  end
+  redis.call('HSET', KEYS[4], ARGV[5], fence .. ':' .. deadline .. ':confirmed')
   return 1
 end
 return 0

@@ -17,7 +17,6 @@ same policy. Nothing here touches a server; what a step run live touches is its 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol, TypeVar
@@ -27,7 +26,6 @@ from journal._lease import Holding, InFlight
 from journal._redis.backend import (
     NO_WAIT,
     Claimant,
-    Confirmed,
     EffectClaim,
     EffectTerms,
     Recorded,
@@ -129,10 +127,6 @@ class MemoryStore:
         """Refuse: a replay never performs an effect (the policy says how it refuses)."""
         self._policy.refuse_effect(effect)
 
-    def effect_confirm(self, keys: RunKeys, holder: str, effect: str, fence: int) -> Confirmed:
-        """Refuse, as ``effect_claim`` does: no claim of a replay ever stands."""
-        self._policy.refuse_effect(effect)
-
     def make_due(self, keys: RunKeys, at_ms: int) -> None:
         """Nothing to wake: a replay has no due index and no other holder."""
 
@@ -161,9 +155,9 @@ class _Held:
     def ensure(self) -> None:
         """Always held."""
 
-    def confirm(self) -> float:
-        """Always held, now."""
-        return time.monotonic()
+    def confirm(self, effect: tuple[str, int] | None = None) -> bool:
+        """Always held; no claim of a replay ever stands (``effect_claim`` refused it)."""
+        return effect is None
 
 
 class _GatedRun(Run):

@@ -496,8 +496,9 @@ def test_the_effect_scripts_answer_each_of_their_codes(journal: Journal, keys: R
             keys=script_keys, args=[holder, "send", fence, 60_000, me, earlier, repeatable, "?"]
         )
 
-    def confirm(holder: str, fence: int) -> Any:
-        return scripts.effect_confirm(keys=script_keys, args=[holder, "send", fence])
+    def confirm(holder: str, fence: int) -> Any:  # a renewal that confirms the claim
+        renewing = [keys.lease, keys.meta, keys.flight, keys.effects]
+        return scripts.renew(keys=renewing, args=[holder, 60_000, 0, keys.run, "send", fence])
 
     def settle(holder: str, fence: int, state: str = "done", receipt: bytes = b"{}") -> Any:
         return scripts.effect_settle(keys=script_keys, args=[holder, "send", fence, state, receipt])
@@ -509,7 +510,7 @@ def test_the_effect_scripts_answer_each_of_their_codes(journal: Journal, keys: R
         return as_bytes(journal.client.hget(keys.effects, "send"))
 
     assert claim("1:not-the-token", 1) == [-2, first.holder.encode()]
-    assert confirm("1:not-the-token", 1) == -2
+    assert confirm("1:not-the-token", 1) == 0
     assert settle(first.holder, 1) == -3  # nothing claimed: nothing to settle
     assert decide("done") == [0]
     assert journal.client.hlen(keys.effects) == 0
@@ -519,7 +520,7 @@ def test_the_effect_scripts_answer_each_of_their_codes(journal: Journal, keys: R
     assert decide("done") == [2, b"confirmed"]  # its claimant may still settle it
     assert lease(journal).release(first.holder)
     assert claim(first.holder, 1) == [-1, None]
-    assert confirm(first.holder, 1) == -1
+    assert confirm(first.holder, 1) == 0
 
     second = acquire(lease(journal), millis(T0))
     busy = claim(second.holder, 2)  # fence 1 may still act: wait, or prove it dead
@@ -808,7 +809,8 @@ def test_a_confirmation_dates_from_before_its_request_not_from_its_late_reply(
         heartbeat.ensure()  # and so is that renewal
         assert heartbeat.renewals == 2
         asked = time.monotonic()
-        assert heartbeat.confirm() - asked < 0.1
+        heartbeat.confirm()
+        assert heartbeat._confirmed_at - asked < 0.1  # stamped before the request, not after
     finally:
         relay.lag = 0
         for key in client.scan_iter(match=f"{prefix}:*"):

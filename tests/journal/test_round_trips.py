@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from journal import Journal, Keyspace, Run
+from journal import Effect, Journal, Keyspace, Run
 from tests.support import execute, returning, round_trips
 
 STEPS = 10
@@ -94,3 +94,21 @@ def test_a_new_process_on_a_server_without_the_scripts_loads_them_in_one_round_t
     assert len(sent) == STEPS + 4, sent
     assert sent[0].startswith("EVALSHA") and sent[1] == "MULTI" and sent[2].startswith("EVALSHA")
     assert not any(command.startswith("EVAL ") for command in sent)
+
+
+def test_an_effect_costs_its_claim_its_confirmation_its_settlement_and_its_record(
+    journal: Journal,
+) -> None:
+    """The confirmation renews the lease and marks the claim in one script, one round trip."""
+
+    def send(effect: Effect) -> str:
+        effect.confirm()
+        effect.last_moment()
+        effect.accepted("receipt")
+        return "sent"
+
+    def body(run: Run) -> str:
+        return run.effect("send", send, timeout=10)
+
+    sent = round_trips(journal.client, lambda: execute(journal, "wf", "r1", body))
+    assert len(sent) == 4 + 2, sent  # claim, confirm, settle, record; open and close

@@ -21,11 +21,11 @@ from journal._redis.backend import (
     Claimant,
     Closed,
     Closing,
-    Confirmed,
     Decided,
     EffectClaimed,
     EffectTerms,
     Opening,
+    Renewed,
     Settled,
 )
 from journal._schema.keys import RunKeys
@@ -174,10 +174,26 @@ def test_a_confirmation_of_an_effect_never_claimed_is_refused(
 ) -> None:
     grant = take(journal, keys)
 
-    confirmed = journal.backend.effect_confirm(keys, grant.holder, "send", grant.fence)
+    confirmed = journal.backend.renew(keys, grant.holder, 60_000, None, {}, ("send", grant.fence))
 
-    assert confirmed is Confirmed.NOT_THIS_CLAIM
+    assert confirmed is Renewed.NOT_THIS_CLAIM
     assert store.exists(keys.effects) == 0
+
+
+def test_a_confirmation_while_a_cancel_is_pending_renews_but_confirms_nothing(
+    journal: Journal, store: redis.Redis, keys: RunKeys
+) -> None:
+    grant = take(journal, keys)
+    us = Claimant(grant.holder, grant.fence, "p")
+    assert journal.backend.effect_claim(keys, "send", us, TERMS).status is EffectClaimed.CLAIMED
+    store.hset(keys.meta, "cancel", "operator")
+    store.pexpire(keys.lease, 1000)
+
+    renewed = journal.backend.renew(keys, grant.holder, 60_000, None, {}, ("send", grant.fence))
+
+    assert renewed is Renewed.CANCEL_PENDING
+    assert as_text(store.hget(keys.effects, "send")).endswith(":claimed")  # never acted
+    assert store.pttl(keys.lease) > 30_000  # the lease renewed all the same
 
 
 def test_a_confirmed_claim_abandoned_past_its_deadline_is_decided_done_with_its_receipt(
