@@ -26,6 +26,7 @@ from journal._limits import redelivers_running, safe_time_limit
 from journal._redis.backend import connect
 from journal._redis.scripts import Client, Script, register_scripts
 from journal._retry import RetryPolicy, RunRetry
+from journal._riders import send_with_record
 from journal._run import Run, StepEvent
 from journal._schema.keys import Keyspace, RunKeys, validate_run_id
 from journal._schema.meta import RunMeta, Wait
@@ -64,6 +65,7 @@ __all__ = [
     "redelivers_running",
     "register_scripts",
     "safe_time_limit",
+    "send_with_record",
     "validate_run_id",
     "workflow",
 ]

@@ -26,6 +26,7 @@ from journal._redis.backend import NO_WAIT, Recorded, RecordWait
 from journal._replay import ReplayCursor
 from journal._retry import RetryPolicy
 from journal._retry import attempt as retry_loop
+from journal._riders import Rider, riding
 from journal._schema import codec, records
 from journal._schema.meta import Wait
 from journal._schema.steps import StepKey
@@ -484,11 +485,25 @@ class Run:
             self._policy.admit(key, kind)
         self.check_lease()
         started = millis(self.clock.now())
+        riders: list[Rider] = []
+
+        def attempt_of_fn() -> T:
+            with riding() as sent:  # what this attempt sends with the record, if it answers
+                answer = fn()
+            riders[:] = sent
+            return answer
+
         with self._guard.flight.running(key, started):
             attempt, result = retry_loop(
-                key, fn, retry, self._retry_state, self.clock, self.check_lease, self._wake_by
+                key,
+                attempt_of_fn,
+                retry,
+                self._retry_state,
+                self.clock,
+                self.check_lease,
+                self._wake_by,
             )
-        return self._record(key, result, attempt, started, kind, group, seq, report)  # type: ignore[no-any-return]
+        return self._record(key, result, attempt, started, kind, group, seq, report, riders)  # type: ignore[no-any-return]
 
     def _record(
         self,
@@ -500,8 +515,12 @@ class Run:
         group: str | None,
         seq: int | None = None,
         report: Callable[[StepEvent], object] | None = None,
+        riders: Sequence[Rider] = (),
     ) -> Any:
-        """Record ``key`` (numbered ``seq``, or next), then report it, or hand ``report`` it."""
+        """Record ``key`` (numbered ``seq``, or next), then report it, or hand ``report`` it.
+
+        ``riders``: what the step's body sent with its record (``journal._riders``).
+        """
         finished = millis(self.clock.now())
         encoded = records.encode(
             self.keys.run,
@@ -516,7 +535,7 @@ class Run:
             group=group,
         )
         status, found = self._backend.record(
-            self.keys, self.holder, key, encoded, self._record_wait
+            self.keys, self.holder, key, encoded, self._record_wait, riders
         )
         if status is Recorded.RECORDED_CANCEL_PENDING:  # an operator cancelled the run:
             self._guard.cancelled.set()  # no step starts after this one

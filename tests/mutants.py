@@ -492,8 +492,8 @@ MUTANTS = (
     python(
         "_run",
         "a step starts without the boundary check",
-        "        self.check_lease()\n        started = millis(self.clock.now())\n        with",
-        "        started = millis(self.clock.now())\n        with",
+        "        self.check_lease()\n        started = millis(self.clock.now())\n        riders",
+        "        started = millis(self.clock.now())\n        riders",
     ),
     python(
         "_retry",

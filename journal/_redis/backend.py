@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import heapq
+import logging
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from typing import Any, Protocol, TypeVar, cast
 import redis
 
 from journal._redis.scripts import Client, KeyOrArg, Scripts
+from journal._riders import Rider, send_alone
 from journal._schema import codec
 from journal._schema.keys import Keyspace, RunKeys
 from journal.errors import (
@@ -124,6 +126,9 @@ def cluster_client(url: str, options: Mapping[str, Any]) -> redis.RedisCluster:
 
 
 E = TypeVar("E", bound=IntEnum)
+
+
+log = logging.getLogger(__name__)
 
 
 class Opened(IntEnum):
@@ -223,6 +228,17 @@ class Purging(IntEnum):
     KEPT = 0
     DELETED = 1
     EFFECT_UNSETTLED = 2
+
+
+def _unsent(keys: RunKeys, riders: Sequence[Rider], replies: Sequence[Any]) -> list[Rider]:
+    """The riders the server had no script for, to send alone; a refused one is logged."""
+    missed = []
+    for rider, reply in zip(riders, replies, strict=True):
+        if isinstance(reply, redis.exceptions.NoScriptError):
+            missed.append(rider)
+        elif isinstance(reply, Exception):
+            log.warning("a write sent with %s's record failed: %s", keys.run, reply)
+    return missed
 
 
 def code(script: str, reply: object, codes: type[E]) -> E:
@@ -390,9 +406,15 @@ class StepStore(Protocol):
     """
 
     def record(
-        self, keys: RunKeys, holder: str, step: str, encoded: bytes, wait: RecordWait = NO_WAIT
+        self,
+        keys: RunKeys,
+        holder: str,
+        step: str,
+        encoded: bytes,
+        wait: RecordWait = NO_WAIT,
+        riders: Sequence[Rider] = (),
     ) -> tuple[Recorded, Any]:
-        """Write a step's record, first writer wins; the status and what was found."""
+        """Write a step's record, first writer wins, sending ``riders`` too; what was found."""
         ...
 
     def signal(self, keys: RunKeys, name: str) -> bytes | None:
@@ -573,9 +595,18 @@ class RedisBackend:
     # -- steps -----------------------------------------------------------------------------
 
     def record(
-        self, keys: RunKeys, holder: str, step: str, encoded: bytes, wait: RecordWait = NO_WAIT
+        self,
+        keys: RunKeys,
+        holder: str,
+        step: str,
+        encoded: bytes,
+        wait: RecordWait = NO_WAIT,
+        riders: Sequence[Rider] = (),
     ) -> tuple[Recorded, Any]:
         """Write a step's record under the fence (HSETNX); what the script found besides.
+
+        ``riders`` (``journal._riders``) go in the record's round trip on a single server,
+        each alone on a cluster, where their slots are not the run's.
 
         Returns:
             The status and, for ``ALREADY``, the record already there; for ``FENCED``, the
@@ -586,22 +617,27 @@ class RedisBackend:
         """
         run_keys = (keys.lease, keys.steps, keys.meta)
         args = (holder, step, encoded)
-        if wait.waits:
-            reply = self._record_waited(keys, run_keys, args, wait)
+        along = () if isinstance(self.client, redis.RedisCluster) else riders
+        if wait.waits or along:
+            reply = self._record_pipelined(keys, run_keys, args, wait, along)
         else:
             reply = self.scripts.record(keys=run_keys, args=args)
+        if not along:
+            send_alone(riders)
         status = code("record", reply, Recorded)
         return status, reply[1] if isinstance(reply, list) and len(reply) > 1 else None
 
-    def _record_waited(
+    def _record_pipelined(
         self,
         keys: RunKeys,
         run_keys: Sequence[KeyOrArg],
         args: Sequence[KeyOrArg],
         wait: RecordWait,
+        riders: Sequence[Rider],
     ) -> Any:
-        """The record script, then WAIT and/or WAITAOF, in one round trip, each checked.
+        """The record script, its riders, then WAIT and/or WAITAOF, in one round trip.
 
+        A rider is sent once: one the server lacked the script of is sent alone afterwards.
         EVALSHA goes on the pipeline by hand: a Script on a pipeline makes redis-py send
         SCRIPT EXISTS first, a second round trip per record. On NOSCRIPT, EVAL with the source.
         WAIT and WAITAOF answer for the connection that wrote, so on a cluster all go down one
@@ -613,14 +649,23 @@ class RedisBackend:
         record = self.scripts.record
         attempts = [("EVALSHA", record.sha), ("EVAL", record.script)]
         moved = False
+        missed: list[Rider] = []
         while attempts:
             command, script = attempts[0]
-            pipe = self._master_of(keys.steps).pipeline(transaction=False)
+            # Riders alone go in MULTI/EXEC: one round trip to the server's eye as well.
+            pipe = self._master_of(keys.steps).pipeline(transaction=bool(riders) and not wait.waits)
             pipe.execute_command(command, script, 3, *run_keys, *args)  # type: ignore[no-untyped-call]
+            for rider in riders:
+                pipe.execute_command(
+                    "EVALSHA", rider.script.sha, len(rider.keys), *rider.keys, *rider.args
+                )  # type: ignore[no-untyped-call]
             for waiting in wait.commands():
                 pipe.execute_command(*waiting)  # type: ignore[no-untyped-call]
             try:
-                reply, *confirmed = pipe.execute(raise_on_error=False)
+                reply, *rest = pipe.execute(raise_on_error=False)
+                missed += _unsent(keys, riders, rest[: len(riders)])
+                confirmed = rest[len(riders) :]
+                riders = ()  # sent: never again, whatever the record needs
                 rerouted = isinstance(reply, redis.exceptions.MovedError)
             except (redis.ConnectionError, redis.TimeoutError):
                 if moved or not isinstance(self.client, redis.RedisCluster):
@@ -633,6 +678,7 @@ class RedisBackend:
             attempts.pop(0)
             if isinstance(reply, redis.exceptions.NoScriptError):
                 continue
+            send_alone(missed)
             if isinstance(reply, Exception):
                 raise reply
             shortfall = wait.shortfall(confirmed)

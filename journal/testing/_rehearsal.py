@@ -32,6 +32,7 @@ from journal._redis.backend import (
     RecordWait,
     Settled,
 )
+from journal._riders import Rider, send_alone
 from journal._run import Run, StepEvent, StepPolicy
 from journal._schema.keys import Keyspace, RunKeys
 from journal._schema.meta import Wait
@@ -107,9 +108,19 @@ class MemoryStore:
         self._lock = threading.Lock()
 
     def record(
-        self, keys: RunKeys, holder: str, step: str, encoded: bytes, wait: RecordWait = NO_WAIT
+        self,
+        keys: RunKeys,
+        holder: str,
+        step: str,
+        encoded: bytes,
+        wait: RecordWait = NO_WAIT,
+        riders: Sequence[Rider] = (),
     ) -> tuple[Recorded, Any]:
-        """Keep a step run live, as ``HSETNX`` would: the first record of a key stands."""
+        """Keep a step run live, as ``HSETNX`` would: the first record of a key stands.
+
+        Its riders go to their own store, each alone: a rehearsal's record is in memory.
+        """
+        send_alone(riders)
         with self._lock:
             found = self.records.get(step)
             if found is not None:

@@ -6,9 +6,10 @@ keep hitting the limit. Here every call first takes its estimate from the shared
 request; the prompt's estimated input tokens, scaled by what earlier calls used; ``max_tokens``
 output tokens, or the learned average), in one script that checks all three (GCRA token
 buckets, ``tasks/lua/ratelimit_reserve.lua``). Without room it waits for it, so the API is not
-asked in vain. After the call, the take is settled with the answer's ``usage``, and the limits
-and their state are learned from the answer's ``anthropic-ratelimit-*`` headers (limit per
-minute, remaining, reset), so nothing needs configuring (``DIGEST_RATE_LIMITS`` overrides a
+asked in vain. After the call, the take is settled with the answer's ``usage``, in the round
+trip of the step's record (``journal.send_with_record``), and the limits and their state are
+learned from the answer's ``anthropic-ratelimit-*`` headers (limit per minute, remaining,
+reset), so nothing needs configuring (``DIGEST_RATE_LIMITS`` overrides a
 model's limits where the headers are wrong or missing, as behind a proxy); a 429 without those
 headers holds every caller for its ``retry-after``. Until the first answer teaches anything,
 one call at a time asks.
@@ -24,6 +25,7 @@ tells the step to write its answer offline instead.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import random
@@ -32,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from journal import Client
+from journal import Client, send_with_record
 from journal.events import emit
 from tasks.config.limits import Overrides
 from tasks.errors import DigestError
@@ -202,7 +204,10 @@ class RateLimiter:
             hold = str(int((now + retry_after) * 1000))
         if refused:
             emit("rate_limited", take.model)
-        self._settle(
+        # With the step's record, in its round trip (at once if the step fails); a refusal at
+        # once all the same: what it teaches holds back every other caller now.
+        send = self._settle if refused else functools.partial(send_with_record, self._settle)
+        send(
             keys=[take.key],
             args=[
                 take.input,

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from journal import Effect, Journal, Keyspace, Run
+from journal import Effect, Journal, Keyspace, RetryPolicy, Run, Script, send_with_record
 from tests.support import execute, returning, round_trips
 
 STEPS = 10
@@ -112,3 +112,45 @@ def test_an_effect_costs_its_claim_its_confirmation_its_settlement_and_its_recor
 
     sent = round_trips(journal.client, lambda: execute(journal, "wf", "r1", body))
     assert len(sent) == 4 + 2, sent  # claim, confirm, settle, record; open and close
+
+
+def test_a_write_sent_with_a_steps_record_rides_in_its_round_trip(
+    journal: Journal, own_client: redis.Redis, prefix: str
+) -> None:
+    """A step's body may send a write of another slot (a limiter's settle) with its record."""
+    counter = Script(journal.client, "return redis.call('INCR', KEYS[1])")
+    elsewhere = f"{prefix}:elsewhere"
+    counter(keys=[elsewhere])  # loaded on the server, as a warm process's scripts are
+
+    def body(run: Run) -> str:
+        def call() -> str:
+            send_with_record(counter, [elsewhere], [])
+            return "answered"
+
+        return run.step("s0", call)
+
+    sent = round_trips(journal.client, lambda: execute(journal, "wf", "r1", body))
+    assert len(sent) == 1 + 2, sent  # the record carried the write: open, record, close
+    assert own_client.get(elsewhere) == b"2"
+
+
+def test_a_write_of_a_failed_attempt_is_sent_at_once_and_only_once(
+    journal: Journal, own_client: redis.Redis, prefix: str
+) -> None:
+    counter = Script(journal.client, "return redis.call('INCR', KEYS[1])")
+    elsewhere = f"{prefix}:elsewhere"
+    attempts: list[int] = []
+
+    def call() -> str:
+        attempts.append(int(own_client.get(elsewhere) or 0))  # what was sent before it
+        send_with_record(counter, [elsewhere], [])
+        if len(attempts) == 1:
+            raise ConnectionError("the API hung up")
+        return "answered"
+
+    retry = RetryPolicy(max_attempts=2, base_delay=0.0, retryable=lambda _: True)
+    execute(journal, "wf", "r1", lambda run: run.step("s0", call, retry=retry))
+    assert attempts == [0, 1]  # the failed attempt's write went before the retry
+    assert own_client.get(elsewhere) == b"2"  # and the answered one's with the record
+    assert send_with_record(counter, [elsewhere], []) is None  # outside a step: sent at once
+    assert own_client.get(elsewhere) == b"3"

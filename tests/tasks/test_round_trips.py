@@ -3,10 +3,11 @@
 A run of S steps is at least S + 2 (an opening and a closing script, one record a step). On
 top of that a process pays once for its start-up checks and, on a server that has not seen
 the scripts, once for loading them; a model call pays at most one more, the shared limiter's
-reservation. The targets (issue 39): a cold run at most S + 6, a warm one at most S + 3, plus
-one a model call. Counted on the session's own Valkey (MONITOR sees the whole server), between
-two markers this test sends, each command a process sends being a round trip (a MULTI ... EXEC
-is one, commands a script runs are the script's).
+reservation (its settle goes with the step's record). The targets (issue 39): a cold run at
+most S + 6, a warm one at most S + 3, plus one a model call. Counted on the session's own
+Valkey (MONITOR sees the whole server), between two markers this test sends, each command a
+process sends being a round trip (a MULTI ... EXEC is one, commands a script runs are the
+script's).
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ WARM_EXTRA = 3
 # What is reached so far, held so that nothing adds a round trip back.
 CEILING_COLD = 11
 CEILING_WARM = 9
-CEILING_PER_CALL = 3
+# A cold run's first call probes limits nothing has taught yet, and the others ask again
+# while it does: up to two reservations a call. A warm run's call costs one, its reservation;
+# its settle rides in the round trip of the step's record.
+CEILING_PER_CALL = 2
 TARGET_NOT_MET = "issue 39: the counts are above the targets; the ceilings hold what is reached"
 
 
@@ -128,7 +132,7 @@ def test_a_run_with_the_model_stays_under_its_ceiling(with_model: Counted) -> No
     calls = with_model.calls
     print(f"model, beyond the steps: cold {with_model.cold}, warm {with_model.warm}, {calls} calls")
     assert with_model.cold <= CEILING_COLD + CEILING_PER_CALL * calls, with_model.sent
-    assert with_model.warm <= CEILING_WARM + CEILING_PER_CALL * calls, with_model.sent
+    assert with_model.warm <= CEILING_WARM + calls, with_model.sent
 
 
 @pytest.mark.xfail(strict=True, reason=TARGET_NOT_MET)
