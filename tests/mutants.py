@@ -817,6 +817,10 @@ LUA_TESTS: dict[str, tuple[str, ...]] = {
         "tests/tasks/job/test_batch_digest.py",
     ),
     "tasks/lua/budget_settle.lua": ("tests/tasks/llm/test_budget_scripts.py",),
+    "tasks/lua/budget_settle_call.lua": (
+        "tests/tasks/llm/test_budget.py",
+        "tests/tasks/llm/test_budget_scripts.py",
+    ),
     "tasks/lua/claim_items.lua": ("tests/tasks/llm/test_budget_scripts.py",),
     "tasks/lua/ratelimit_reserve.lua": ("tests/tasks/llm/test_ratelimit_scripts.py",),
     "tasks/lua/ratelimit_settle.lua": ("tests/tasks/llm/test_ratelimit_scripts.py",),

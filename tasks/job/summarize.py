@@ -455,7 +455,7 @@ def priced(
         if cost is None:
             reservation.settle(reservation.amount)
             raise UnpricedAnswer(run.keys.run, requested, completion.model)
-        reservation.settle(cost)
+        reservation.settle(cost, with_record=True)
     result["cost_usd"] = cost
     emit("batch_request" if batch else "model_call", completion.model)
     emit("input_tokens", completion.model, completion.input_tokens)

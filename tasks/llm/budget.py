@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol, cast
 
-from journal import Client, ProcessIdentity, Record, RunKeys
+from journal import Client, ProcessIdentity, Record, RunKeys, send_with_record
 from tasks.config.prices import PriceTable
 from tasks.llm.cost import BudgetExceeded, is_call
 from tasks.scripts import script
@@ -80,8 +80,8 @@ class Ledger(Protocol):
         """Hold ``amount`` as ``hold`` if it fits ``limit``: (status, spent), as the script's."""
         ...
 
-    def settle(self, usage: str, hold: str, cost: int) -> None:
-        """Let go of ``hold`` and count ``cost`` as spent."""
+    def settle(self, usage: str, hold: str, cost: int, *, with_record: bool = False) -> None:
+        """Let go of ``hold`` and count ``cost`` as spent (with the step's record, if asked)."""
         ...
 
     def settle_batch(self, usage: str, step: str, cost: int) -> bool:
@@ -96,6 +96,7 @@ class StoreLedger:
         self.client = client
         self._reserve = script(client, "budget_reserve")
         self._settle = script(client, "budget_settle")
+        self._settle_call = script(client, "budget_settle_call")
 
     def reserve(
         self, usage: str, hold: str, amount: int, limit: int | None, lapse_ms: int, seed: str
@@ -128,12 +129,16 @@ class StoreLedger:
                     gone.append(value)
         return gone
 
-    def settle(self, usage: str, hold: str, cost: int) -> None:
-        """Drop the hold and count the cost in one transaction."""
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hdel(usage, f"r:{hold}")
-        pipe.hincrby(usage, "spent", cost)
-        pipe.execute()
+    def settle(self, usage: str, hold: str, cost: int, *, with_record: bool = False) -> None:
+        """``budget_settle_call.lua``: the hold dropped and the cost counted, together.
+
+        ``with_record``: in the round trip of the record of the step that made the call (at
+        once if no step's body is running); else at once.
+        """
+        if with_record:
+            send_with_record(self._settle_call, [usage], [hold, cost])
+        else:
+            self._settle_call(keys=[usage], args=[hold, cost])
 
     def settle_batch(self, usage: str, step: str, cost: int) -> bool:
         """``budget_settle.lua``: once per step, and only over holds of its batches."""
@@ -179,7 +184,7 @@ class Tally:
             self.holds[hold] = amount
             return 1, self.spent
 
-    def settle(self, usage: str, hold: str, cost: int) -> None:
+    def settle(self, usage: str, hold: str, cost: int, *, with_record: bool = False) -> None:
         """Count the cost, in memory."""
         with self.lock:
             self.holds.pop(hold, None)
@@ -211,10 +216,16 @@ class Reservation:
     amount: float
     settled: bool = False
 
-    def settle(self, cost: float) -> None:
-        """Count ``cost`` as spent and let go of the hold (its estimate)."""
+    def settle(self, cost: float, *, with_record: bool = False) -> None:
+        """Count ``cost`` as spent and let go of the hold (its estimate).
+
+        ``with_record`` defers it to the step's record round trip: for the call's answer, not
+        for a failed call's release, which a fallback's reservation in the same step must see.
+        """
         self.settled = True
-        self.budget.ledger.settle(self.usage_key, self.id, _nanodollars(cost))
+        self.budget.ledger.settle(
+            self.usage_key, self.id, _nanodollars(cost), with_record=with_record
+        )
 
 
 class Budget:

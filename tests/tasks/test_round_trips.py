@@ -38,6 +38,8 @@ CEILING_WARM = 9
 # while it does: up to two reservations a call. A warm run's call costs one, its reservation;
 # its settle rides in the round trip of the step's record.
 CEILING_PER_CALL = 2
+# A budgeted run's first reservation finds no spend yet: it reads the journal's, asks again.
+BUDGET_SEED = 2
 TARGET_NOT_MET = "issue 39: the counts are above the targets; the ceilings hold what is reached"
 
 
@@ -122,6 +124,17 @@ def with_model(own_redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> 
     yield found
 
 
+@pytest.fixture(scope="module")
+def with_budget(own_redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Counted]:
+    deployment, client = own_deployment(own_redis_url, tmp_path_factory.mktemp("budget"))
+    deployment.env["DIGEST_MAX_COST_USD"] = "5"
+    with FakeAnthropic() as fake:
+        deployment.env.update(fake.env())
+        found = counted(deployment, client, lambda: fake.calls)
+    assert found.calls == ITEMS + 1
+    yield found
+
+
 def test_an_offline_run_stays_under_its_ceiling(offline: Counted) -> None:
     print(f"offline, beyond the steps: cold {offline.cold}, warm {offline.warm}")
     assert offline.cold <= CEILING_COLD, offline.sent
@@ -133,6 +146,19 @@ def test_a_run_with_the_model_stays_under_its_ceiling(with_model: Counted) -> No
     print(f"model, beyond the steps: cold {with_model.cold}, warm {with_model.warm}, {calls} calls")
     assert with_model.cold <= CEILING_COLD + CEILING_PER_CALL * calls, with_model.sent
     assert with_model.warm <= CEILING_WARM + calls, with_model.sent
+
+
+def test_a_run_under_a_budget_pays_one_more_round_trip_a_call_its_reservation(
+    with_budget: Counted,
+) -> None:
+    calls = with_budget.calls
+    print(f"budget, beyond the steps: cold {with_budget.cold}, warm {with_budget.warm}")
+    # Each call reserves from the limits and from the budget; both settle with the step's
+    # record. A run's first reservation finds no spend yet and reads it from the journal.
+    assert with_budget.warm <= CEILING_WARM + 2 * calls + BUDGET_SEED, with_budget.sent
+    assert with_budget.cold <= CEILING_COLD + (CEILING_PER_CALL + 1) * calls + BUDGET_SEED, (
+        with_budget.sent
+    )
 
 
 @pytest.mark.xfail(strict=True, reason=TARGET_NOT_MET)
