@@ -8,25 +8,29 @@ the due sweep's claim, un-parking, deleting.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 
 from journal._clock import Clock, SystemClock, millis
-from journal._delivery import Outcome, Runner, Settings
 from journal._redis.backend import RedisBackend, Snapshot
 from journal._redis.scripts import Client
-from journal._run import Run, StepEvent
 from journal._schema import codec
 from journal._schema.keys import Keyspace, RunKeys
 from journal._schema.meta import RunMeta
 from journal._schema.records import decode_effects
 from journal._schema.status import RunStatus
+from journal._settings import Settings
 from journal.errors import Hints
+
+if TYPE_CHECKING:  # the delivery's: a journal that only reads runs never imports them
+    from journal._delivery import Outcome, Runner
+    from journal._run import Run, StepEvent
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +57,21 @@ class Journal:
         if isinstance(self.client, redis.RedisCluster) and not self.keyspace.cluster:
             self.keyspace = replace(self.keyspace, cluster=True)
         self.backend = RedisBackend(self.client, self.keyspace, self.url, self.hints)
-        self.runner = Runner(self.backend, self.settings, self.clock, self.hints)
         if self.settings.fsync_records:
             self.backend.require_waitaof(self.url)
         if self.settings.wait_replicas:
             self.backend.require_replicas(self.url, self.settings.wait_replicas)
+
+    @functools.cached_property
+    def runner(self) -> Runner:
+        """What delivers this journal's runs, made on the first delivery.
+
+        Its module brings the lease, the step runner and tracing: a journal that only reads
+        runs (``digest show``) has no use for them.
+        """
+        from journal._delivery import Runner
+
+        return Runner(self.backend, self.settings, self.clock, self.hints)
 
     def keys(self, workflow: str, run_id: str) -> RunKeys:
         """The validated keys of one run."""

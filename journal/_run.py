@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from journal import tracing
-from journal._batch import BatchApi, BatchEntry, BatchPolicy, BatchStep
+from journal._batch import BatchStep
+from journal._batch_state import BatchApi, BatchEntry, BatchPolicy
 from journal._clock import millis
 from journal._effects import Effect, run_effect
 from journal._lease import Holding

@@ -58,7 +58,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from journal._batch import (
+from journal._batch_state import (
     LOOK,
     BatchApi,
     BatchEntry,

@@ -13,9 +13,9 @@ import os
 import shutil
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import redis
 
@@ -27,12 +27,14 @@ from journal.errors import StoreUnavailable
 from tasks.config import Config
 from tasks.errors import ModelNotConfigured, is_transient_failure
 from tasks.keys import DigestKeys
-from tasks.llm.batches import AnthropicBatches, NoBatches
-from tasks.llm.budget import Budget, StoreLedger, Tally
-from tasks.llm.client import AnthropicSummarizer, Completion, OfflineSummarizer, Summarizer
-from tasks.llm.prompts import Update
-from tasks.llm.ratelimit import LimitState, RateLimiter, account_of
-from tasks.mail.smtp import FileOutbox, Mailer, SmtpMailer
+
+if TYPE_CHECKING:  # the adapters' modules, imported when one is chosen: reading needs none
+    from tasks.llm.batches import AnthropicBatches, NoBatches
+    from tasks.llm.budget import Budget, Tally
+    from tasks.llm.client import Completion, Summarizer
+    from tasks.llm.prompts import Update
+    from tasks.llm.ratelimit import LimitState, RateLimiter
+    from tasks.mail.smtp import Mailer
 
 log = logging.getLogger(__name__)
 
@@ -143,20 +145,19 @@ def checked_store(config: Config, logger: logging.Logger) -> Client:
 
 
 @dataclass
-class Runtime:
-    """The process's journal, store client, summarizer and mailer."""
+class Store:
+    """The process's journal, its store client and the shared rate limits: what reading needs.
+
+    ``digest show`` and ``digest runs`` read runs and never call the model or send mail;
+    choosing those adapters (``Runtime``) imports the model's client and the mail transports,
+    a cost that a command which only reads has no use for.
+    """
 
     config: Config
     client: Client
     journal: Journal
     keys: DigestKeys
-    summarizer: Summarizer
-    mailer: Mailer
-    limiter: RateLimiter | None = None
-    replaying: bool = False
-    """A replay's runtime (``storeless``): it has no store, so no other run's state either."""
-    tally: Tally | None = None
-    """A rehearsal's runtime (``rehearsing``): its calls are counted here, not in the store."""
+    limiter: RateLimiter | None = field(default=None, kw_only=True)
 
     def limit_states(self) -> list[LimitState]:
         """What the shared rate limiter knows of each model of both chains (none without a key)."""
@@ -167,31 +168,12 @@ class Runtime:
             tuple(dict.fromkeys(config.summary_models + config.intro_models))
         )
 
-    @functools.cached_property
-    def batches(self) -> AnthropicBatches | NoBatches:
-        """The Message Batches API of the summarizer's key; a refusal without a key."""
-        if not isinstance(self.summarizer, AnthropicSummarizer):
-            return NoBatches()
-        return AnthropicBatches(self.summarizer.client)
-
-    @functools.cached_property
-    def budget(self) -> Budget:
-        """Every run's ``DIGEST_MAX_COST_USD``, reserved in this store before each call."""
-        config = self.config
-        # A call may first wait up to the back-off threshold for rate-limit room, then run.
-        longest = config.long_backoff + config.model_timeout
-        ledger = StoreLedger(self.client) if self.tally is None else self.tally
-        return Budget(ledger, config.max_cost_usd, config.prices, longest)
-
     @classmethod
-    def build(cls, config: Config, *, allow_offline: bool) -> Runtime:
-        """Connect and choose the adapters.
+    def open(cls, config: Config) -> Store:
+        """Connect to the store and check it (``checked_store``), its journal and keys named.
 
-        Args:
-            config: the settings.
-            allow_offline: use the offline summarizer when no API key is set (the CLI);
-                a worker passes ``config.offline_allowed`` so that a deployment with its own
-                Redis refuses to fake summaries silently.
+        Raises:
+            StoreUnavailable: the store did not answer.
         """
         url = store_url(config)
         try:
@@ -220,15 +202,62 @@ class Runtime:
             url=url,
         )
         keys = DigestKeys(config.key_prefix, cluster=cluster)
-        limiter = rate_limiter(client, keys, config)
+        return cls(config, client, journal, keys, limiter=rate_limiter(client, keys, config))
+
+
+@dataclass
+class Runtime(Store):
+    """The process's store (``Store``) with its summarizer and mailer: what running needs."""
+
+    summarizer: Summarizer
+    mailer: Mailer
+    replaying: bool = False
+    """A replay's runtime (``storeless``): it has no store, so no other run's state either."""
+    tally: Tally | None = None
+    """A rehearsal's runtime (``rehearsing``): its calls are counted here, not in the store."""
+
+    @functools.cached_property
+    def batches(self) -> AnthropicBatches | NoBatches:
+        """The Message Batches API of the summarizer's key; a refusal without a key."""
+        from tasks.llm.batches import AnthropicBatches, NoBatches
+        from tasks.llm.client import AnthropicSummarizer
+
+        if not isinstance(self.summarizer, AnthropicSummarizer):
+            return NoBatches()
+        return AnthropicBatches(self.summarizer.client)
+
+    @functools.cached_property
+    def budget(self) -> Budget:
+        """Every run's ``DIGEST_MAX_COST_USD``, reserved in this store before each call."""
+        from tasks.llm.budget import Budget, StoreLedger
+
+        config = self.config
+        # A call may first wait up to the back-off threshold for rate-limit room, then run.
+        longest = config.long_backoff + config.model_timeout
+        ledger = StoreLedger(self.client) if self.tally is None else self.tally
+        return Budget(ledger, config.max_cost_usd, config.prices, longest)
+
+    @classmethod
+    def build(cls, config: Config, *, allow_offline: bool) -> Runtime:
+        """Connect (``Store.open``) and choose the adapters.
+
+        Args:
+            config: the settings.
+            allow_offline: use the offline summarizer when no API key is set (the CLI);
+                a worker passes ``config.offline_allowed`` so that a deployment with its own
+                Redis refuses to fake summaries silently.
+        """
+        store = Store.open(config)
         return cls(
-            config=config,
-            client=client,
-            journal=journal,
-            keys=keys,
-            summarizer=choose_summarizer(config, allow_offline=allow_offline, limiter=limiter),
+            config,
+            store.client,
+            store.journal,
+            store.keys,
+            limiter=store.limiter,
+            summarizer=choose_summarizer(
+                config, allow_offline=allow_offline, limiter=store.limiter
+            ),
             mailer=choose_mailer(config),
-            limiter=limiter,
         )
 
 
@@ -240,6 +269,8 @@ def rate_limiter(client: Client, keys: DigestKeys, config: Config) -> RateLimite
     key = os.environ.get("ANTHROPIC_API_KEY")
     if not key:
         return None
+    from tasks.llm.ratelimit import RateLimiter, account_of  # without a key, no limits to share
+
     base_url = os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL
     account = account_of(base_url, key)
     return RateLimiter(
@@ -257,6 +288,8 @@ def choose_summarizer(
         allow_offline: whether no key means the offline summarizer.
         limiter: the rate limits shared with every process on the key (``rate_limiter``).
     """
+    from tasks.llm.client import AnthropicSummarizer, OfflineSummarizer
+
     if os.environ.get("ANTHROPIC_API_KEY"):
         return AnthropicSummarizer.from_env(
             config.model_timeout,
@@ -274,6 +307,8 @@ def choose_mailer(config: Config) -> Mailer:
 
     Resend with ``DIGEST_MAIL_URL=resend://``, SMTP with ``DIGEST_SMTP_URL``.
     """
+    from tasks.mail.smtp import FileOutbox, SmtpMailer
+
     if config.mail_url is not None and config.resend_api_key:
         # Imported here: its HTTP client is a tenth of a second that only Resend needs.
         from tasks.mail.resend import ResendMailer

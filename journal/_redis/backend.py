@@ -495,8 +495,16 @@ class RedisBackend:
         self.keyspace = keyspace
         self.url = url
         self.hints = hints or Hints()
+
+    @functools.cached_property
+    def scripts(self) -> Scripts:
+        """The journal's scripts bound to the client, their sources read when the first is sent.
+
+        Reading them takes milliseconds that a process which only reads runs (``digest show``)
+        has no use for.
+        """
         with self._translated():
-            self.scripts = Scripts.register(client)
+            return Scripts.register(self.client)
 
     def unavailable(self, down: redis.ConnectionError | redis.TimeoutError) -> StoreUnavailable:
         """What a lost connection to this store is raised as: it names the store and the fix.

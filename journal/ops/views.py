@@ -5,14 +5,16 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from journal._cancel import CANCEL_FIELD
-from journal._journal import Journal
 from journal._schema import codec
 from journal._schema.meta import RunMeta, Wait
 from journal._schema.records import Record, decode_effects, decode_journal, ordered
 from journal._schema.status import RunStatus
+
+if TYPE_CHECKING:  # a view reads a journal it is given: `digest --help` lists the states alone
+    from journal._journal import Journal
 
 # What an operator filters on: the stored status, refined where one word would mislead.
 STATES = (

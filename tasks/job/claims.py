@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
-from tasks.job.items import Item, load_items
 from tasks.keys import text
-from tasks.runtime import Runtime
 from tasks.scripts import script
+
+if TYPE_CHECKING:  # the items' parsers and the runtime: counting holdings needs neither
+    from tasks.job.items import Item
+    from tasks.runtime import Runtime, Store
 
 # A run in one of these may still send what it holds, but only if someone acts.
 STUCK = ("failed", "retrying")
@@ -64,9 +66,9 @@ class Held:
         return said
 
 
-def holdings(runtime: Runtime) -> dict[str, int]:
+def holdings(store: Store) -> dict[str, int]:
     """How many items each run (``digest:<run_id>``) holds now."""
-    return dict(Counter(text(holder) for holder in runtime.client.hvals(runtime.keys.claims)))
+    return dict(Counter(text(holder) for holder in store.client.hvals(store.keys.claims)))
 
 
 def held_elsewhere(runtime: Runtime, owner: str, seen: Seen | None = None) -> list[Held]:
@@ -126,6 +128,8 @@ def select_unseen(runtime: Runtime, source: str, owner: str, *, claim: bool = Tr
     wholly before or after it. A preview (``claim=False``) takes the items nobody else holds
     without claiming them.
     """
+    from tasks.job.items import load_items  # the feeds' parsers: not for counting holdings
+
     items = load_items(source, runtime.config.items_timeout)
     if not items:
         return []

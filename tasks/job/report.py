@@ -13,16 +13,18 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from journal import Record, Wait
 from journal.batch import batches as batch_views
 from journal.ops.views import RunView
-from tasks.job.claims import Held
-from tasks.job.items import Item
-from tasks.job.summarize import CallCounter, Deadline
 from tasks.llm.cost import is_completion
-from tasks.mail.smtp import Email, Receipt
+from tasks.mail.message import Email, Receipt
+
+if TYPE_CHECKING:  # the run's own types: the lines operators read import none of its steps
+    from tasks.job.claims import Held
+    from tasks.job.items import Item
+    from tasks.job.summarize import CallCounter, Deadline
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from journal.events import emit
 from tasks.job import faults
 from tasks.job.claims import Held, Seen, held_elsewhere, mark_seen, release, select_unseen
 from tasks.job.items import Item
+from tasks.job.names import APPROVAL, WORKFLOW
 from tasks.job.report import Degraded, draft_digest, draft_email, email_json, report
 from tasks.job.summarize import (
     CallCounter,
@@ -29,11 +30,8 @@ from tasks.job.summarize import (
     model_retry_policy,
     summarize_week,
 )
-from tasks.mail.smtp import Email
+from tasks.mail.message import Email
 from tasks.runtime import Runtime, process_config, process_runtime
-
-APPROVAL = "approval"
-"""The signal an approval (or a rejection) is sent as: ``digest approve`` and the console."""
 
 T = TypeVar("T")
 
@@ -84,7 +82,7 @@ def _journal() -> Journal:
 
 
 @workflow(
-    "digest",
+    WORKFLOW,
     options=DigestOptions,
     journal=_journal,
     defaults=frozen_settings,

@@ -51,7 +51,8 @@ import httpx2
 
 from journal.logs import MASK, redact
 from tasks.errors import BadInput, MailFailed, MailUnavailable
-from tasks.mail.smtp import Email, Receipt, SendEffect, check_key, message_id, safe_token
+from tasks.mail.message import Email, Receipt
+from tasks.mail.smtp import SendEffect, check_key, message_id, safe_token
 
 DEFAULT_BASE_URL = "https://api.resend.com"
 RESEND_TIMEOUT_S = 30.0

@@ -26,7 +26,6 @@ import re
 import smtplib
 import ssl
 import tempfile
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email import policy as email_policy
@@ -38,6 +37,7 @@ from urllib.parse import unquote, urlsplit
 
 from journal.logs import redact
 from tasks.errors import BadInput, MailFailed, MailUnavailable
+from tasks.mail.message import Email, Receipt
 
 log = logging.getLogger(__name__)
 
@@ -50,32 +50,6 @@ _UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9_-]+")
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 _HEADER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,75}")
 _LEADING_DOT = re.compile(rb"^\.", re.MULTILINE)
-
-
-@dataclass(frozen=True)
-class Email:
-    """One message to deliver."""
-
-    to: str
-    subject: str
-    body: str
-
-
-@dataclass(frozen=True)
-class Receipt:
-    """What a send returns; ``sent`` is False when the key was delivered earlier."""
-
-    id: str
-    sent: bool
-
-    def to_json(self) -> dict[str, Any]:
-        """The form the ``send`` step records."""
-        return {"id": self.id, "sent": self.sent}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Receipt:
-        """Rebuild a receipt from a recorded step or a stored receipt."""
-        return cls(id=data["id"], sent=data["sent"])
 
 
 class SendEffect(Protocol):

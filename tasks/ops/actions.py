@@ -18,14 +18,12 @@ from journal.ops import actions as control
 from journal.ops.views import inspect_run
 from tasks.errors import BadInput
 from tasks.job.claims import STUCK, holdings, let_go
+from tasks.job.names import APPROVAL, WORKFLOW
 from tasks.job.report import decide_send, draft_digest
 from tasks.job.weeks import is_week_id
-from tasks.job.workflow import APPROVAL, digest
 from tasks.llm.batches import AnthropicBatches
-from tasks.mail.smtp import Receipt
+from tasks.mail.message import Receipt
 from tasks.runtime import Runtime
-
-WORKFLOW = digest.name
 
 
 @dataclass(frozen=True)

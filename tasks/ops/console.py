@@ -53,8 +53,8 @@ from journal.ops.views import (
 from journal.testing import fixture
 from tasks.errors import BadInput, DigestError
 from tasks.job.claims import holdings
+from tasks.job.names import APPROVAL, WORKFLOW
 from tasks.job.report import batch_lines, counted
-from tasks.job.workflow import APPROVAL
 from tasks.llm.cost import dollars, is_completion, usage_of
 from tasks.ops import actions
 from tasks.ops.run_page import (
@@ -415,7 +415,7 @@ def _run_pages(app: Flask, runtime: Runtime) -> None:
     @app.get("/runs/<run_id>")
     def run(run_id: str) -> Any:
         _valid(run_id)
-        view = inspect_run(journal, actions.WORKFLOW, run_id)
+        view = inspect_run(journal, WORKFLOW, run_id)
         if not view.meta:
             abort(404)
         page = render_template("run.html", **run_context(runtime, view, run_id))
@@ -449,10 +449,10 @@ def _run_pages(app: Flask, runtime: Runtime) -> None:
         # The same document as `digest export`: a read, so a GET; secrets masked by export.
         _valid(run_id)
         try:
-            document = fixture.export(journal, actions.WORKFLOW, run_id).dumps()
+            document = fixture.export(journal, WORKFLOW, run_id).dumps()
         except ControlRefused:
             abort(404)
-        name = f"{actions.WORKFLOW}-{run_id}.json"
+        name = f"{WORKFLOW}-{run_id}.json"
         return Response(
             document,
             mimetype="application/json",
@@ -530,7 +530,7 @@ def _listing_query() -> tuple[Wanted, int, Cursor | None]:
         before = Cursor.parse(args["before"]) if "before" in args else None
     except ValueError as bad:
         raise ValueError(f"before: {bad}; follow the page's own link to older runs") from None
-    part = args.get("q", "").strip().removeprefix(f"{actions.WORKFLOW}:") or None
+    part = args.get("q", "").strip().removeprefix(f"{WORKFLOW}:") or None
     return Wanted(status, outcome, part), limit, before
 
 

@@ -26,8 +26,8 @@ from journal.batch import is_batch_look
 from journal.logs import redact
 from journal.ops.views import RunView
 from tasks.job.claims import Held
+from tasks.job.names import APPROVAL
 from tasks.job.report import counted, degraded_words
-from tasks.job.workflow import APPROVAL
 
 # A wait longer than this is drawn as a break of ``BREAK_SHARE`` of the axis, not to scale.
 BREAK_MS = 2_000

@@ -7,12 +7,14 @@ of a private module from the example breaks it.
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+import journal
 from tests.support import ROOT
 from tests.test_layers import LINT_IMPORTS, contract, private_modules
 
@@ -23,6 +25,23 @@ def test_the_contracts_forbid_the_app_and_every_private_module_of_the_library() 
     assert contract(PRIVATE)["source_modules"] == ["tasks", "examples"]
     assert set(contract(PRIVATE)["forbidden_modules"]) == private_modules()
     assert contract("examples import nothing of tasks")["forbidden_modules"] == ["tasks"]
+
+
+def test_every_name_of_the_face_is_typed_and_imported_on_first_use() -> None:
+    # The face imports a name's module when the name is first used: a name missing from the
+    # table would fail only then, in an application, and one missing from the type checker's
+    # imports would be typed Any without a word.
+    face = ast.parse((ROOT / "journal" / "__init__.py").read_text())
+    typed = {
+        alias.asname or alias.name
+        for block in face.body
+        if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert typed == set(journal._HOMES) == set(journal.__all__)
+    assert [name for name in journal.__all__ if getattr(journal, name, None) is None] == []
 
 
 @pytest.mark.slow

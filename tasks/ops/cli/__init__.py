@@ -14,7 +14,6 @@ import sys
 from collections.abc import Sequence
 from datetime import datetime
 
-from journal import validate_run_id
 from journal.errors import (
     ControlRefused,
     InvalidRunId,
@@ -23,18 +22,20 @@ from journal.errors import (
     ReceiptUnsaved,
     StoreEvicts,
 )
-from journal.logs import redact, redact_logging
-from tasks.config import Config
 from tasks.errors import BadInput, DigestError
-from tasks.job.weeks import iso_week_run_id
+from tasks.job.names import WORKFLOW
 from tasks.ops.cli.parser import EXIT_BUSY, EXIT_FAILED, EXIT_USAGE, build_parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``digest`` command."""
     args = build_parser().parse_args(argv)  # --help and usage errors end here
-    # Imported once the arguments are known: the commands bring the workflow, the runtime and
-    # the renderers, a third of a second that `digest --help` has no use for.
+    # Imported once the arguments are known: the commands bring the store's client, the
+    # runtime and the renderers, the settings their tables; `digest --help` needs none of it.
+    from journal import validate_run_id
+    from journal.logs import redact, redact_logging
+    from tasks.config import Config
+    from tasks.job.weeks import iso_week_run_id
     from tasks.ops.cli.commands import COMMANDS
 
     redact_logging()  # the journal's warnings, printed by logging's last-resort handler
@@ -81,13 +82,11 @@ def run_id_of(given: str) -> str:
     Raises:
         BadInput: ``given`` names a run of another workflow.
     """
-    from tasks.job.workflow import digest  # with the commands, after the arguments
-
     workflow, colon, run_id = given.rpartition(":")
-    if colon and workflow != digest.name:
+    if colon and workflow != WORKFLOW:
         raise BadInput(
             f"{given!r} is not a digest run; give its id as `digest runs` prints it "
-            f"({digest.name}:2026-w42) or alone (2026-w42)"
+            f"({WORKFLOW}:2026-w42) or alone (2026-w42)"
         )
     return run_id if colon else given
 

@@ -11,27 +11,22 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from journal import Journal, StepEvent, Wait, validate_run_id
+from journal import Wait, validate_run_id
 from journal.batch import is_batch_look
 from journal.errors import (
     RunParked,
 )
 from journal.logs import redact
-from journal.ops.actions import purge as purge_runs
-from journal.ops.actions import retry as retry_run
 from journal.ops.views import Cursor, RunView, inspect_run, list_runs
 from tasks.config import Config
 from tasks.config.variables import parse_duration
 from tasks.errors import BadInput
 from tasks.job.claims import holdings
-from tasks.job.feeds import is_url
-from tasks.job.items import load_items
+from tasks.job.names import APPROVAL, WORKFLOW
 from tasks.job.report import answered_by, batch_lines, decide_send, utc
-from tasks.job.workflow import APPROVAL, DigestOptions, digest, preview
-from tasks.llm.client import OfflineSummarizer
 from tasks.llm.cost import dollars, usage_of
-from tasks.ops import actions
 from tasks.ops.cli.parser import EXIT_FAILED, EXIT_OK
 from tasks.ops.cli.render import (
     fate,
@@ -42,16 +37,21 @@ from tasks.ops.cli.render import (
     verdict_line,
     view_json,
 )
-from tasks.runtime import Runtime, use_runtime
+from tasks.runtime import Runtime, Store, use_runtime
+
+if TYPE_CHECKING:  # running a digest's: what reads or acts on runs imports none of it
+    from journal import Journal, StepEvent
+    from tasks.job.workflow import DigestOptions
+    from tasks.llm.client import OfflineSummarizer
 
 
-def _known(runtime: Runtime, run_id: str) -> RunView:
+def _known(store: Store, run_id: str) -> RunView:
     """The run, which must have started: acting on or showing a run never begun is a typo.
 
     Raises:
         BadInput: the journal has no such run.
     """
-    view = inspect_run(runtime.journal, digest.name, run_id)
+    view = inspect_run(store.journal, WORKFLOW, run_id)
     if not view.meta:
         raise BadInput(
             f"no run {view.run} in the journal: it never started; `digest runs` lists the "
@@ -80,15 +80,18 @@ def _step_printer(offline: OfflineSummarizer | None) -> Callable[[StepEvent], No
 
 def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Run (or resume) one digest here, printing each step as it runs or replays."""
+    # Imported here: the workflow, its steps and the model's client are running's alone.
+    from journal.ops.actions import retry as retry_run
+    from tasks.job.workflow import digest, preview
+    from tasks.llm.client import OfflineSummarizer
+
     runtime = Runtime.build(config, allow_offline=True)
     use_runtime(runtime)  # the workflow's runtime in this process: offline allowed
     journal = runtime.journal
     offline = runtime.summarizer if isinstance(runtime.summarizer, OfflineSummarizer) else None
     if args.retry:  # only a failed run: any other is refused, and nothing is written
-        retry_run(journal, digest.name, run_id)
-        print(
-            f"  reset {digest.name}:{run_id}: its next start is a deliberate retry", file=sys.stderr
-        )
+        retry_run(journal, WORKFLOW, run_id)
+        print(f"  reset {WORKFLOW}:{run_id}: its next start is a deliberate retry", file=sys.stderr)
     # A dry run is a workflow of its own, in a scratch journal: a worker never runs a preview.
     workflow = preview if args.dry_run else digest
     options = _run_options(config, args, inspect_run(journal, workflow.name, run_id), offline)
@@ -125,6 +128,10 @@ def _run_options(
     Raises:
         BadInput: the items cannot be read, or ``--batch`` has no API key to batch with.
     """
+    from tasks.job.feeds import is_url
+    from tasks.job.items import load_items
+    from tasks.job.workflow import DigestOptions
+
     source = args.items or config.items_path
     unstarted = view.step("select") is None and view.status not in ("done", "cancelled")
     if unstarted and not is_url(source):
@@ -174,16 +181,16 @@ def cmd_enqueue(config: Config, run_id: str, args: argparse.Namespace) -> int:
     from tasks.worker.app import digest as task
 
     result = task.delay(run_id)
-    print(f"enqueued {digest.name}:{run_id} as task {result.id}; `celery -A tasks worker` runs it")
+    print(f"enqueued {WORKFLOW}:{run_id} as task {result.id}; `celery -A tasks worker` runs it")
     return EXIT_OK
 
 
 def cmd_show(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Print what the journal knows about a run."""
-    runtime = Runtime.build(config, allow_offline=True)
-    view = _known(runtime, run_id)
-    held = holdings(runtime).get(view.run, 0)
-    limits = runtime.limit_states()
+    store = Store.open(config)
+    view = _known(store, run_id)
+    held = holdings(store).get(view.run, 0)
+    limits = store.limit_states()
     # Masked again here: a journal written before masking, or by other code, may hold a secret.
     if args.json:
         shown = view_json(view) | {
@@ -203,11 +210,11 @@ def cmd_runs(config: Config, run_id: str, args: argparse.Namespace) -> int:
         before = Cursor.parse(args.before) if args.before else None
     except ValueError as bad:
         raise BadInput(f"--before: {bad}; give the cursor a full page ended with") from None
-    runtime = Runtime.build(config, allow_offline=True)
-    held = holdings(runtime)
+    store = Store.open(config)
+    held = holdings(store)
     # One row more than the page, to say whether another page follows.
     rows = list_runs(
-        runtime.journal, state=args.status, steps=True, limit=args.limit + 1, before=before
+        store.journal, state=args.status, steps=True, limit=args.limit + 1, before=before
     )
     for row in rows[: args.limit]:
         usage = usage_of(record.result for record in row.steps)
@@ -239,26 +246,35 @@ def _holds(count: int) -> str:
     return f"holds {count} items" if count else ""
 
 
-Command = Callable[[Config, str, argparse.Namespace], int]
-Action = Callable[[Runtime, str, argparse.Namespace], actions.Answer]
-
-
-def acting(action: Action) -> Command:
-    """A command that takes one operator action on the run and prints its answer.
+def cmd_act(config: Config, run_id: str, args: argparse.Namespace) -> int:
+    """Take the operator action ``args.command`` names on the run and print its answer.
 
     The action itself (``tasks.ops.actions``) refuses what it must, as the console's does.
+    Imported here: the actions bring the journal's controls and the model's batches, which
+    reading a run never needs.
     """
+    from tasks.ops import actions
 
-    def command(config: Config, run_id: str, args: argparse.Namespace) -> int:
-        runtime = Runtime.build(config, allow_offline=True)
-        print(action(runtime, run_id, args).line)
-        return EXIT_OK
-
-    return command
+    runtime = Runtime.build(config, allow_offline=True)
+    act: dict[str, Callable[[], actions.Answer]] = {
+        "approve": lambda: actions.decide(runtime, run_id, {"approved": True}),
+        "reject": lambda: actions.decide(
+            runtime, run_id, {"approved": False, "reason": args.reason}
+        ),
+        "cancel": lambda: actions.cancel(runtime, run_id, args.reason),
+        "retry": lambda: actions.retry(runtime, run_id),
+        "release": lambda: actions.release(runtime, run_id),
+        "mark-sent": lambda: actions.mark_sent(runtime, run_id),
+        "resend": lambda: actions.resend(runtime, run_id),
+    }
+    print(act[args.command]().line)
+    return EXIT_OK
 
 
 def cmd_fork(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Fork a run from one of its steps and hand the fork to the workers."""
+    from tasks.ops import actions
+
     runtime = Runtime.build(config, allow_offline=True)
     if args.dry_run:
         return fork_dry_run(runtime, run_id, args.step)
@@ -290,7 +306,7 @@ def cmd_export(config: Config, run_id: str, args: argparse.Namespace) -> int:
     from journal.testing.fixture import export
 
     runtime = Runtime.build(config, allow_offline=True)
-    document = export(runtime.journal, digest.name, run_id)
+    document = export(runtime.journal, WORKFLOW, run_id)
     if args.output is None:
         sys.stdout.write(document.dumps())
         return EXIT_OK
@@ -310,9 +326,10 @@ def cmd_check_replay(config: Config, run_id: str, args: argparse.Namespace) -> i
     use_runtime(runtime)  # the workflow's runtime: its replayed steps never call it
     # Imported here: the replay machinery is for this command alone.
     from journal.testing.preflight import check_runs, unended_runs
+    from tasks.job.workflow import digest
 
     verdicts = check_runs(
-        runtime.journal, digest, args.runs or unended_runs(runtime.journal, digest.name)
+        runtime.journal, digest, args.runs or unended_runs(runtime.journal, WORKFLOW)
     )
     for verdict in verdicts:
         print(printable(redact(verdict_line(verdict))))
@@ -323,6 +340,8 @@ def cmd_check_replay(config: Config, run_id: str, args: argparse.Namespace) -> i
 
 def cmd_purge(config: Config, run_id: str, args: argparse.Namespace) -> int:
     """Remove ended runs older than ``--older-than`` (``DIGEST_RUN_RETENTION``, for beat)."""
+    from journal.ops.actions import purge as purge_runs
+
     older_than = parse_duration("--older-than", args.older_than)
     runtime = Runtime.build(config, allow_offline=True)
     purged = purge_runs(runtime.journal, older_than, dry_run=args.dry_run)
@@ -375,6 +394,8 @@ def cmd_metrics(config: Config, run_id: str, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+Command = Callable[[Config, str, argparse.Namespace], int]
+
 COMMANDS: dict[str, Command] = {
     "metrics": cmd_metrics,
     "console": cmd_console,
@@ -382,19 +403,13 @@ COMMANDS: dict[str, Command] = {
     "enqueue": cmd_enqueue,
     "show": cmd_show,
     "runs": cmd_runs,
-    "approve": acting(
-        lambda runtime, run_id, _: actions.decide(runtime, run_id, {"approved": True})
-    ),
-    "reject": acting(
-        lambda runtime, run_id, args: actions.decide(
-            runtime, run_id, {"approved": False, "reason": args.reason}
-        )
-    ),
-    "cancel": acting(lambda runtime, run_id, args: actions.cancel(runtime, run_id, args.reason)),
-    "retry": acting(lambda runtime, run_id, _: actions.retry(runtime, run_id)),
-    "release": acting(lambda runtime, run_id, _: actions.release(runtime, run_id)),
-    "mark-sent": acting(lambda runtime, run_id, _: actions.mark_sent(runtime, run_id)),
-    "resend": acting(lambda runtime, run_id, _: actions.resend(runtime, run_id)),
+    "approve": cmd_act,
+    "reject": cmd_act,
+    "cancel": cmd_act,
+    "retry": cmd_act,
+    "release": cmd_act,
+    "mark-sent": cmd_act,
+    "resend": cmd_act,
     "fork": cmd_fork,
     "export": cmd_export,
     "check-replay": cmd_check_replay,

@@ -17,6 +17,7 @@ from journal import Record, Wait
 from journal.logs import redact
 from journal.ops.views import RunView
 from tasks.job.claims import MAYBE_SENT, STUCK, Held
+from tasks.job.names import APPROVAL
 from tasks.job.report import (
     answered_by,
     batch_lines,
@@ -26,14 +27,13 @@ from tasks.job.report import (
     receipt_line,
     utc,
 )
-from tasks.job.workflow import APPROVAL
 from tasks.llm.cost import Usage, dollars, is_call, is_completion, usage_of
 from tasks.llm.prompts import PROMPTS
-from tasks.llm.ratelimit import LimitState
 from tasks.ops.cli.parser import SHOW_SCHEMA
 
 if TYPE_CHECKING:  # the replay machinery is check-replay's alone: not imported to show a run
     from journal.testing.preflight import Verdict
+    from tasks.llm.ratelimit import LimitState
 
 # Every C0 and C1 control character but tab (and newline, where a text may span lines).
 _CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")

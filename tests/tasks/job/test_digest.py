@@ -31,7 +31,8 @@ from tasks.keys import DigestKeys, text
 from tasks.llm.client import AnthropicSummarizer, Completion, Summarizer
 from tasks.llm.prompts import Update
 from tasks.llm.ratelimit import RateLimiter, account_of
-from tasks.mail.smtp import Email, FileOutbox, Mailer, Receipt, SendEffect
+from tasks.mail.message import Email, Receipt
+from tasks.mail.smtp import FileOutbox, Mailer, SendEffect
 from tasks.ops.cli import main
 from tasks.runtime import Runtime
 from tests.fakes.anthropic_server import CREDIT_TOO_LOW, PROMPT_TOO_LONG, FakeAnthropic

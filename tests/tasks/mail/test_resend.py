@@ -18,8 +18,8 @@ import pytest
 
 from journal.errors import LeaseLost
 from tasks.errors import BadInput, MailFailed, MailUnavailable
+from tasks.mail.message import Email, Receipt
 from tasks.mail.resend import ResendMailer
-from tasks.mail.smtp import Email, Receipt
 from tests.fakes.resend_api import API_KEY, FakeResend
 from tests.support import HeldPort
 

@@ -9,7 +9,8 @@ from journal import Effect, Journal, Run
 from journal.errors import EffectLate, LeaseLost
 from journal.ops import actions as control
 from tasks.errors import BadInput, MailFailed, MailUnavailable, is_transient_failure
-from tasks.mail.smtp import Email, FileOutbox, Receipt, SmtpMailer
+from tasks.mail.message import Email, Receipt
+from tasks.mail.smtp import FileOutbox, SmtpMailer
 from tests.conftest import MakeJournal
 from tests.fakes.smtp import Inbox, start_server
 from tests.support import HeldPort, execute

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tasks.errors import MailFailed
-from tasks.mail.smtp import Email, SmtpMailer
+from tasks.mail.message import Email
+from tasks.mail.smtp import SmtpMailer
 from tests.fakes.smtp import Inbox, LoopbackController, start_server
 from tests.fakes.tls import PrivateCA, self_signed_context
 

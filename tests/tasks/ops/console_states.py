@@ -21,7 +21,8 @@ from tasks.job.report import draft_digest
 from tasks.job.workflow import DigestOptions, digest
 from tasks.keys import DigestKeys
 from tasks.llm.client import OfflineSummarizer
-from tasks.mail.smtp import Email, FileOutbox, Receipt, SendEffect
+from tasks.mail.message import Email, Receipt
+from tasks.mail.smtp import FileOutbox, SendEffect
 from tasks.runtime import Runtime, use_runtime
 from tests.support import WEEK
 

@@ -52,11 +52,44 @@ def modules(stderr: str) -> set[str]:
 
 def test_help_imports_no_command(deployment: Deployment) -> None:
     # The commands bring the workflow, the runtime and the renderers: a third of what
-    # `digest --help` took beyond the floor, for a page the parser alone prints.
+    # `digest --help` took beyond the floor, for a page the parser alone prints. The journal's
+    # machinery and the settings are the commands' too: the page names no run and reads none.
     done = deployment.cli("--help", env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert done.returncode == 0, done.stderr
     commands = {"tasks.ops.cli.commands", "tasks.ops.cli.render", "tasks.job.workflow"}
-    assert modules(done.stderr) & commands == set()
+    machinery = {"journal._journal", "journal._delivery", "journal._run", "tasks.config"}
+    assert modules(done.stderr) & (commands | machinery) == set()
+
+
+# What running a digest needs and reading one does not: the workflow and its steps, the model
+# client, the mailers, the actions on runs, and the journal's delivery (the runner, the lease,
+# fenced effects). Reading needs the settings, the store, the journal's views and the renderer.
+RUNNING = {
+    "tasks.job.workflow",
+    "tasks.job.summarize",
+    "tasks.job.items",
+    "tasks.llm.client",
+    "tasks.llm.budget",
+    "tasks.mail.smtp",
+    "smtplib",
+    "tasks.ops.actions",
+    "journal.ops.actions",
+    "journal._workflow",
+    "journal._delivery",
+    "journal._run",
+    "journal._lease",
+    "journal._effects",
+}
+
+
+@pytest.mark.parametrize("args", [["show", RUN], ["runs"]])
+def test_reading_runs_imports_nothing_of_running_one(
+    deployment: Deployment, args: list[str]
+) -> None:
+    assert deployment.cli("run", RUN).returncode == 0
+    done = deployment.cli(*args, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert done.returncode == 0, done.stderr
+    assert modules(done.stderr) & RUNNING == set()
 
 
 def test_show_imports_no_replay_machinery(deployment: Deployment) -> None:
