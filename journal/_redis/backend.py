@@ -41,6 +41,8 @@ from journal.errors import (
     UnknownScriptStatus,
 )
 
+log = logging.getLogger(__name__)
+
 DELETE = "\0"
 """A field value ``close`` removes instead of writing."""
 
@@ -126,9 +128,6 @@ def cluster_client(url: str, options: Mapping[str, Any]) -> redis.RedisCluster:
 
 
 E = TypeVar("E", bound=IntEnum)
-
-
-log = logging.getLogger(__name__)
 
 
 class Opened(IntEnum):

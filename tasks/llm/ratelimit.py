@@ -25,7 +25,6 @@ tells the step to write its answer offline instead.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 import random
@@ -204,25 +203,23 @@ class RateLimiter:
             hold = str(int((now + retry_after) * 1000))
         if refused:
             emit("rate_limited", take.model)
-        # With the step's record, in its round trip (at once if the step fails); a refusal at
-        # once all the same: what it teaches holds back every other caller now.
-        send = self._settle if refused else functools.partial(send_with_record, self._settle)
-        send(
-            keys=[take.key],
-            args=[
-                take.input,
-                "" if used is None else used[0],
-                take.output,
-                "" if used is None else used[1],
-                1 if refused else 0,
-                *learned,
-                hold,
-                take.estimated_input,
-                take.waited_ms,
-                1 if refused else 0,
-                KEEP_MS,
-            ],
-        )
+        args: list[str | int] = [
+            take.input,
+            "" if used is None else used[0],
+            take.output,
+            "" if used is None else used[1],
+            1 if refused else 0,
+            *learned,
+            hold,
+            take.estimated_input,
+            take.waited_ms,
+            1 if refused else 0,
+            KEEP_MS,
+        ]
+        if refused:  # at once: what a refusal teaches holds back every other caller now
+            self._settle(keys=[take.key], args=args)
+        else:  # with the step's record, in its round trip (at once if the step fails)
+            send_with_record(self._settle, [take.key], args)
 
     def state(self, model: str) -> LimitState | None:
         """What is known of ``model``'s limits now (``digest show``, metrics); None: nothing."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,25 +115,26 @@ def offline(own_redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Cou
     return counted(deployment, client, lambda: 0)
 
 
-@pytest.fixture(scope="module")
-def with_model(own_redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Counted]:
-    deployment, client = own_deployment(own_redis_url, tmp_path_factory.mktemp("model"))
+def counted_with_model(url: str, directory: Path, **env: str) -> Counted:
+    """A cold and a warm week whose calls the fake API answers, with ``env`` set."""
+    deployment, client = own_deployment(url, directory)
+    deployment.env.update(env)
     with FakeAnthropic() as fake:
         deployment.env.update(fake.env())
         found = counted(deployment, client, lambda: fake.calls)
     assert found.calls == ITEMS + 1
-    yield found
+    return found
 
 
 @pytest.fixture(scope="module")
-def with_budget(own_redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Counted]:
-    deployment, client = own_deployment(own_redis_url, tmp_path_factory.mktemp("budget"))
-    deployment.env["DIGEST_MAX_COST_USD"] = "5"
-    with FakeAnthropic() as fake:
-        deployment.env.update(fake.env())
-        found = counted(deployment, client, lambda: fake.calls)
-    assert found.calls == ITEMS + 1
-    yield found
+def with_model(own_redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Counted:
+    return counted_with_model(own_redis_url, tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="module")
+def with_budget(own_redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Counted:
+    directory = tmp_path_factory.mktemp("budget")
+    return counted_with_model(own_redis_url, directory, DIGEST_MAX_COST_USD="5")
 
 
 def test_an_offline_run_stays_under_its_ceiling(offline: Counted) -> None:
