@@ -82,31 +82,31 @@ chaos-ci: install
 	$(BIN)/python -m tests.chaos.ci
 
 bench: install
-	$(BIN)/python bench/journal.py
+	$(BIN)/python -m bench.journal
 
 # Runs per second through Celery: a no-op task, a hand-written fenced journal, journal.integrations.celery.
 bench-throughput: install
-	$(BIN)/python bench/throughput.py
+	$(BIN)/python -m bench.throughput
 
 # A whole digest run against the fake API answering each call after a second.
 bench-latency: install
-	$(BIN)/python bench/latency.py
+	$(BIN)/python -m bench.latency
 
 # Digests against the fake API's enforced rate limits: pace against the floor, requests refused.
 bench-limits: install
-	$(BIN)/python bench/limits.py
+	$(BIN)/python -m bench.limits
 
 # The same week synchronously and by Message Batches: cost at published prices, wall time.
 bench-cost: install
-	$(BIN)/python bench/cost.py
+	$(BIN)/python -m bench.cost
 
 # A week of 5,000 items offline and through the fake API at its rate limit.
 bench-big-week: install
-	$(BIN)/python bench/big_week.py
+	$(BIN)/python -m bench.big_week
 
 # A million runs pending in the due index, two sweepers racing to claim the due ones.
 bench-timers: install
-	$(BIN)/python bench/timers.py
+	$(BIN)/python -m bench.timers
 
 # The embedded Valkey outlives the commands that use it (that is the point); this stops it.
 stop: runtime

@@ -1,8 +1,8 @@
 """A week of thousands of items: wall time against the rate limit's floor, the replay of the
 finished run, the digest process's peak memory and its round trips per item.
 
-    python bench/big_week.py                    # 5,000 items, offline then through the fake API
-    python bench/big_week.py --items 1000 --offline-only
+    python -m bench.big_week                    # 5,000 items, offline then through the fake API
+    python -m bench.big_week --items 1000 --offline-only
 
 Each week is a ``digest run`` process (the task body a worker runs, in a process of its own)
 on an embedded Valkey of its own, started before timing. Offline, the week is timed, then the
@@ -27,12 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-_ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench"]
-sys.path.insert(0, str(_ROOT))
-
-from tests.fakes.anthropic_server import FakeAnthropic  # noqa: E402
-from tests.support import BIN, Deployment, fresh_items, round_trips  # noqa: E402
+from tests.fakes.anthropic_server import FakeAnthropic
+from tests.support import BIN, ROOT, Deployment, fresh_items, round_trips
 
 # Runs its arguments as a child and prints the child's peak resident set, kilobytes, last.
 _PEAK = (
@@ -58,7 +54,7 @@ def measured(deployment: Deployment, *args: str, env: dict[str, str] | None = No
     done = subprocess.run(
         [sys.executable, "-c", _PEAK, str(BIN / "digest"), *args],
         env={**deployment.env, **(env or {})},
-        cwd=_ROOT,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=3600,

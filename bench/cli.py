@@ -1,7 +1,7 @@
 """How long the ``digest`` command takes next to the floor, ``python -c "import redis"``.
 
-    python bench/cli.py            # 15 rounds
-    python bench/cli.py --rounds 5
+    python -m bench.cli            # 15 rounds
+    python -m bench.cli --rounds 5
 
 Every command runs as a whole process, in its own throwaway state directory (its embedded
 Valkey started once, before timing, and stopped at the end), offline, with the same
@@ -25,12 +25,8 @@ import time
 from pathlib import Path
 from statistics import median
 
-_ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench"]
-sys.path.insert(0, str(_ROOT))
-
-from journal.contrib.embedded import stop_embedded  # noqa: E402
-from tests.support import fresh_items  # noqa: E402
+from journal.contrib.embedded import stop_embedded
+from tests.support import fresh_items
 
 BIN = Path(sys.executable).parent
 RUN = "2026-w42"

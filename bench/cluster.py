@@ -1,6 +1,6 @@
 """What each record durability setting costs on a Redis Cluster: per step, on loopback.
 
-    python bench/cluster.py            # a throwaway 3-master, 3-replica Valkey cluster
+    python -m bench.cluster            # a throwaway 3-master, 3-replica Valkey cluster
 
 One run of ``STEPS`` fenced steps through ``Journal.execute`` per setting, the settings
 interleaved over ``ROUNDS`` rounds so that each sees the same machine and the same moment;
@@ -18,13 +18,10 @@ Loopback hides the network: across hosts, WAIT adds the replica's round trip on 
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from pathlib import Path
 from statistics import median
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from journal import Journal, Keyspace, Run, Settings, connect, workflow
 from tests.cluster import valkey_cluster

@@ -1,6 +1,6 @@
 """What the same week costs synchronously and by Message Batches, and how long each takes.
 
-    python bench/cost.py [--processing 10] [--latency 1]
+    python -m bench.cost [--processing 10] [--latency 1]
 
 Eight items (the shipped week), the fake Anthropic API (``tests/fakes/anthropic_server.py``)
 answering each synchronous call after ``--latency`` seconds and processing each batch over
@@ -18,7 +18,6 @@ of the batch run (the summaries, then the opening).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import subprocess
@@ -27,18 +26,14 @@ import tempfile
 import time
 from pathlib import Path
 
-_ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench"]
-sys.path.insert(0, str(_ROOT))
+import redis
 
-import redis  # noqa: E402
-
-from journal import Journal  # noqa: E402
-from journal.contrib.embedded import embedded_url, stop_embedded  # noqa: E402
-from journal.ops.views import inspect_run  # noqa: E402
-from tasks.llm.cost import Usage, usage_of  # noqa: E402
-from tests.fakes.anthropic_server import FakeAnthropic  # noqa: E402
-from tests.support import fresh_items  # noqa: E402
+from journal import Journal
+from journal.contrib.embedded import embedded_url, stop_embedded
+from journal.ops.views import inspect_run
+from tasks.llm.cost import Usage, usage_of
+from tests.fakes.anthropic_server import FakeAnthropic
+from tests.support import WEEK, fresh_items
 
 BIN = Path(sys.executable).parent
 CONCURRENCY = 3
@@ -83,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--processing", type=float, default=10.0, help="seconds per batch")
     parser.add_argument("--latency", type=float, default=1.0, help="seconds per call")
     options = parser.parse_args(argv)
-    items = len(json.loads((_ROOT / "data" / "items.json").read_text(encoding="utf-8")))
+    items = len(WEEK)
     with (
         tempfile.TemporaryDirectory(prefix="cost-bench-") as scratch,
         FakeAnthropic(delay=options.latency) as fake,

@@ -1,8 +1,8 @@
 """What the journal costs over the raw Redis commands it is built from, on one server in one run.
 
-    python bench/journal.py              # a throwaway Valkey, started and removed here
-    python bench/journal.py --url URL    # another server: only this run's keys are touched
-    python bench/journal.py --profile    # add where the time of the two targeted paths goes
+    python -m bench.journal              # a throwaway Valkey, started and removed here
+    python -m bench.journal --url URL    # another server: only this run's keys are touched
+    python -m bench.journal --profile    # add where the time of the two targeted paths goes
 
 Every row is the median of many timed calls, interleaved with the raw command it is compared
 with, so both see the same server, the same load and the same moment. Two targets:
@@ -30,7 +30,6 @@ import platform
 import pstats
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -41,20 +40,14 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-# Run as a script, this directory comes first on sys.path and this file's name shadows the
-# journal package: look the package up from the repository root instead.
-_ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench"]
-sys.path.insert(0, str(_ROOT))
+import orjson
+import redis
+from redis.utils import HIREDIS_AVAILABLE
 
-import orjson  # noqa: E402
-import redis  # noqa: E402
-from redis.utils import HIREDIS_AVAILABLE  # noqa: E402
-
-from journal import Journal, Keyspace, Run, Settings, workflow  # noqa: E402
-from journal._clock import millis  # noqa: E402
-from journal._lease import Grant  # noqa: E402
-from journal._redis.scripts import Client  # noqa: E402
+from journal import Journal, Keyspace, Run, Settings, workflow
+from journal._clock import millis
+from journal._lease import Grant
+from journal._redis.scripts import Client
 
 WRITE_REPS = 3000
 REPLAY_REPS = {10: 1000, 1_000: 100, 10_000: 15}

@@ -1,6 +1,6 @@
 """How long a whole ``digest run`` takes when every model call takes a second.
 
-    python bench/latency.py [--rounds 3]
+    python -m bench.latency [--rounds 3]
 
 Eight items, the fake Anthropic API (``tests/fakes/anthropic_server.py``) answering each call
 after 1 s, ``DIGEST_CONCURRENCY=3``: the summaries take ceil(8/3) = 3 latencies and the opening
@@ -14,7 +14,6 @@ timing); the median and the spread are printed. The same runs are then enqueued 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import subprocess
@@ -25,13 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
-_ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench"]
-sys.path.insert(0, str(_ROOT))
-
-from journal.contrib.embedded import embedded_url, stop_embedded  # noqa: E402
-from tests.fakes.anthropic_server import FakeAnthropic  # noqa: E402
-from tests.support import fresh_items  # noqa: E402
+from journal.contrib.embedded import embedded_url, stop_embedded
+from tests.fakes.anthropic_server import FakeAnthropic
+from tests.support import WEEK, fresh_items
 
 BIN = Path(sys.executable).parent
 LATENCY = 1.0
@@ -141,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--rounds", type=int, default=3)
     rounds = parser.parse_args(argv).rounds
-    items = len(json.loads((_ROOT / "data" / "items.json").read_text(encoding="utf-8")))
+    items = len(WEEK)
     floor = (math.ceil(items / CONCURRENCY) + 1) * LATENCY
     target = floor * SLACK
     walls: list[float] = []

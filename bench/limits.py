@@ -1,7 +1,7 @@
 """Digests against a model API that enforces rate limits: how close to the limit's pace, how
 many requests refused.
 
-    python bench/limits.py [--rounds 3]
+    python -m bench.limits [--rounds 3]
 
 The fake Anthropic API (``tests/fakes/anthropic_server.py``) enforces its limits per model as
 the real one does (token buckets, ``anthropic-ratelimit-*`` headers, 429 with ``retry-after``)
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -35,12 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
-_ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench"]
-sys.path.insert(0, str(_ROOT))
-
-from tests.fakes.anthropic_server import FakeAnthropic, prompt_tokens  # noqa: E402
-from tests.support import Deployment, fresh_items, wait_until  # noqa: E402
+from tests.fakes.anthropic_server import FakeAnthropic, prompt_tokens
+from tests.support import Deployment, fresh_items, wait_until
 
 LATENCY = 0.25
 RATE = 4.0  # requests a second, burst 4

@@ -1,6 +1,6 @@
 """Runs per second through Celery: the queue's floor, a hand-written journal, ``Durable``.
 
-    python bench/throughput.py [--rounds 5] [--runs 200] [--concurrency 2,4,8]
+    python -m bench.throughput [--rounds 5] [--runs 200] [--concurrency 2,4,8]
 
 One throwaway Valkey (journal store, broker and result backend), one Celery worker started
 here on ``bench/throughput_app.py``, the same settings for every task. Each round enqueues
@@ -38,13 +38,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from celery import Celery
 
-_ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench"]
-sys.path.insert(0, str(_ROOT))
+import orjson
+import redis
+from redis.utils import HIREDIS_AVAILABLE
 
-import orjson  # noqa: E402
-import redis  # noqa: E402
-from redis.utils import HIREDIS_AVAILABLE  # noqa: E402
+_ROOT = Path(__file__).resolve().parent.parent
 
 STEPS = 10
 KINDS = ("noop", "hand", "durable")

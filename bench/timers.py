@@ -1,6 +1,6 @@
 """A million timers: the due index with 1,000,000 runs pending, swept by two racing sweepers.
 
-    python bench/timers.py [--pending 1000000] [--due 100000] [--batch 100]
+    python -m bench.timers [--pending 1000000] [--due 100000] [--batch 100]
 
 One throwaway Valkey, configured as the embedded server is (``appendfsync always``). Printed:
 
@@ -18,23 +18,18 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import shutil
-import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from statistics import median
 
-_ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench"]
-sys.path.insert(0, str(_ROOT))
+import redis
 
-import redis  # noqa: E402
-
-from journal import Journal, Keyspace, ManualClock  # noqa: E402
-from journal._clock import millis  # noqa: E402
-from journal._redis.scripts import Client  # noqa: E402
-from journal.contrib.embedded import embedded_url, stop_embedded  # noqa: E402
+from journal import Journal, Keyspace, ManualClock
+from journal._clock import millis
+from journal._redis.scripts import Client
+from journal.contrib.embedded import embedded_url, stop_embedded
 
 NOW = 1_800_000_000.0
 PREFIX = "timers"
