@@ -17,7 +17,6 @@ each row is the median wall time and its ratio to the floor's median. The target
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
@@ -25,10 +24,10 @@ import time
 from pathlib import Path
 from statistics import median
 
+from bench._common import digest, isolated_env
 from journal.contrib.embedded import stop_embedded
-from tests.support import fresh_items
+from tests.support import BIN, fresh_items
 
-BIN = Path(sys.executable).parent
 RUN = "2026-w42"
 FLOOR = [sys.executable, "-c", "import redis"]
 COMMANDS: dict[str, tuple[list[str], float | None]] = {
@@ -69,18 +68,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="digest-bench-") as scratch:
         here = Path(scratch)
         state = here / ".digest"
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DIGEST_", "CRASH"))}
-        for name in ("ANTHROPIC_API_KEY", "REDIS_URL", "CELERY_BROKER_URL"):
-            env.pop(name, None)
-        env |= {"DIGEST_STATE_DIR": str(state), "DIGEST_ITEMS": str(fresh_items(here, "w42"))}
+        env = isolated_env(state, DIGEST_ITEMS=str(fresh_items(here, "w42")))
         try:
-            subprocess.run(
-                [str(BIN / "digest"), "run", RUN],
-                env=env,
-                cwd=here,
-                check=True,
-                capture_output=True,
-            )  # the done run, and the server, before timing
+            digest(env, here, "run", RUN)  # the done run, and the server, before timing
             times: dict[str, list[float]] = {name: [] for name in COMMANDS}
             lags: list[float] = []
             for round_ in range(rounds):

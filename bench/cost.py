@@ -19,23 +19,21 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import redis
 
+from bench._common import isolated_env
 from journal import Journal
 from journal.contrib.embedded import embedded_url, stop_embedded
 from journal.ops.views import inspect_run
 from tasks.llm.cost import Usage, usage_of
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.support import WEEK, fresh_items
+from tests.support import BIN, WEEK, fresh_items
 
-BIN = Path(sys.executable).parent
 CONCURRENCY = 3
 TARGET = 0.55
 
@@ -86,15 +84,13 @@ def main(argv: list[str] | None = None) -> None:
         fake.batch_processing_time = options.processing
         here = Path(scratch)
         state = here / ".digest"
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DIGEST_", "CRASH"))}
-        for name in ("REDIS_URL", "CELERY_BROKER_URL"):
-            env.pop(name, None)
-        env |= fake.env() | {
-            "DIGEST_STATE_DIR": str(state),
-            "DIGEST_CONCURRENCY": str(CONCURRENCY),
-            "DIGEST_BATCH_FIRST_LOOK": "1",
-            "DIGEST_BATCH_MAX_LOOK": "2",
-        }
+        env = isolated_env(
+            state,
+            **fake.env(),
+            DIGEST_CONCURRENCY=str(CONCURRENCY),
+            DIGEST_BATCH_FIRST_LOOK="1",
+            DIGEST_BATCH_MAX_LOOK="2",
+        )
         try:
             embedded_url(state)  # started before timing, as a deployment's server is
             sync_env = env | {"DIGEST_ITEMS": str(fresh_items(here, "sync"))}

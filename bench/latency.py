@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
+from bench._common import digest, isolated_env
 from journal.contrib.embedded import embedded_url, stop_embedded
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.support import WEEK, fresh_items
 
-BIN = Path(sys.executable).parent
 LATENCY = 1.0
 CONCURRENCY = 3
 SLACK = 1.15
@@ -153,10 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     ):
         here = Path(scratch)
         state = here / ".digest"
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DIGEST_", "CRASH"))}
-        for name in ("REDIS_URL", "CELERY_BROKER_URL"):
-            env.pop(name, None)
-        env |= fake.env() | {"DIGEST_STATE_DIR": str(state), "DIGEST_CONCURRENCY": "3"}
+        env = isolated_env(state, **fake.env(), DIGEST_CONCURRENCY=str(CONCURRENCY))
         try:
             embedded_url(state)  # started before timing, as a deployment's server is
             for round_ in range(rounds):
@@ -164,13 +161,7 @@ def main(argv: list[str] | None = None) -> None:
                 fresh = env | {"DIGEST_ITEMS": str(fresh_items(here, f"r{round_}"))}
                 arrivals.clear()
                 started = time.perf_counter()
-                subprocess.run(
-                    [str(BIN / "digest"), "run", week],
-                    env=fresh,
-                    cwd=here,
-                    check=True,
-                    capture_output=True,
-                )
+                digest(fresh, here, "run", week)
                 walls.append(time.perf_counter() - started)
                 firsts.append(arrivals[0] - started)
                 imports.append(sdk_import_time())
