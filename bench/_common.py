@@ -1,4 +1,4 @@
-"""What the benches that time ``digest`` as whole processes share: its environment, its run."""
+"""What the benches share: a timed ``digest`` process's environment and run, a report's verdict."""
 
 from __future__ import annotations
 
@@ -24,3 +24,8 @@ def isolated_env(state: Path, **variables: str) -> dict[str, str]:
 def digest(env: dict[str, str], cwd: Path, *args: str) -> None:
     """``digest ARGS`` as a whole process, its output captured; it must exit 0."""
     subprocess.run([str(BIN / "digest"), *args], env=env, cwd=cwd, check=True, capture_output=True)
+
+
+def verdict(figure: float, target: float) -> str:
+    """``met`` if ``figure`` is at most ``target``, else ``MISSED``: the word a report ends on."""
+    return "met" if figure <= target else "MISSED"

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from statistics import median
 
-from bench._common import digest, isolated_env
+from bench._common import digest, isolated_env, verdict
 from journal.contrib.embedded import stop_embedded
 from tests.support import BIN, fresh_items
 
@@ -88,17 +88,13 @@ def main() -> None:
     print(f"{'command':38} {'wall s':>8} {'x floor':>8} {'target':>8}")
     for name, (_, target) in COMMANDS.items():
         wall = median(times[name])
-        verdict = (
-            ""
-            if target is None
-            else f"{target:.1f}x " + ("met" if wall / floor <= target else "MISSED")
-        )
-        print(f"{name:38} {wall:8.3f} {wall / floor:8.2f} {verdict:>8}")
+        judged = "" if target is None else f"{target:.1f}x {verdict(wall / floor, target)}"
+        print(f"{name:38} {wall:8.3f} {wall / floor:8.2f} {judged:>8}")
     lag = median(lags)
-    verdict = "met" if lag <= EXIT_TARGET_S else "MISSED"
     print(
         f"\nexit after the last line of a full run: {lag:.3f} s median "
-        f"(min {min(lags):.3f}, max {max(lags):.3f}); target {EXIT_TARGET_S} s: {verdict}"
+        f"(min {min(lags):.3f}, max {max(lags):.3f}); target {EXIT_TARGET_S} s: "
+        f"{verdict(lag, EXIT_TARGET_S)}"
     )
 
 

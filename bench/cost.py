@@ -26,7 +26,7 @@ from pathlib import Path
 
 import redis
 
-from bench._common import isolated_env
+from bench._common import isolated_env, verdict
 from journal import Journal
 from journal.contrib.embedded import embedded_url, stop_embedded
 from journal.ops.views import inspect_run
@@ -104,7 +104,6 @@ def main(argv: list[str] | None = None) -> None:
             stop_embedded(state)
         batches = [len(b.requests) for b in fake.batches]
     ratio = batch.cost_usd / sync.cost_usd
-    verdict = "met" if ratio <= TARGET else "MISSED"
     print(
         f"the same week, {items} items, at the published prices: synchronous "
         f"${sync.cost_usd:.6f} ({sync.calls} model calls, {sync.input_tokens} input + "
@@ -114,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{batch.output_tokens} tokens, cache hit ratio {batch.cache_hit_ratio:.2f}, "
         f"{batch.calls - batch.batched} synchronous calls)"
     )
-    print(f"batch / synchronous: {ratio:.3f}x; target at most {TARGET}x: {verdict}")
+    print(f"batch / synchronous: {ratio:.3f}x; target at most {TARGET}x: {verdict(ratio, TARGET)}")
     sync_floor = (math.ceil(items / CONCURRENCY) + 1) * options.latency
     batch_floor = 2 * options.processing
     print(

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
-from bench._common import digest, isolated_env
+from bench._common import digest, isolated_env, verdict
 from journal.contrib.embedded import embedded_url, stop_embedded
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.support import WEEK, fresh_items
@@ -32,6 +32,42 @@ from tests.support import WEEK, fresh_items
 LATENCY = 1.0
 CONCURRENCY = 3
 SLACK = 1.15
+
+
+@dataclass(frozen=True)
+class Timings:
+    """What the rounds measured, each a list of seconds, one per round."""
+
+    walls: list[float]
+    firsts: list[float]  # process start to the first model request's arrival
+    imports: list[float]  # the SDK's import alone, timed between the rounds
+    delivered: list[float]  # enqueued to a warm worker, to done
+
+    def report(self, floor: float, target: float, calls: int) -> None:
+        """Print the figures against the floor and the target, as docs/benchmarks.md quotes them."""
+        walls, firsts, imports, delivered = self.walls, self.firsts, self.imports, self.delivered
+        rounds, wall, first = len(walls), median(walls), median(firsts)
+        print(
+            f"digest run, {len(WEEK)} items, {LATENCY:.0f} s per model call, concurrency "
+            f"{CONCURRENCY}: {wall:.2f} s median of {rounds} (min {min(walls):.2f}, max "
+            f"{max(walls):.2f}), floor {floor:.1f} s; target {target:.1f} s: "
+            f"{verdict(wall, target)} ({calls} model calls)"
+        )
+        print(
+            f"  of which: process start to the first model request {first:.2f} s, "
+            f"first request to exit {wall - first:.2f} s (the floor's part: {floor:.1f} s)"
+        )
+        print(
+            f"  the Anthropic SDK's import alone, in a fresh interpreter: {median(imports):.2f} s "
+            f"median (min {min(imports):.2f}, max {max(imports):.2f}); the target leaves "
+            f"{target - floor:.2f} s for everything before the first call"
+        )
+        print(
+            f"enqueued to a warm worker (the SDK imported before it forked): "
+            f"{median(delivered):.2f} s median of {rounds}, enqueue to done (min "
+            f"{min(delivered):.2f}, max {max(delivered):.2f}); target {target:.1f} s: "
+            f"{verdict(median(delivered), target)}"
+        )
 
 
 def sdk_import_time() -> float:
@@ -48,6 +84,35 @@ def sdk_import_time() -> float:
         return time.perf_counter() - started
 
     return wall("import anthropic") - wall("pass")
+
+
+def through_cli(
+    fake: FakeAnthropic, arrivals: list[float], here: Path, rounds: int
+) -> tuple[list[float], list[float], list[float]]:
+    """Each round's ``digest run`` as a whole process, on a server started before timing.
+
+    Returns, in seconds, a list each: the wall times, process start to the first model
+    request's arrival (``arrivals``, which the fake API appends to), and the SDK's import
+    alone, timed between the rounds.
+    """
+    state = here / ".digest"
+    env = isolated_env(state, **fake.env(), DIGEST_CONCURRENCY=str(CONCURRENCY))
+    walls: list[float] = []
+    firsts: list[float] = []
+    imports: list[float] = []
+    try:
+        embedded_url(state)  # started before timing, as a deployment's server is
+        for round_ in range(rounds):
+            fresh = env | {"DIGEST_ITEMS": str(fresh_items(here, f"r{round_}"))}
+            arrivals.clear()
+            started = time.perf_counter()
+            digest(fresh, here, "run", f"2027-w{round_ + 1:02d}")
+            walls.append(time.perf_counter() - started)
+            firsts.append(arrivals[0] - started)
+            imports.append(sdk_import_time())
+    finally:
+        stop_embedded(state)
+    return walls, firsts, imports
 
 
 def through_worker(fake: FakeAnthropic, directory: Path, rounds: int) -> list[float]:
@@ -87,89 +152,21 @@ def through_worker(fake: FakeAnthropic, directory: Path, rounds: int) -> list[fl
         deployment.close()
 
 
-@dataclass(frozen=True)
-class Timings:
-    """What the rounds measured, each a list of seconds, one per round."""
-
-    walls: list[float]
-    firsts: list[float]
-    imports: list[float]
-    delivered: list[float]
-
-
-def print_report(items: int, floor: float, target: float, timings: Timings, calls: int) -> None:
-    """The figures, against the floor and the target, in the lines docs/benchmarks.md quotes."""
-    walls, firsts, imports, delivered = (
-        timings.walls,
-        timings.firsts,
-        timings.imports,
-        timings.delivered,
-    )
-    rounds = len(walls)
-    wall = median(walls)
-    verdict = "met" if wall <= target else "MISSED"
-    print(
-        f"digest run, {items} items, {LATENCY:.0f} s per model call, concurrency {CONCURRENCY}: "
-        f"{wall:.2f} s median of {rounds} (min {min(walls):.2f}, max {max(walls):.2f}), "
-        f"floor {floor:.1f} s; target {target:.1f} s: {verdict} ({calls} model calls)"
-    )
-    first = median(firsts)
-    print(
-        f"  of which: process start to the first model request {first:.2f} s, "
-        f"first request to exit {wall - first:.2f} s (the floor's part: {floor:.1f} s)"
-    )
-    print(
-        f"  the Anthropic SDK's import alone, in a fresh interpreter: {median(imports):.2f} s "
-        f"median (min {min(imports):.2f}, max {max(imports):.2f}); the target leaves "
-        f"{target - floor:.2f} s for everything before the first call"
-    )
-    verdict = "met" if median(delivered) <= target else "MISSED"
-    print(
-        f"enqueued to a warm worker (the SDK imported before it forked): {median(delivered):.2f} s"
-        f" median of {rounds}, enqueue to done (min {min(delivered):.2f}, max "
-        f"{max(delivered):.2f}); target {target:.1f} s: {verdict}"
-    )
-
-
 def main(argv: list[str] | None = None) -> None:
-    """Start the fake API and the server, time the rounds, print the line."""
+    """Start the fake API, time the rounds through the CLI, then through a worker; print."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--rounds", type=int, default=3)
     rounds = parser.parse_args(argv).rounds
-    items = len(WEEK)
-    floor = (math.ceil(items / CONCURRENCY) + 1) * LATENCY
-    target = floor * SLACK
-    walls: list[float] = []
-    firsts: list[float] = []  # process start to the first model request's arrival
-    imports: list[float] = []  # the SDK's import alone, timed between the rounds
+    floor = (math.ceil(len(WEEK) / CONCURRENCY) + 1) * LATENCY
     arrivals: list[float] = []
-
-    def arrived(line: str) -> None:
-        arrivals.append(time.perf_counter())
-
     with (
         tempfile.TemporaryDirectory(prefix="latency-bench-") as scratch,
-        FakeAnthropic(delay=LATENCY, log=arrived) as fake,
+        FakeAnthropic(delay=LATENCY, log=lambda line: arrivals.append(time.perf_counter())) as fake,
     ):
-        here = Path(scratch)
-        state = here / ".digest"
-        env = isolated_env(state, **fake.env(), DIGEST_CONCURRENCY=str(CONCURRENCY))
-        try:
-            embedded_url(state)  # started before timing, as a deployment's server is
-            for round_ in range(rounds):
-                week = f"2027-w{round_ + 1:02d}"
-                fresh = env | {"DIGEST_ITEMS": str(fresh_items(here, f"r{round_}"))}
-                arrivals.clear()
-                started = time.perf_counter()
-                digest(fresh, here, "run", week)
-                walls.append(time.perf_counter() - started)
-                firsts.append(arrivals[0] - started)
-                imports.append(sdk_import_time())
-        finally:
-            stop_embedded(state)
+        walls, firsts, imports = through_cli(fake, arrivals, Path(scratch), rounds)
         calls = fake.calls
-        delivered = through_worker(fake, here, rounds)
-    print_report(items, floor, target, Timings(walls, firsts, imports, delivered), calls)
+        delivered = through_worker(fake, Path(scratch), rounds)
+    Timings(walls, firsts, imports, delivered).report(floor, floor * SLACK, calls)
 
 
 if __name__ == "__main__":
