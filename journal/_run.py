@@ -23,7 +23,7 @@ from journal._batch_state import BatchApi, BatchEntry, BatchPolicy
 from journal._clock import millis
 from journal._effects import Effect, run_effect
 from journal._lease import Holding
-from journal._redis.backend import NO_WAIT, Recorded, RecordWait
+from journal._redis.backend import NO_WAIT, Recorded, RecordWait, StepWrite
 from journal._replay import ReplayCursor
 from journal._retry import RetryPolicy
 from journal._retry import attempt as retry_loop
@@ -535,9 +535,8 @@ class Run:
             kind=kind,
             group=group,
         )
-        status, found = self._backend.record(
-            self.keys, self.holder, key, encoded, self._record_wait, riders
-        )
+        write = StepWrite(self.holder, key, encoded, self._record_wait, riders)
+        status, found = self._backend.record(self.keys, write)
         if status is Recorded.RECORDED_CANCEL_PENDING:  # an operator cancelled the run:
             self._guard.cancelled.set()  # no step starts after this one
         if status is Recorded.LEASE_EXPIRED:

@@ -96,6 +96,25 @@ class RecordWait:
 NO_WAIT = RecordWait()
 
 
+@dataclass(frozen=True)
+class StepWrite:
+    """One step's record as a run sends it: who writes, what, and what travels with it.
+
+    Attributes:
+        holder: the lease value (``<fence>:<token>``) the write is fenced by.
+        step: the step key the record is written under, first writer wins.
+        encoded: the record itself (``journal._schema.records``).
+        wait: what the record waits for before the step counts as done.
+        riders: writes of other slots the step's body sent, carried with the record.
+    """
+
+    holder: str
+    step: str
+    encoded: bytes
+    wait: RecordWait = NO_WAIT
+    riders: Sequence[Rider] = ()
+
+
 def connect(url: str, **options: Any) -> Client:
     """A client of the store at ``url``: a cluster client when that node is in a cluster.
 
@@ -404,16 +423,8 @@ class StepStore(Protocol):
     memory behind the same calls, to replay recorded steps with no server at all.
     """
 
-    def record(
-        self,
-        keys: RunKeys,
-        holder: str,
-        step: str,
-        encoded: bytes,
-        wait: RecordWait = NO_WAIT,
-        riders: Sequence[Rider] = (),
-    ) -> tuple[Recorded, Any]:
-        """Write a step's record, first writer wins, sending ``riders`` too; what was found."""
+    def record(self, keys: RunKeys, write: StepWrite) -> tuple[Recorded, Any]:
+        """Write a step's record, first writer wins, sending its riders too; what was found."""
         ...
 
     def signal(self, keys: RunKeys, name: str) -> bytes | None:
@@ -601,36 +612,28 @@ class RedisBackend:
 
     # -- steps -----------------------------------------------------------------------------
 
-    def record(
-        self,
-        keys: RunKeys,
-        holder: str,
-        step: str,
-        encoded: bytes,
-        wait: RecordWait = NO_WAIT,
-        riders: Sequence[Rider] = (),
-    ) -> tuple[Recorded, Any]:
+    def record(self, keys: RunKeys, write: StepWrite) -> tuple[Recorded, Any]:
         """Write a step's record under the fence (HSETNX); what the script found besides.
 
-        ``riders`` (``journal._riders``) go in the record's round trip on a single server,
-        each alone on a cluster, where their slots are not the run's.
+        The write's riders (``journal._riders``) go in the record's round trip on a single
+        server, each alone on a cluster, where their slots are not the run's.
 
         Returns:
             The status and, for ``ALREADY``, the record already there; for ``FENCED``, the
             holder that owns the run now.
 
         Raises:
-            NotDurable: the server did not confirm what ``wait`` asks for within its timeout.
+            NotDurable: the server did not confirm what the write's ``wait`` asks for in time.
         """
         run_keys = (keys.lease, keys.steps, keys.meta)
-        args = (holder, step, encoded)
-        along = () if isinstance(self.client, redis.RedisCluster) else riders
-        if wait.waits or along:
-            reply = self._record_pipelined(keys, run_keys, args, wait, along)
+        args = (write.holder, write.step, write.encoded)
+        along = () if isinstance(self.client, redis.RedisCluster) else write.riders
+        if write.wait.waits or along:
+            reply = self._record_pipelined(keys, run_keys, args, write.wait, along)
         else:
             reply = self.scripts.record(keys=run_keys, args=args)
         if not along:
-            send_alone(riders)
+            send_alone(write.riders)
         status = code("record", reply, Recorded)
         return status, reply[1] if isinstance(reply, list) and len(reply) > 1 else None
 

@@ -24,15 +24,14 @@ from typing import Any, NoReturn, Protocol, TypeVar
 from journal._clock import Clock
 from journal._lease import Holding, InFlight
 from journal._redis.backend import (
-    NO_WAIT,
     Claimant,
     EffectClaim,
     EffectTerms,
     Recorded,
-    RecordWait,
     Settled,
+    StepWrite,
 )
-from journal._riders import Rider, send_alone
+from journal._riders import send_alone
 from journal._run import Run, StepEvent, StepPolicy
 from journal._schema.keys import Keyspace, RunKeys
 from journal._schema.meta import Wait
@@ -107,25 +106,17 @@ class MemoryStore:
         self._policy = policy
         self._lock = threading.Lock()
 
-    def record(
-        self,
-        keys: RunKeys,
-        holder: str,
-        step: str,
-        encoded: bytes,
-        wait: RecordWait = NO_WAIT,
-        riders: Sequence[Rider] = (),
-    ) -> tuple[Recorded, Any]:
+    def record(self, keys: RunKeys, write: StepWrite) -> tuple[Recorded, Any]:
         """Keep a step run live, as ``HSETNX`` would: the first record of a key stands.
 
         Its riders go to their own store, each alone: a rehearsal's record is in memory.
         """
-        send_alone(riders)
+        send_alone(write.riders)
         with self._lock:
-            found = self.records.get(step)
+            found = self.records.get(write.step)
             if found is not None:
                 return Recorded.ALREADY, found
-            self.records[step] = encoded
+            self.records[write.step] = write.encoded
             return Recorded.RECORDED, None
 
     def signal(self, keys: RunKeys, name: str) -> bytes | None:
