@@ -58,16 +58,22 @@ class Hints:
 
 
 class JournalError(Exception):
-    """Root of every error raised by the journal."""
+    """Root of every error raised by the journal.
+
+    An error with facts to tell is a dataclass of them (``eq=False``: an error is itself, not
+    its value); they are its ``args`` too, so a pickled copy is built again from them.
+    """
+
+    def __post_init__(self) -> None:
+        super().__init__(*vars(self).values())
 
 
+@dataclass(eq=False)
 class InvalidRunId(JournalError):
     """A run id is refused before any Redis key is built from it."""
 
-    def __init__(self, run_id: str, problem: str) -> None:
-        super().__init__(run_id, problem)
-        self.run_id = run_id
-        self.problem = problem
+    run_id: str
+    problem: str
 
     def __str__(self) -> str:
         return (
@@ -76,14 +82,13 @@ class InvalidRunId(JournalError):
         )
 
 
+@dataclass(eq=False)
 class InvalidArguments(JournalError):
     """A delivery's options are refused before anything is journaled or frozen."""
 
-    def __init__(self, run: str, problem: str, takes: str) -> None:
-        super().__init__(run, problem, takes)
-        self.run = run
-        self.problem = problem
-        self.takes = takes
+    run: str
+    problem: str
+    takes: str
 
     def __str__(self) -> str:
         return (
@@ -92,14 +97,13 @@ class InvalidArguments(JournalError):
         )
 
 
+@dataclass(eq=False)
 class LeaseBusy(JournalError):
     """Another live worker holds the run's lease."""
 
-    def __init__(self, run: str, remaining_ms: int, holder: str | None = None) -> None:
-        super().__init__(run, remaining_ms, holder)
-        self.run = run
-        self.remaining_ms = remaining_ms
-        self.holder = holder
+    run: str
+    remaining_ms: int
+    holder: str | None = None
 
     def __str__(self) -> str:
         return (
@@ -109,13 +113,12 @@ class LeaseBusy(JournalError):
         )
 
 
+@dataclass(eq=False)
 class LeaseLost(JournalError):
     """Our lease expired or was taken over; the run must stop without writing."""
 
-    def __init__(self, run: str, detail: str) -> None:
-        super().__init__(run, detail)
-        self.run = run
-        self.detail = detail
+    run: str
+    detail: str
 
     def __str__(self) -> str:
         return f"run {self.run}: lease lost ({self.detail}); this worker stops and records nothing"
@@ -132,6 +135,7 @@ class EffectLate(LeaseLost):
     """
 
 
+@dataclass(eq=False)
 class EffectAmbiguous(JournalError):
     """An effect may have happened, and its receiver would not recognise a repeat.
 
@@ -143,16 +147,15 @@ class EffectAmbiguous(JournalError):
         detail: why it may have happened (a line).
     """
 
-    def __init__(self, run: str, effect: str, detail: str) -> None:
-        super().__init__(run, effect, detail)
-        self.run = run
-        self.effect = effect
-        self.detail = detail
+    run: str
+    effect: str
+    detail: str
 
     def __str__(self) -> str:
         return f"run {self.run}: effect {self.effect!r} may have happened ({self.detail})"
 
 
+@dataclass(eq=False)
 class ReceiptUnsaved(JournalError):
     """An effect happened, and the store refused the write of its receipt.
 
@@ -165,12 +168,14 @@ class ReceiptUnsaved(JournalError):
         cause: the store's refusal, as it said it.
     """
 
-    def __init__(self, run: str, effect: str, receipt: object, cause: str) -> None:
-        super().__init__(run, effect, receipt, cause)
-        self.run = run
-        self.effect = effect
-        self.receipt = receipt
-        self.cause = redact(cause)
+    run: str
+    effect: str
+    receipt: object
+    cause: str
+
+    def __post_init__(self) -> None:
+        self.cause = redact(self.cause)
+        super().__post_init__()
 
     def __str__(self) -> str:
         return (
@@ -179,15 +184,14 @@ class ReceiptUnsaved(JournalError):
         )
 
 
+@dataclass(eq=False)
 class ReplayMismatch(JournalError):
     """The workflow's steps no longer line up with what the journal recorded."""
 
-    def __init__(self, run: str, recorded: str, requested: str, position: int) -> None:
-        super().__init__(run, recorded, requested, position)
-        self.run = run
-        self.recorded = recorded
-        self.requested = requested
-        self.position = position
+    run: str
+    recorded: str
+    requested: str
+    position: int
 
     def __str__(self) -> str:
         return (
@@ -198,15 +202,14 @@ class ReplayMismatch(JournalError):
         )
 
 
+@dataclass(eq=False)
 class StepNotInFixture(JournalError):
     """A replay against a recorded run reached a step the recording lacks, not allowed live."""
 
-    def __init__(self, run: str, key: str, nearest: list[str], effect: bool = False) -> None:
-        super().__init__(run, key, nearest, effect)
-        self.run = run
-        self.key = key
-        self.nearest = nearest
-        self.effect = effect
+    run: str
+    key: str
+    nearest: list[str]
+    effect: bool = False
 
     def __str__(self) -> str:
         near = ", ".join(repr(k) for k in self.nearest) or "none"
@@ -221,13 +224,12 @@ class StepNotInFixture(JournalError):
         )
 
 
+@dataclass(eq=False)
 class BadFixture(JournalError):
     """A fixture document that is not one this version of the journal writes or reads."""
 
-    def __init__(self, source: str, problem: str) -> None:
-        super().__init__(source, problem)
-        self.source = source
-        self.problem = problem
+    source: str
+    problem: str
 
     def __str__(self) -> str:
         return (
@@ -236,14 +238,13 @@ class BadFixture(JournalError):
         )
 
 
+@dataclass(eq=False)
 class CorruptJournal(JournalError):
     """A journal record cannot be decoded; never treated as a missing step."""
 
-    def __init__(self, run: str, field: str, detail: str) -> None:
-        super().__init__(run, field, detail)
-        self.run = run
-        self.field = field
-        self.detail = detail
+    run: str
+    field: str
+    detail: str
 
     def __str__(self) -> str:
         return (
@@ -252,14 +253,13 @@ class CorruptJournal(JournalError):
         )
 
 
+@dataclass(eq=False)
 class _StepError(JournalError):
     """A failure tied to one step of one run."""
 
-    def __init__(self, run: str, step: str, detail: str) -> None:
-        super().__init__(run, step, detail)
-        self.run = run
-        self.step = step
-        self.detail = detail
+    run: str
+    step: str
+    detail: str
 
 
 class UnserializableResult(_StepError):
@@ -272,14 +272,13 @@ class UnserializableResult(_StepError):
         )
 
 
+@dataclass(eq=False)
 class RunParked(JournalError):
     """A run that kept dying before it could record progress was set aside."""
 
-    def __init__(self, run: str, starts: int, hint: str = Hints.parked) -> None:
-        super().__init__(run, starts, hint)
-        self.run = run
-        self.starts = starts
-        self.hint = hint
+    run: str
+    starts: int
+    hint: str = Hints.parked
 
     def __str__(self) -> str:
         return f"run {self.run} was parked after {self.starts} starts without progress; {self.hint}"
@@ -294,6 +293,7 @@ def _utc(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+@dataclass(eq=False)
 class RetryScheduled(JournalError):
     """The run failed for a cause its application calls transient, and will be retried.
 
@@ -301,12 +301,10 @@ class RetryScheduled(JournalError):
     is not failed for good, and the caller should not report it as if it were.
     """
 
-    def __init__(self, run: str, error: str, retry_at: float, give_up_at: float) -> None:
-        super().__init__(run, error, retry_at, give_up_at)
-        self.run = run
-        self.error = error
-        self.retry_at = retry_at
-        self.give_up_at = give_up_at
+    run: str
+    error: str
+    retry_at: float
+    give_up_at: float
 
     def __str__(self) -> str:
         return (
@@ -315,15 +313,14 @@ class RetryScheduled(JournalError):
         )
 
 
+@dataclass(eq=False)
 class GaveUp(JournalError):
     """Transient failures went on past the retry deadline: the run is failed for good."""
 
-    def __init__(self, run: str, error: str, failures: int, since: float) -> None:
-        super().__init__(run, error, failures, since)
-        self.run = run
-        self.error = error
-        self.failures = failures
-        self.since = since
+    run: str
+    error: str
+    failures: int
+    since: float
 
     def __str__(self) -> str:
         return (
@@ -333,13 +330,12 @@ class GaveUp(JournalError):
         )
 
 
+@dataclass(eq=False)
 class ControlRefused(JournalError):
     """An operator's action (cancel, retry, fork) does not apply to the run as it stands."""
 
-    def __init__(self, run: str, detail: str) -> None:
-        super().__init__(run, detail)
-        self.run = run
-        self.detail = detail
+    run: str
+    detail: str
 
     def __str__(self) -> str:
         return f"run {self.run}: {self.detail}"
@@ -385,6 +381,7 @@ def _effect_state(state: str) -> str:
     }.get(state, "is under way; it will finish")
 
 
+@dataclass(eq=False)
 class _StoreError(JournalError):
     """A failure of the store itself, named by its URL (its password masked).
 
@@ -392,12 +389,13 @@ class _StoreError(JournalError):
     and what a pickled copy carries.
     """
 
-    def __init__(self, url: str, detail: str, hint: str = Hints.store_down) -> None:
-        url, detail = redact(url), redact(detail)
-        super().__init__(url, detail, hint)
-        self.url = url
-        self.detail = detail
-        self.hint = hint
+    url: str
+    detail: str
+    hint: str = Hints.store_down
+
+    def __post_init__(self) -> None:
+        self.url, self.detail = redact(self.url), redact(self.detail)
+        super().__post_init__()
 
 
 class StoreUnavailable(_StoreError):
@@ -430,14 +428,13 @@ class StoreUnsupported(_StoreError):
         return f"the journal store at {self.url} cannot be used as configured: {self.detail}"
 
 
+@dataclass(eq=False)
 class ClockSkewed(JournalError):
     """This process's wall clock disagrees with the store's by more than the bound."""
 
-    def __init__(self, url: str, skew: float, bound: float) -> None:
-        super().__init__(url, skew, bound)
-        self.url = url
-        self.skew = skew
-        self.bound = bound
+    url: str
+    skew: float
+    bound: float
 
     def __str__(self) -> str:
         side = "ahead of" if self.skew > 0 else "behind"
@@ -463,13 +460,12 @@ class EmbeddedServerError(JournalError):
     """The embedded Valkey server could not be started or reached."""
 
 
+@dataclass(eq=False)
 class UnknownScriptStatus(JournalError):
     """A Lua script answered with a status this code does not know: a bug, never ignored."""
 
-    def __init__(self, script: str, status: object) -> None:
-        super().__init__(script, status)
-        self.script = script
-        self.status = status
+    script: str
+    status: object
 
     def __str__(self) -> str:
         return f"script {self.script} returned unknown status {self.status!r}"

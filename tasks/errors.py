@@ -24,11 +24,17 @@ from typing import ClassVar
 class DigestError(Exception):
     """Root of every error raised by the digest application.
 
+    An error with facts to tell is a dataclass of them (``eq=False``), and they are its
+    ``args``: a copy pickled to Celery's result backend is built again from them.
+
     Attributes:
         transient: whether the same run may succeed later unchanged, so the system retries it.
     """
 
     transient: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        super().__init__(*vars(self).values())
 
 
 class BadInput(DigestError):

@@ -95,15 +95,14 @@ def dollars(amount: float) -> str:
     return f"${amount:.4f}"
 
 
+@dataclass(eq=False)
 class BudgetExceeded(DigestError):
     """The run has spent its ``DIGEST_MAX_COST_USD``: it stops before its next model call."""
 
-    def __init__(self, run: str, spent: float, budget: float, step: str) -> None:
-        super().__init__(run, spent, budget, step)
-        self.run = run
-        self.spent = spent
-        self.budget = budget
-        self.step = step
+    run: str
+    spent: float
+    budget: float
+    step: str
 
     def __str__(self) -> str:
         run_id = self.run.partition(":")[2]
@@ -114,6 +113,7 @@ class BudgetExceeded(DigestError):
         )
 
 
+@dataclass(eq=False)
 class UnpricedAnswer(DigestError):
     """A call was answered by a model the price table lacks, while a budget is set.
 
@@ -121,11 +121,9 @@ class UnpricedAnswer(DigestError):
     run fails at once instead.
     """
 
-    def __init__(self, run: str, requested: str, answered: str) -> None:
-        super().__init__(run, requested, answered)
-        self.run = run
-        self.requested = requested
-        self.answered = answered
+    run: str
+    requested: str
+    answered: str
 
     def __str__(self) -> str:
         run_id = self.run.partition(":")[2]

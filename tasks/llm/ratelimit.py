@@ -47,6 +47,7 @@ PROBE_MS = 10_000
 KEEP_MS = 3_600_000
 
 
+@dataclass(eq=False)
 class CapacityWait(DigestError):
     """The model's rate limits have no room for longer than a step may wait in a worker.
 
@@ -56,10 +57,8 @@ class CapacityWait(DigestError):
 
     transient = True
 
-    def __init__(self, model: str, seconds: float) -> None:
-        super().__init__(model, seconds)
-        self.model = model
-        self.seconds = seconds
+    model: str
+    seconds: float
 
     def __str__(self) -> str:
         return (
@@ -68,16 +67,15 @@ class CapacityWait(DigestError):
         )
 
 
+@dataclass(eq=False)
 class NoRoomByDeadline(DigestError):
     """The model's rate limits have no room before the run's deadline, which has now come.
 
     Not transient: past the deadline the step writes its answer offline, never asks again.
     """
 
-    def __init__(self, model: str, deadline: float) -> None:
-        super().__init__(model, deadline)
-        self.model = model
-        self.deadline = deadline
+    model: str
+    deadline: float
 
     def __str__(self) -> str:
         return f"the API's rate limits for {self.model} had no room before the run's deadline"
