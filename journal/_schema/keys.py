@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from journal.errors import InvalidRunId
@@ -70,6 +70,9 @@ class Index:
     due: str
 
 
+_RUN_PARTS = ("steps", "meta", "lease", "flight", "fence", "signals", "effects", "usage")
+
+
 @dataclass(frozen=True)
 class RunKeys:
     """The keys of one run, and of the index shard it is listed in, all in one slot.
@@ -77,88 +80,54 @@ class RunKeys:
     Attributes:
         shard: the run's index shard in the sharded layout (the hash tag is the shard's);
             None in the single-index layout (the hash tag is the run's full id).
+        run: the run's full id, ``<workflow>:<run_id>``, as stored in the indexes.
+        steps: hash, step key -> JSON record.
+        meta: hash, status, timestamps, deliveries, last error, waits.
+        lease: string ``<fence>:<token>`` of the current holder, with a PX expiry.
+        flight: hash, step key -> started at (ms): the steps its holder runs now, published
+            with each renewal of the lease (``renew.lua``) and expiring with it.
+        fence: counter incremented on every acquisition.
+        signals: hash, signal name -> JSON payload, first one wins.
+        effects: hash, effect step key -> ``<fence>:<deadline_ms>:<state>``, its claimant,
+            receipt.
+        usage: hash, the application's own counters of the run (a model budget's spend and
+            holds); the journal never reads it, it lives in the run's slot and goes with it.
 
-    Each name is built on first use and kept: a run reads its keys dozens of times.
+    The names are built once, with the value: a run reads its keys dozens of times.
     """
 
     prefix: str
     workflow: str
     run_id: str
     shard: int | None = None
+    run: str = field(init=False, repr=False)
+    steps: str = field(init=False, repr=False)
+    meta: str = field(init=False, repr=False)
+    lease: str = field(init=False, repr=False)
+    flight: str = field(init=False, repr=False)
+    fence: str = field(init=False, repr=False)
+    signals: str = field(init=False, repr=False)
+    effects: str = field(init=False, repr=False)
+    usage: str = field(init=False, repr=False)
 
-    @cached_property
-    def run(self) -> str:
-        """The run's full id, ``<workflow>:<run_id>``, as stored in the indexes."""
-        return f"{self.workflow}:{self.run_id}"
-
-    def _key(self, part: str) -> str:
+    def __post_init__(self) -> None:
+        run = f"{self.workflow}:{self.run_id}"
         if self.shard is None:
-            return f"{self.prefix}:{{{self.run}}}:{part}"
-        return f"{_shard_tag(self.prefix, self.shard)}:{self.run}:{part}"
+            start = f"{self.prefix}:{{{run}}}"
+        else:
+            start = f"{_shard_tag(self.prefix, self.shard)}:{run}"
+        object.__setattr__(self, "run", run)
+        for part in _RUN_PARTS:
+            object.__setattr__(self, part, f"{start}:{part}")
 
     @cached_property
     def index(self) -> Index:
         """The runs and due indexes this run is listed in."""
         return _index(self.prefix, self.shard)
 
-    @cached_property
-    def steps(self) -> str:
-        """Hash: step key -> JSON record."""
-        return self._key("steps")
-
-    @cached_property
-    def meta(self) -> str:
-        """Hash: status, timestamps, deliveries, last error, waits."""
-        return self._key("meta")
-
-    @cached_property
-    def lease(self) -> str:
-        """String ``<fence>:<token>`` of the current holder, with a PX expiry."""
-        return self._key("lease")
-
-    @cached_property
-    def flight(self) -> str:
-        """Hash: step key -> started at (ms), the steps its holder runs now.
-
-        Published with each renewal of the lease (``renew.lua``), and expiring with it.
-        """
-        return self._key("flight")
-
-    @cached_property
-    def fence(self) -> str:
-        """Counter incremented on every acquisition."""
-        return self._key("fence")
-
-    @cached_property
-    def signals(self) -> str:
-        """Hash: signal name -> JSON payload, first one wins."""
-        return self._key("signals")
-
-    @cached_property
-    def effects(self) -> str:
-        """Hash: effect step key -> ``<fence>:<deadline_ms>:<state>``, its claimant, receipt."""
-        return self._key("effects")
-
-    @cached_property
-    def usage(self) -> str:
-        """Hash: the application's own counters of the run (a model budget's spend and holds).
-
-        The journal never reads it; it lives in the run's slot and goes with the run.
-        """
-        return self._key("usage")
-
     def all(self) -> tuple[str, ...]:
         """Every per-run key, for inspection and deliberate deletion."""
-        return (
-            self.steps,
-            self.meta,
-            self.lease,
-            self.flight,
-            self.fence,
-            self.signals,
-            self.effects,
-            self.usage,
-        )
+        return tuple(getattr(self, part) for part in _RUN_PARTS)
 
 
 def _shard_tag(prefix: str, shard: int) -> str:
