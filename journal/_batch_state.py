@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from journal._clock import check_doubling
+
 # What a provider accepts as a request's custom_id (Anthropic's pattern).
 CUSTOM_ID = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 COUNTS = ("processing", "succeeded", "errored", "canceled", "expired")
@@ -150,11 +152,7 @@ class BatchPolicy:
     skew: float = 300.0
 
     def __post_init__(self) -> None:
-        if not 0 < self.first_look <= self.max_look:
-            raise ValueError(
-                f"first_look={self.first_look:g} must be positive and at most "
-                f"max_look={self.max_look:g}"
-            )
+        check_doubling(self, "first_look", "max_look")
         if self.max_requests < 1:
             raise ValueError("max_requests must be at least 1")
 

@@ -63,3 +63,14 @@ class ManualClock:
 def millis(seconds: float) -> int:
     """Seconds as whole milliseconds, the unit every stored timestamp uses."""
     return int(seconds * 1000)
+
+
+def check_doubling(policy: object, first: str, cap: str) -> None:
+    """Refuse a doubling wait that starts at zero or below, or above its own cap.
+
+    Raises:
+        ValueError: naming both settings as the policy's caller wrote them.
+    """
+    start, most = getattr(policy, first), getattr(policy, cap)
+    if not 0 < start <= most:
+        raise ValueError(f"{first}={start:g} must be positive and at most {cap}={most:g}")

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from journal._clock import Clock
+from journal._clock import Clock, check_doubling
 from journal._limits import stopped_by_time_limit
 from journal._schema.meta import Wait
 from journal._waits import Suspend
@@ -102,11 +102,7 @@ class RunRetry:
     give_up_after: float = 86400.0
 
     def __post_init__(self) -> None:
-        if not 0 < self.first_delay <= self.max_delay:
-            raise ValueError(
-                f"first_delay={self.first_delay:g} must be positive and at most "
-                f"max_delay={self.max_delay:g}"
-            )
+        check_doubling(self, "first_delay", "max_delay")
         if self.give_up_after < 0:
             raise ValueError(f"give_up_after={self.give_up_after:g} must not be negative")
 

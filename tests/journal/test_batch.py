@@ -568,3 +568,12 @@ def test_keys_a_provider_would_refuse_are_sent_as_their_digest_and_matched_back(
     assert all(re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", custom) for custom in sent)
     assert [r["text"] for r in outcome.result] == [f"answer {custom}" for custom in sent]
     assert [k for k in keys_of(journal) if k.startswith("ask:")] == [f"ask:{u}" for u in urls]
+
+
+def test_a_batch_policy_refuses_a_first_look_beyond_its_cap() -> None:
+    with pytest.raises(
+        ValueError, match="first_look=600 must be positive and at most max_look=300"
+    ):
+        BatchPolicy(first_look=600, max_look=300)
+    with pytest.raises(ValueError, match="max_requests must be at least 1"):
+        BatchPolicy(max_requests=0)
