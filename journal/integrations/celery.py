@@ -335,12 +335,7 @@ class Durable:
             task.apply_async(args=[run_id], kwargs=kwargs, countdown=delay, **_traced())
 
     def send_signal(
-        self,
-        workflow: str,
-        run_id: str,
-        name: str,
-        payload: Any,
-        journal: Journal | None = None,
+        self, workflow: str, run_id: str, name: str, payload: Any, journal: Journal | None = None
     ) -> bool:
         """Deliver a signal and, when the run waits for it, enqueue the run at once.
 
