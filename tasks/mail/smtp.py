@@ -552,6 +552,24 @@ def _temporary(exc: smtplib.SMTPException) -> bool:
     return isinstance(exc, smtplib.SMTPResponseException) and 400 <= exc.smtp_code < 500
 
 
+# What a server's refusal means, by its kind: the first kind the refusal is wins. ``{reply}``
+# is its code and text; ``{exc.sender}`` the sender it refused.
+_ANSWERS: tuple[tuple[type[smtplib.SMTPResponseException], str], ...] = (
+    (
+        smtplib.SMTPAuthenticationError,
+        "rejected the login ({reply}); check the user and password in DIGEST_SMTP_URL",
+    ),
+    (
+        smtplib.SMTPSenderRefused,
+        "refused the sender {exc.sender} ({reply}); use a sender the server accepts",
+    ),
+    (
+        smtplib.SMTPResponseException,
+        "answered {reply}; check the server's log and relay rules, then retry the run",
+    ),
+)
+
+
 def _smtp_problem(where: str, exc: smtplib.SMTPException) -> str:
     if isinstance(exc, smtplib.SMTPRecipientsRefused):
         address, (code, text) = next(iter(exc.recipients.items()))
@@ -559,21 +577,10 @@ def _smtp_problem(where: str, exc: smtplib.SMTPException) -> str:
             f"SMTP {where} refused the recipient {address} ({code} {_one_line(text)}); "
             "check DIGEST_TO"
         )
-    if isinstance(exc, smtplib.SMTPAuthenticationError):
-        return (
-            f"SMTP {where} rejected the login ({exc.smtp_code} {_one_line(exc.smtp_error)}); "
-            "check the user and password in DIGEST_SMTP_URL"
-        )
-    if isinstance(exc, smtplib.SMTPSenderRefused):
-        return (
-            f"SMTP {where} refused the sender {exc.sender} "
-            f"({exc.smtp_code} {_one_line(exc.smtp_error)}); use a sender the server accepts"
-        )
-    if isinstance(exc, smtplib.SMTPResponseException):
-        return (
-            f"SMTP {where} answered {exc.smtp_code} {_one_line(exc.smtp_error)}; "
-            "check the server's log and relay rules, then retry the run"
-        )
+    for kind, template in _ANSWERS:
+        if isinstance(exc, kind):
+            reply = f"{exc.smtp_code} {_one_line(exc.smtp_error)}"
+            return f"SMTP {where} " + template.format(reply=reply, exc=exc)
     if isinstance(exc, smtplib.SMTPServerDisconnected):
         return (
             f"SMTP {where} closed the connection ({_one_line(str(exc))}); "
