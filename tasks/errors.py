@@ -8,8 +8,16 @@ DigestError
 ├── EveryItemRefused    the API refused every item: the run fails rather than report nothing new
 ├── ModelNotConfigured  a worker has no API key and was not told to run offline
 ├── ModelUnavailable    transient model failures outlasted the step's attempts (transient)
+├── CapacityWait        the rate limits have no room for longer than a worker waits (transient)
+├── NoRoomByDeadline    the rate limits have no room before the run's deadline: offline now
+├── BudgetExceeded      the run spent its DIGEST_MAX_COST_USD: stopped before its next call
+├── UnpricedAnswer      a model the price table lacks answered while a budget is set
 └── MailFailed          the mail server refused the email
     └── MailUnavailable the mail server could not be reached or said "try later" (transient)
+
+The model API's four are declared beside what raises them (``tasks.llm.ratelimit`` and
+``tasks.llm.cost``), where their facts are computed; they derive from ``DigestError`` all the
+same.
 
 A transient error fails the run for now only: the journal keeps it due and the sweep starts it
 again after a back-off, until ``DIGEST_GIVE_UP_AFTER`` (see ``is_transient_failure``). Every

@@ -3,11 +3,14 @@ process pools carry it, and a store URL's password never travels in one."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
 import pickle
+import sys
 import typing
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +60,21 @@ def test_an_error_pickled_comes_back_with_its_facts_and_its_message(
 def test_a_receipts_refusal_keeps_no_password_in_what_is_pickled() -> None:
     refused = ReceiptUnsaved("digest:w", "send", {}, "Error connecting to redis://:hunter2@db")
     assert "hunter2" not in repr(pickle.dumps(refused)) and "hunter2" not in str(refused)
+
+
+@pytest.mark.parametrize("root", [JournalError, DigestError], ids=lambda root: root.__name__)
+def test_every_error_of_a_package_is_in_its_roots_tree(root: type[Exception]) -> None:
+    """The root module's docstring draws the tree a reader catches from: none may be missing."""
+    package = Path(__file__).resolve().parent.parent / root.__module__.split(".")[0]
+    bases: dict[str, list[str]] = {}
+    for source in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.ClassDef):
+                names = [base.id for base in node.bases if isinstance(base, ast.Name)]
+                bases[node.name] = names
+    errors = {root.__name__}
+    while grown := {name for name, of in bases.items() if errors & set(of)} - errors:
+        errors |= grown
+    tree = sys.modules[root.__module__].__doc__ or ""
+    missing = sorted(name for name in errors if not name.startswith("_") and name not in tree)
+    assert not missing, f"{root.__module__}'s tree lacks {missing}"
