@@ -10,7 +10,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from journal._batch_state import (
     UNANSWERED,
@@ -25,21 +25,72 @@ from journal._batch_state import (
     plan_key,
 )
 from journal._cancel import Cancelled
+from journal._clock import Clock
 from journal._effects import Effect
+from journal._redis.backend import StepStore
+from journal._replay import ReplayCursor
 from journal._retry import RetryPolicy
 from journal._retry import attempt as retry_loop
+from journal._schema.keys import RunKeys
 from journal._schema.meta import Wait
 from journal._schema.steps import StepKey
 from journal._waits import Suspend
 from journal.errors import one_line
 
-if TYPE_CHECKING:  # the run builds this step and passes itself: no import at run time
-    from journal._run import Run
-
 log = logging.getLogger(__name__)
 
 X = TypeVar("X")
 T = TypeVar("T")
+
+
+class BatchRun(Protocol):
+    """What a batch step uses of its run (``journal._run.Run``, which passes itself).
+
+    Named here so that the run, which offers ``Run.batch``, and this engine need not import
+    each other: the engine replays and records through the run's own cursor and steps.
+    """
+
+    keys: RunKeys
+    clock: Clock
+    _cursor: ReplayCursor
+    _backend: StepStore
+    _retry_state: Wait | None
+
+    def effect(
+        self,
+        key: str,
+        fn: Callable[[Effect], T],
+        *,
+        timeout: float,
+        repeatable: bool = False,
+        revocable: bool = False,
+    ) -> T: ...
+
+    def map(
+        self,
+        prefix: str,
+        items: Sequence[X],
+        fn: Callable[[X], T],
+        *,
+        key: Callable[[X], str],
+        concurrency: int = 3,
+        retry: RetryPolicy | None = None,
+    ) -> list[T]: ...
+
+    def check_lease(self) -> None: ...
+
+    def _replay(self, key: str, record: dict[str, Any]) -> Any: ...
+
+    def _execute(
+        self,
+        key: str,
+        fn: Callable[[], T],
+        retry: RetryPolicy | None,
+        kind: str,
+        group: str | None,
+        seq: int | None = None,
+        report: Callable[[Any], object] | None = None,
+    ) -> T: ...
 
 
 @dataclass(eq=False)
@@ -49,7 +100,7 @@ class BatchStep(Generic[X, T]):
     Its working state (the step keys, what is answered) is derived from the arguments once.
     """
 
-    run: Run
+    run: BatchRun
     prefix: str
     items: Sequence[X]
     request: Callable[[X], Mapping[str, Any]]
