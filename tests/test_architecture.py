@@ -74,3 +74,44 @@ def test_no_function_outside_the_tests_is_longer_than_a_screen() -> None:
         and (length := (node.end_lineno or node.lineno) - node.lineno + 1) > LONGEST
     ]
     assert long == [], f"split these under {LONGEST} lines: {long}"
+
+
+def module_file(dotted: str) -> str | None:
+    """The file of module ``dotted`` in this tree (a package's ``__init__.py``), if any."""
+    base = ROOT.joinpath(*dotted.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path.relative_to(ROOT).as_posix()
+    return None
+
+
+def imported_files(path: str) -> set[str]:
+    """The files of this tree that ``path`` imports anywhere: in a function, a type check..."""
+    found = set()
+    for node in ast.walk(ast.parse((ROOT / path).read_text())):
+        if isinstance(node, ast.Import):
+            found |= {file for alias in node.names if (file := module_file(alias.name))}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                target = module_file(f"{node.module}.{alias.name}") or module_file(node.module)
+                if target is not None:
+                    found.add(target)
+    return found - {path}
+
+
+def test_no_two_modules_import_each_other_even_for_type_checking() -> None:
+    """A circle makes two rooms one: the one that builds another passes it what it needs."""
+    graph = {module: imported_files(module) for module in modules_with_code()}
+    circles = []
+    for start in sorted(graph):
+        # Every module reachable from ``start``, with the path that reached it.
+        paths, frontier = {start: [start]}, [start]
+        while frontier:
+            here = frontier.pop()
+            for there in graph.get(here, ()):
+                if there == start:
+                    circles.append(" -> ".join([*paths[here], start]))
+                elif there not in paths:
+                    paths[there] = [*paths[here], there]
+                    frontier.append(there)
+    assert circles == []
