@@ -45,12 +45,6 @@ STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 RUN_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 86400, 3 * 86400, 7 * 86400)
 CALL_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120)
 
-
-def _by_model(name: str, documentation: str) -> Counter:
-    """A counter of the model calls' events, labelled by the model."""
-    return Counter(name, documentation, ["model"])
-
-
 STEPS = Counter(
     "journal_steps_total",
     "Steps passed, by workflow, step name and outcome: ran or replayed.",
@@ -88,15 +82,17 @@ AMBIGUOUS = Counter(
     "Effects that may have happened, whose runs wait for an operator's decision, by step.",
     ["workflow", "step"],
 )
-CAPACITY_WAIT = _by_model(
+CAPACITY_WAIT = Counter(
     "digest_model_capacity_wait_seconds_total",
     "Seconds model calls waited for room in the rate limits shared on the API key, by model.",
+    ["model"],
 )
-RATE_LIMITED = _by_model(
+RATE_LIMITED = Counter(
     "digest_model_rate_limited_total",
     "Model calls the API refused for its rate limits (429), by model.",
+    ["model"],
 )
-CALLS = _by_model("digest_model_calls_total", "Model calls made, by model.")
+CALLS = Counter("digest_model_calls_total", "Model calls made, by model.", ["model"])
 CALL_SECONDS = Histogram(
     "digest_model_call_duration_seconds",
     "Seconds one model request took, by requested model (refused ones included).",
@@ -108,14 +104,16 @@ TOKENS = Counter(
     "Model tokens, by model and kind (input, output, cache_write, cache_read).",
     ["model", "kind"],
 )
-BATCH_REQUESTS = _by_model(
+BATCH_REQUESTS = Counter(
     "digest_batch_requests_total",
     "Requests a Message Batch answered and a run recorded, by model (at half the price).",
+    ["model"],
 )
-COST = _by_model("digest_model_cost_usd_total", "Dollars spent on model calls, by model.")
-FALLBACKS = _by_model(
+COST = Counter("digest_model_cost_usd_total", "Dollars spent on model calls, by model.", ["model"])
+FALLBACKS = Counter(
     "digest_model_fallbacks_total",
     "Steps that gave up on a model of their fallback chain for the next, by the model given up.",
+    ["model"],
 )
 DEGRADED = Counter(
     "digest_degraded_items_total",
