@@ -298,6 +298,31 @@ def test_a_bad_items_file_exits_2_and_journals_nothing(
     assert fake_anthropic.calls == 0
 
 
+def test_a_started_run_resumes_from_its_frozen_list_when_the_items_file_is_gone(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    items = tmp_path / "items.json"
+    items.write_text(Path(deployment.env["DIGEST_ITEMS"]).read_text(encoding="utf-8"))
+    offline(deployment, DIGEST_ITEMS=str(items), DIGEST_CONCURRENCY="1")
+    crashed = deployment.cli("run", RUN, env={"CRASH": "after:summarize:i3"})
+    assert crashed.returncode == 137
+    items.unlink()  # the list is frozen in the journal: the file is not read again
+    wait_for_lease_expiry(deployment)
+
+    resumed = deployment.cli("run", RUN)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.startswith("  replayed select\n")
+    assert "sent: 8 items" in resumed.stdout
+
+
+def test_batch_with_no_api_key_is_refused_before_a_run_starts(deployment: Deployment) -> None:
+    offline(deployment)
+    refused = deployment.cli("run", RUN, "--batch")
+    assert (refused.returncode, refused.stdout) == (2, "")
+    assert refused.stderr.startswith("digest: --batch needs ANTHROPIC_API_KEY: ")
+    assert prefix_keys(deployment) == []
+
+
 def test_an_invalid_run_id_exits_2(deployment: Deployment) -> None:
     invalid = deployment.cli("run", "2026 w42")
     assert (invalid.returncode, invalid.stdout) == (2, "")
