@@ -1,11 +1,12 @@
 """The journal's Lua scripts, loaded from ``journal/lua`` and registered once per client.
 
-A script is sent as EVALSHA. When a server does not know it (a new server, a ``SCRIPT FLUSH``,
-a restart, a failover to a replica), it knows none of the others either: the first miss loads
-every script in one transaction and sends the EVALSHA again, so a cold process pays two round
-trips once rather than a miss and an EVAL for each script it meets. A server restarted between
-the load and the call is answered with EVAL and the source, which cannot miss. On a cluster,
-whose nodes each keep their own scripts, a miss is answered with EVAL alone.
+A script is sent as EVALSHA. A process that connects with ``journal.contrib.checks`` loads
+every script in its start-up transaction. When a server does not know one anyway (a ``SCRIPT
+FLUSH``, a restart, a failover to a replica), it knows none of the others either: the first
+miss loads every script in one transaction and sends the EVALSHA again, so a process pays two
+round trips once rather than a miss and an EVAL for each script it meets. A server restarted
+between the load and the call is answered with EVAL and the source, which cannot miss. On a
+cluster, whose nodes each keep their own scripts, a miss is answered with EVAL alone.
 
 On one server, EVALSHA goes straight down a pooled connection, under the connection's own
 retry policy: redis-py's command path adds event dispatch and metrics recording around every
