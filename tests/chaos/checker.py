@@ -103,6 +103,7 @@ class RunState:
             asked by its own call: a fork from ``compose`` asks it again), sorted; empty when
             it recorded none.
         listed: whether ``digest runs`` showed it.
+        frozen: the items its ``select`` step froze (none for a fork: they are its parent's).
         fork_of: the run it was forked from, for a fork.
         stuck: still running or retrying, or waiting on something other than a person (an
             approval, a decision on an ambiguous send), after the quiet period.
@@ -119,6 +120,7 @@ class RunState:
     summarized: tuple[str, ...] = ()
     opened: tuple[str, ...] = ()
     listed: bool = True
+    frozen: tuple[str, ...] = ()
     fork_of: str | None = None
     stuck: bool = False
 
@@ -330,7 +332,9 @@ def check_paid_calls(observation: Observation) -> list[Violation]:
     names, once per run that recorded it. A batch counts each of its requests that ended
     paid (``succeeded``) as one call of its item. A fault hits a call when its window
     overlaps the call's, the call's extended by ``IN_FLIGHT_MARGIN_S`` for the record's
-    round trip; each fault explains at most one more call of each thing it hit.
+    round trip; each fault explains at most one more call of each thing it hit. An operator's
+    cancel explains one more call of each item its run had paid for and not recorded (a
+    batch's answers that a crashed holder had not yet recorded): the next run asks again.
     """
     recorded: Counter[str] = Counter()
     for run in observation.runs.values():
@@ -341,7 +345,8 @@ def check_paid_calls(observation: Observation) -> list[Violation]:
             calls[call.item].append(call)
     violations = []
     for item, paid in sorted(calls.items()):
-        violation = _overpaid(observation, paid, recorded[item], f"item {item}")
+        abandoned = _abandoned(observation, item, paid)
+        violation = _overpaid(observation, paid, recorded[item], f"item {item}", abandoned)
         if violation is not None:
             violation.evidence["item"] = item
             violation.evidence["runs"] = sorted(
@@ -367,18 +372,38 @@ def check_paid_calls(observation: Observation) -> list[Violation]:
     return violations
 
 
+def _abandoned(observation: Observation, item: str, paid: list[Call]) -> int:
+    """How many cancelled runs had frozen ``item``, never recorded it, and were cancelled
+    after its first paid call: each may have thrown away one paid answer."""
+    first = min(call.started for call in paid)
+    cancelled = {
+        fault.target
+        for fault in observation.faults
+        if fault.kind == "operator-cancel" and first < fault.started
+    }
+    return sum(
+        1
+        for run_id in cancelled
+        if (run := observation.runs.get(run_id)) is not None
+        and run.status == "cancelled"
+        and item in run.frozen
+        and item not in run.summarized
+    )
+
+
 def _overpaid(
-    observation: Observation, paid: list[Call], recorded: int, what: str
+    observation: Observation, paid: list[Call], recorded: int, what: str, abandoned: int = 0
 ) -> Violation | None:
-    """A violation when ``paid`` holds more calls than ``recorded`` and the faults explain."""
+    """A violation when ``paid`` holds more calls than ``recorded`` and the faults explain,
+    ``abandoned`` of them by runs an operator cancelled (``_abandoned``)."""
     hit = [fault for fault in observation.faults if any(_overlaps(fault, call) for call in paid)]
-    allowed = recorded + len(hit)
+    allowed = recorded + len(hit) + abandoned
     if len(paid) <= max(allowed, 1):
         return None
     return Violation(
         "paid-calls",
-        f"{what} was paid for {len(paid)} times: {recorded} runs recorded it and "
-        f"{len(hit)} faults hit its calls in flight",
+        f"{what} was paid for {len(paid)} times: {recorded} runs recorded it, "
+        f"{len(hit)} faults hit its calls in flight and {abandoned} cancels threw one away",
         {"calls": [asdict(c) for c in paid], "faults_hit": [asdict(f) for f in hit]},
         paid[-1].started,
     )

@@ -195,6 +195,12 @@ def run_state(runtime: Runtime, run_id: str, listed: set[str]) -> RunState:
             r.key.removeprefix("summarize:") for r in view.steps if r.key.startswith("summarize:")
         )
     )
+    select = view.step("select")
+    frozen = (
+        tuple(str(entry["id"]) for entry in select.result)
+        if select is not None and isinstance(select.result, list) and not fork_of
+        else ()
+    )
     return RunState(
         run_id=run_id,
         status=meta.get("status"),
@@ -207,6 +213,7 @@ def run_state(runtime: Runtime, run_id: str, listed: set[str]) -> RunState:
         summarized=summarized,
         opened=_opened(view),
         listed=run_id in listed,
+        frozen=frozen,
         fork_of=fork_of,
         stuck=stuck,
     )

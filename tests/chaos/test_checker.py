@@ -220,6 +220,44 @@ def test_a_fault_after_the_answer_was_recorded_explains_nothing() -> None:
     assert rules(observation) == ["paid-calls"]
 
 
+def cancelled_holding_c0002(cancel_at: float) -> Observation:
+    """w03 paid for c0002 in a batch, then an operator cancelled it before it recorded the
+    answer (its holder crashed while recording); w04 paid for c0002 again and recorded it."""
+    observation = clean()
+    observation.weeks.append("2031-w04")
+    observation.runs["2031-w03"] = dataclasses.replace(
+        observation.runs["2031-w03"],
+        status="cancelled",
+        step_fences={"select": 1},
+        summarized=(),
+        frozen=("c0002",),
+    )
+    observation.runs["2031-w04"] = RunState(
+        "2031-w04",
+        "waiting",
+        {"approval": True},
+        fence=1,
+        step_fences={"select": 1, "summarize:c0002": 1},
+        summarized=("c0002",),
+        frozen=("c0002",),
+    )
+    observation.claims = {"c0002": "digest:2031-w04"}
+    observation.statuses["2031-w03"] = ["running", "waiting", "cancelled"]
+    observation.statuses["2031-w04"] = ["running", "waiting"]
+    observation.fences["2031-w04"] = [1]
+    observation.calls.append(Call("c0002", 20.0, 21.0))
+    observation.faults.append(FaultWindow("operator-cancel", cancel_at, cancel_at + 2, "2031-w03"))
+    return observation
+
+
+def test_an_answer_a_cancelled_run_paid_for_and_never_recorded_may_be_paid_again() -> None:
+    assert check(cancelled_holding_c0002(cancel_at=12.0)) == []
+
+
+def test_a_cancel_explains_only_what_its_run_had_paid_for_before_it() -> None:
+    assert rules(cancelled_holding_c0002(cancel_at=0.5)) == ["paid-calls"]
+
+
 def test_a_repeated_opening_paragraph_no_fault_explains_is_reported() -> None:
     observation = clean()
     observation.calls.append(Call(None, 8.0, 9.0, opening=("c0001", "c0000")))
