@@ -373,8 +373,11 @@ def check_paid_calls(observation: Observation) -> list[Violation]:
 
 
 def _abandoned(observation: Observation, item: str, paid: list[Call]) -> int:
-    """How many cancelled runs had frozen ``item``, never recorded it, and were cancelled
-    after its first paid call: each may have thrown away one paid answer."""
+    """How many paid answers of ``item`` operators' cancels may have thrown away.
+
+    One per cancelled run that froze ``item``, never recorded it, and was cancelled after
+    its first paid call.
+    """
     first = min(call.started for call in paid)
     cancelled = {
         fault.target
@@ -394,8 +397,10 @@ def _abandoned(observation: Observation, item: str, paid: list[Call]) -> int:
 def _overpaid(
     observation: Observation, paid: list[Call], recorded: int, what: str, abandoned: int = 0
 ) -> Violation | None:
-    """A violation when ``paid`` holds more calls than ``recorded`` and the faults explain,
-    ``abandoned`` of them by runs an operator cancelled (``_abandoned``)."""
+    """A violation when ``paid`` holds more calls than the runs, faults and cancels explain.
+
+    ``abandoned``: the answers runs an operator cancelled threw away (``_abandoned``).
+    """
     hit = [fault for fault in observation.faults if any(_overlaps(fault, call) for call in paid)]
     allowed = recorded + len(hit) + abandoned
     if len(paid) <= max(allowed, 1):
