@@ -14,6 +14,8 @@ deployment's own Valkey:
   took the message: one line, no traceback, and no second email once the store is back.
 - **Transports that drop repeats**: the Resend HTTP API frozen past the timeout (1 delivery
   for 2 requests), and an SMTP relay deduplicating on ``Resend-Idempotency-Key`` (1 delivery).
+- **Plain SMTP told to resend** (``DIGEST_AMBIGUOUS_SEND=resend``): the unknown send is retried,
+  not waited on, and sent again at the next start under the same Message-ID (2 copies).
 """
 
 from __future__ import annotations
@@ -273,3 +275,29 @@ def test_a_failed_run_whose_email_may_be_out_is_never_purged_from_under_its_item
     assert later.stdout.splitlines()[-1].startswith("nothing-new: 0 new items")
     assert [m["Message-ID"] for m in handler.messages] == [MESSAGE_ID]
     print("a failed run whose email may be out, purged: kept; 1 email (the old code: 2)")
+
+
+def test_with_ambiguous_send_resend_a_send_nobody_can_know_is_sent_again_at_the_next_start(
+    deployment: Deployment, inbox: tuple[Inbox, str]
+) -> None:
+    handler, url = inbox
+    deployment.env.update(
+        DIGEST_SMTP_URL=url,
+        DIGEST_SMTP_TIMEOUT="1",
+        DIGEST_AMBIGUOUS_SEND="resend",
+        DIGEST_OFFLINE="1",
+    )
+    _, answer = handler.hold("DATA")  # taken, answered only after the client gave up
+    first = deployment.cli("run", RUN)
+    answer.set()
+    assert first.returncode == 1, first.stdout + first.stderr
+    refusal = first.stderr.splitlines()[-1]
+    assert refusal.startswith(f"failed: run digest:{RUN} failed (MailUnavailable: "), refusal
+    assert "the due sweep retries it" in refusal  # a retry, not a wait for an operator
+    assert deployment.view(RUN).effects == {"send": "ambiguous"}
+
+    again = deployment.cli("run", RUN)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert deployment.view(RUN).status == "done"
+    # Sent again, not waited on: two copies, both under the run's one Message-ID.
+    assert [m["Message-ID"] for m in handler.messages] == [MESSAGE_ID, MESSAGE_ID]
