@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import threading
 import time
 
 import pytest
@@ -247,19 +248,31 @@ def test_a_relay_that_drops_repeats_of_its_header_delivers_once(deployment: Depl
     print("deduplicating relay: 1 delivery for 2 sends")
 
 
-def test_a_failed_run_whose_email_may_be_out_is_never_purged_from_under_its_items(
-    deployment: Deployment, inbox: tuple[Inbox, str]
-) -> None:
+def sending_unknown_then_resending(
+    deployment: Deployment, inbox: tuple[Inbox, str], **env: str
+) -> tuple[Inbox, threading.Event]:
+    """Plain SMTP told to resend, whose next end of message is answered after the timeout.
+
+    Returns:
+        The inbox, and the event that lets the held answer go.
+    """
     handler, url = inbox
     deployment.env.update(
         DIGEST_SMTP_URL=url,
         DIGEST_SMTP_TIMEOUT="1",
-        DIGEST_AMBIGUOUS_SEND="resend",  # repeated, not waited on: the run can fail for good
-        DIGEST_GIVE_UP_AFTER="0",
+        DIGEST_AMBIGUOUS_SEND="resend",
         DIGEST_OFFLINE="1",
+        **env,
     )
     _, answer = handler.hold("DATA")
-    failed = deployment.cli("run", RUN)
+    return handler, answer
+
+
+def test_a_failed_run_whose_email_may_be_out_is_never_purged_from_under_its_items(
+    deployment: Deployment, inbox: tuple[Inbox, str]
+) -> None:
+    handler, answer = sending_unknown_then_resending(deployment, inbox, DIGEST_GIVE_UP_AFTER="0")
+    failed = deployment.cli("run", RUN)  # repeated, not waited on: the run can fail for good
     answer.set()
     assert failed.returncode == 1, failed.stdout + failed.stderr
     view = deployment.view(RUN)
@@ -280,14 +293,7 @@ def test_a_failed_run_whose_email_may_be_out_is_never_purged_from_under_its_item
 def test_with_ambiguous_send_resend_a_send_nobody_can_know_is_sent_again_at_the_next_start(
     deployment: Deployment, inbox: tuple[Inbox, str]
 ) -> None:
-    handler, url = inbox
-    deployment.env.update(
-        DIGEST_SMTP_URL=url,
-        DIGEST_SMTP_TIMEOUT="1",
-        DIGEST_AMBIGUOUS_SEND="resend",
-        DIGEST_OFFLINE="1",
-    )
-    _, answer = handler.hold("DATA")  # taken, answered only after the client gave up
+    handler, answer = sending_unknown_then_resending(deployment, inbox)
     first = deployment.cli("run", RUN)
     answer.set()
     assert first.returncode == 1, first.stdout + first.stderr
