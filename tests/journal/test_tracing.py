@@ -89,7 +89,11 @@ def test_two_deliveries_of_one_run_from_a_real_worker_are_linked_to_the_first(
     wf = durable.register(workflow("wf")(napping), task_name=f"{app.main}.wf")
     keys = journal.keys("wf", "r1")
 
-    with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
+    # Celery's test worker sets the process's root logger to its log level (ERROR unless told):
+    # WARNING, the default, leaves the warnings of the tests that run after this one alone.
+    with start_worker(
+        app, pool="solo", perform_ping_check=False, shutdown_timeout=10, loglevel="WARNING"
+    ):
         with provider.get_tracer("test").start_as_current_span("publish") as publisher:
             wf.start("r1")
         deadline = time.monotonic() + 20
