@@ -7,7 +7,8 @@ reservation (its settle goes with the step's record). The targets (issue 39): a 
 most S + 6, a warm one at most S + 3, plus one a model call. Counted on the session's own
 Valkey (MONITOR sees the whole server), between two markers this test sends, each command a
 process sends being a round trip (a MULTI ... EXEC is one, commands a script runs are the
-script's).
+script's). A worker's delivery is counted too, its broker another server, so that only the
+journal's round trips are seen.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from pathlib import Path
 
 import pytest
 import redis
+from celery import Celery
 
 from journal.ops.views import inspect_run
 from tests.fakes.anthropic_server import FakeAnthropic
-from tests.support import ROOT, Deployment, round_trips
+from tests.support import ROOT, Deployment, ThrowawayValkeys, round_trips
 
 pytestmark = pytest.mark.slow  # whole digest processes, as an operator runs them
 
@@ -173,3 +175,35 @@ def test_an_offline_run_meets_the_target(offline: Counted) -> None:
 def test_a_run_with_the_model_meets_the_target(with_model: Counted) -> None:
     assert with_model.cold <= COLD_EXTRA + with_model.calls, with_model.sent
     assert with_model.warm <= WARM_EXTRA + with_model.calls, with_model.sent
+
+
+# A worker's delivery: the process made its start-up checks before, and no read comes before
+# the opening (that is the command line's refusal of a corrupt journal). What is left over the
+# journal's opening and closing is the digest's own: the item claims, the send's claim,
+# confirmation and settlement, and the seen set.
+CEILING_DELIVERY = 7
+
+
+def test_a_worker_delivery_pays_no_start_up_checks_and_no_read_before_opening(
+    own_redis_url: str, tmp_path: Path, throwaway_valkeys: ThrowawayValkeys
+) -> None:
+    deployment, client = own_deployment(own_redis_url, tmp_path)
+    broker = f"redis+socket://{throwaway_valkeys.start()}"
+    deployment.env.update(CELERY_BROKER_URL=broker, DIGEST_OFFLINE="1")
+    deployment.worker("counted", concurrency=1)
+    app = Celery(broker=broker, backend=broker)
+    try:
+
+        def deliver(run_id: str) -> None:
+            report = app.send_task("tasks.digest", args=[run_id]).get(timeout=60)
+            assert report["result"]["status"] == "sent", report
+
+        deliver("2026-w40")  # the pool's process starts, checks the store, loads the scripts
+        Path(deployment.env["DIGEST_ITEMS"]).write_text(fresh(deployment).read_text())
+        sent = round_trips(client, lambda: deliver("2026-w41"))
+    finally:
+        app.close()
+        deployment.close()
+    beyond = len(sent) - steps_of(deployment, "2026-w41")
+    print(f"worker delivery, beyond the steps: {beyond}")
+    assert beyond <= CEILING_DELIVERY, commands(sent)
