@@ -40,8 +40,12 @@ lint: install
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 
+# The suite mostly waits on real time (leases, heartbeats, workers starting), so three pytest
+# processes share two cores well: about 6 minutes instead of 18. Each file's tests stay in
+# one process, so a module's servers (a cluster's six, say) start once.
+TEST_JOBS ?= 3
 test: lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_JOBS) --dist loadfile
 	$(BIN)/python -m tests.mutants
 
 # The tests that start no process: the contract suite on both backends, in under a minute.
