@@ -44,13 +44,14 @@ lint: install
 # processes share two cores well: about 6 minutes instead of 18. Each file's tests stay in
 # one process, so a module's servers (a cluster's six, say) start once.
 TEST_JOBS ?= 3
+PARALLEL := -n $(TEST_JOBS) --dist loadfile
 test: lint
-	$(BIN)/pytest -q -n $(TEST_JOBS) --dist loadfile
+	$(BIN)/pytest -q $(PARALLEL)
 	$(BIN)/python -m tests.mutants
 
 # The tests that start no process: the contract suite on both backends, in under a minute.
 test-fast: install
-	$(BIN)/pytest -q -m "not slow"
+	$(BIN)/pytest -q -m "not slow" $(PARALLEL)
 
 # Lines of journal and tasks run by the whole suite, in every process it starts.
 coverage: install
