@@ -192,12 +192,12 @@ def test_a_worker_delivery_pays_no_start_up_checks_and_no_read_before_opening(
     deployment.env.update(CELERY_BROKER_URL=broker, DIGEST_OFFLINE="1")
     deployment.worker("counted", concurrency=1)
     app = Celery(broker=broker, backend=broker)
+
+    def deliver(run_id: str) -> None:
+        report = app.send_task("tasks.digest", args=[run_id]).get(timeout=60)
+        assert report["result"]["status"] == "sent", report
+
     try:
-
-        def deliver(run_id: str) -> None:
-            report = app.send_task("tasks.digest", args=[run_id]).get(timeout=60)
-            assert report["result"]["status"] == "sent", report
-
         deliver("2026-w40")  # the pool's process starts, checks the store, loads the scripts
         Path(deployment.env["DIGEST_ITEMS"]).write_text(fresh(deployment).read_text())
         sent = round_trips(client, lambda: deliver("2026-w41"))
