@@ -26,8 +26,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Protocol, TypeVar, cast
+from urllib.parse import urlsplit
 
 import redis
+from redis._parsers import _RESP2Parser
 
 from journal._redis.scripts import Client, KeyOrArg, Scripts
 from journal._riders import Rider, send_alone
@@ -125,7 +127,7 @@ def connect(url: str, **options: Any) -> Client:
         url: a ``redis://``, ``rediss://`` or ``unix://`` URL.
         options: client options (timeouts), passed to whichever client is built.
     """
-    plain = redis.Redis.from_url(url, **options)
+    plain = redis.Redis.from_url(url, **_tls_safe(url, options))
     try:
         enabled = plain.info("cluster").get("cluster_enabled") in (1, "1")
     except redis.ResponseError:  # a server or proxy that refuses INFO is not one to shard for
@@ -134,6 +136,21 @@ def connect(url: str, **options: Any) -> Client:
         return plain
     plain.close()
     return cluster_client(url, options)
+
+
+def _tls_safe(url: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options``, with the pure-Python reply parser when ``url`` speaks TLS.
+
+    From redis-py 8.0, the hiredis parser asks the operating system whether a pooled
+    connection holds stray bytes. The session tickets a TLS 1.3 server sends after its
+    handshake make a new connection's socket readable with no reply in it, so the pool
+    drops that connection and handshakes again, and refuses it ("Connection not ready")
+    when the tickets win twice. The pure-Python parser reads through TLS and sees no reply.
+    A cluster client needs none of this: its HELLO reads the tickets while connecting.
+    """
+    if urlsplit(url).scheme != "rediss":
+        return options
+    return {"parser_class": _RESP2Parser, **options}
 
 
 def cluster_client(url: str, options: Mapping[str, Any]) -> redis.RedisCluster:

@@ -104,10 +104,19 @@ class TlsProxy:
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+        self._loop.close()
+
+    async def _close(self) -> None:
+        # Relays end inside the loop, so none is left to close its sockets on a closed loop.
+        if self._server is not None:
+            self._server.close()
+        relays = asyncio.all_tasks() - {asyncio.current_task()}
+        for relay in relays:
+            relay.cancel()
+        await asyncio.gather(*relays, return_exceptions=True)
 
     async def _listen(self) -> asyncio.Server:
         return await asyncio.start_server(self._relay, "127.0.0.1", 0, ssl=self._context)

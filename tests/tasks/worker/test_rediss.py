@@ -9,6 +9,7 @@ standard redis-py option carried in the URL.
 from __future__ import annotations
 
 import json
+import select
 import ssl
 import subprocess
 import sys
@@ -17,10 +18,12 @@ from pathlib import Path
 
 import pytest
 import redis
+from celery import Celery
 
 from tasks.runtime import connect
+from tasks.worker.configuration import verified_tls
 from tests.fakes.tls import PrivateCA, TlsProxy, self_signed_context
-from tests.support import ROOT, Deployment, ThrowawayValkeys
+from tests.support import ROOT, Deployment, ThrowawayValkeys, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -60,6 +63,11 @@ def proxied(
     yield start
     for proxy in proxies:
         proxy.stop()
+
+
+@pytest.fixture
+def ca(tmp_path: Path) -> PrivateCA:
+    return PrivateCA(tmp_path / "ca")
 
 
 def celery_probe(tmp_path: Path, url: str) -> dict[str, str]:
@@ -105,9 +113,8 @@ def test_an_untrusted_certificate_is_refused_everywhere_before_any_byte_is_relay
 
 
 def test_a_private_ca_for_the_right_name_is_accepted_through_ssl_ca_certs(
-    proxied: Callable[[ssl.SSLContext], TlsProxy], tmp_path: Path
+    proxied: Callable[[ssl.SSLContext], TlsProxy], ca: PrivateCA, tmp_path: Path
 ) -> None:
-    ca = PrivateCA(tmp_path / "ca")
     proxy = proxied(ca.server_context("localhost"))
     url = f"rediss://localhost:{proxy.port}/0"
 
@@ -123,9 +130,8 @@ def test_a_private_ca_for_the_right_name_is_accepted_through_ssl_ca_certs(
 
 
 def test_the_host_name_is_checked_too(
-    proxied: Callable[[ssl.SSLContext], TlsProxy], tmp_path: Path
+    proxied: Callable[[ssl.SSLContext], TlsProxy], ca: PrivateCA, tmp_path: Path
 ) -> None:
-    ca = PrivateCA(tmp_path / "ca")
     proxy = proxied(ca.server_context("redis.other.example"))
     url = f"rediss://localhost:{proxy.port}/0?ssl_ca_certs={ca.file}"
     with pytest.raises(redis.ConnectionError, match="Hostname mismatch"):
@@ -134,3 +140,54 @@ def test_the_host_name_is_checked_too(
     assert "Hostname mismatch" in outcome["broker"]
     assert "Hostname mismatch" in outcome["backend"]
     assert proxy.relayed == 0
+
+
+def tickets_arrived(sock: ssl.SSLSocket) -> bool:
+    """Whether the server's session tickets wait on ``sock`` or were read off it already."""
+    session = sock.session
+    return bool(select.select([sock], [], [], 0)[0]) or (session is not None and session.has_ticket)
+
+
+def handshakes_to_use_a_new_connection(client: redis.Redis, proxy: TlsProxy) -> int:
+    """The handshakes a new connection of ``client`` costs, used once its tickets arrived.
+
+    A TLS 1.3 server sends its session tickets after the handshake. They make the socket
+    readable with no reply in it; a pool that took that for stray data would drop the
+    connection and pay a second handshake, or refuse it if the tickets beat it again.
+    """
+    assert client.ping() is True  # a connection whose tickets were read with its reply
+    pool = client.connection_pool
+    warm = pool.get_connection()
+    before = proxy.relayed
+    fresh = pool.get_connection()
+    sock = fresh._sock
+    assert isinstance(sock, ssl.SSLSocket)
+    wait_until(lambda: tickets_arrived(sock), 10, "the session tickets", every=0.01)
+    pool.release(warm)
+    pool.release(fresh)  # the next command takes it
+    assert client.ping() is True
+    return proxy.relayed - before
+
+
+def test_a_new_connection_outlives_the_session_tickets_tls_sends_after_its_handshake(
+    proxied: Callable[[ssl.SSLContext], TlsProxy], ca: PrivateCA
+) -> None:
+    proxy = proxied(ca.server_context("localhost"))
+    url = f"rediss://localhost:{proxy.port}/0?ssl_ca_certs={ca.file}"
+
+    journal = connect(url)
+    assert isinstance(journal, redis.Redis)
+    assert handshakes_to_use_a_new_connection(journal, proxy) == 1
+
+    # Celery's clients read the tickets with the reply to the CLIENT SETINFO they send
+    # while connecting; this keeps them from needing the journal's parser choice.
+    app = Celery(set_as_current=False)
+    app.conf.update(
+        broker_url=url,
+        broker_use_ssl=verified_tls(url),
+        result_backend=url,
+        redis_backend_use_ssl=verified_tls(url),
+    )
+    with app.connection_for_write() as broker:
+        assert handshakes_to_use_a_new_connection(broker.default_channel.client, proxy) == 1
+    assert handshakes_to_use_a_new_connection(app.backend.client, proxy) == 1
