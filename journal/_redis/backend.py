@@ -127,7 +127,7 @@ def connect(url: str, **options: Any) -> Client:
         url: a ``redis://``, ``rediss://`` or ``unix://`` URL.
         options: client options (timeouts), passed to whichever client is built.
     """
-    plain = redis.Redis.from_url(url, **_tls_safe(url, options))
+    plain = plain_client(url, options)
     try:
         enabled = plain.info("cluster").get("cluster_enabled") in (1, "1")
     except redis.ResponseError:  # a server or proxy that refuses INFO is not one to shard for
@@ -138,8 +138,8 @@ def connect(url: str, **options: Any) -> Client:
     return cluster_client(url, options)
 
 
-def _tls_safe(url: str, options: dict[str, Any]) -> dict[str, Any]:
-    """``options``, with the pure-Python reply parser when ``url`` speaks TLS.
+def plain_client(url: str, options: Mapping[str, Any]) -> redis.Redis:
+    """A client of the single server at ``url``; over TLS, one that reads TLS, not the socket.
 
     From redis-py 8.0, the hiredis parser asks the operating system whether a pooled
     connection holds stray bytes. The session tickets a TLS 1.3 server sends after its
@@ -148,9 +148,9 @@ def _tls_safe(url: str, options: dict[str, Any]) -> dict[str, Any]:
     when the tickets win twice. The pure-Python parser reads through TLS and sees no reply.
     A cluster client needs none of this: its HELLO reads the tickets while connecting.
     """
-    if urlsplit(url).scheme != "rediss":
-        return options
-    return {"parser_class": _RESP2Parser, **options}
+    if urlsplit(url).scheme == "rediss":
+        options = {"parser_class": _RESP2Parser, **options}
+    return redis.Redis.from_url(url, **options)
 
 
 def cluster_client(url: str, options: Mapping[str, Any]) -> redis.RedisCluster:

@@ -24,7 +24,7 @@ from typing import Any
 import redis
 
 from journal._clock import Clock
-from journal._redis.backend import cluster_client
+from journal._redis.backend import cluster_client, plain_client
 from journal._redis.backend import connect as journal_connect
 from journal._redis.scripts import Client, all_sources
 from journal.errors import ClockSkewed, StoreEvicts
@@ -167,7 +167,7 @@ def connect_checked(
         ClockSkewed: ``clock`` is off the server's by more than ``MAX_SKEW_S``.
         redis.ConnectionError: the store did not answer.
     """
-    plain = redis.Redis.from_url(url, **options)
+    plain = plain_client(url, options)
     replies, asked_at = _asked_at_once(plain, clock)
     if not replies:  # a command refused outright: asked one at a time, as check_persistence
         plain.close()

@@ -9,6 +9,7 @@ standard redis-py option carried in the URL.
 from __future__ import annotations
 
 import json
+import logging
 import select
 import ssl
 import subprocess
@@ -20,7 +21,8 @@ import pytest
 import redis
 from celery import Celery
 
-from tasks.runtime import connect
+from tasks.config import Config
+from tasks.runtime import checked_store, connect
 from tasks.worker.configuration import verified_tls
 from tests.fakes.tls import PrivateCA, TlsProxy, self_signed_context
 from tests.support import ROOT, Deployment, ThrowawayValkeys, wait_until
@@ -170,14 +172,17 @@ def handshakes_to_use_a_new_connection(client: redis.Redis, proxy: TlsProxy) -> 
 
 
 def test_a_new_connection_outlives_the_session_tickets_tls_sends_after_its_handshake(
-    proxied: Callable[[ssl.SSLContext], TlsProxy], ca: PrivateCA
+    proxied: Callable[[ssl.SSLContext], TlsProxy], ca: PrivateCA, tmp_path: Path
 ) -> None:
     proxy = proxied(ca.server_context("localhost"))
     url = f"rediss://localhost:{proxy.port}/0?ssl_ca_certs={ca.file}"
 
-    journal = connect(url)
-    assert isinstance(journal, redis.Redis)
-    assert handshakes_to_use_a_new_connection(journal, proxy) == 1
+    # The journal's client, as a library user connects and as every process of the digest
+    # does (connected and checked in one round trip).
+    config = Config.from_env(Deployment(tmp_path / "state", REDIS_URL=url).env)
+    for journal in (connect(url), checked_store(config, logging.getLogger("test"))):
+        assert isinstance(journal, redis.Redis)
+        assert handshakes_to_use_a_new_connection(journal, proxy) == 1
 
     # Celery's clients read the tickets with the reply to the CLIENT SETINFO they send
     # while connecting; this keeps them from needing the journal's parser choice.
