@@ -95,9 +95,19 @@ def task_result(deployment: Deployment, task_id: str) -> dict[str, object]:
     return result
 
 
+def task_finished(deployment: Deployment, task_id: str) -> dict[str, object]:
+    """The Celery result of a task that returned, once Celery has stored it.
+
+    A run is closed in the journal a moment before Celery stores the task's return value; until
+    then the stored result is the STARTED state's (a dict too: the worker's pid and host name).
+    """
+    wait_until(lambda: task_state(deployment, task_id) == "SUCCESS", 30, f"task {task_id}'s return")
+    return task_result(deployment, task_id)
+
+
 def task_returned(deployment: Deployment, task_id: str) -> dict[str, Any]:
     """What a digest task returned, from its stored result: its report, always a dict."""
-    returned = task_result(deployment, task_id)["result"]
+    returned = task_finished(deployment, task_id)["result"]
     assert isinstance(returned, dict), f"task {task_id} returned {returned!r}"
     return returned
 

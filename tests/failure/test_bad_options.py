@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from tests.failure.conftest import RUN, task_result, task_returned, wait_until
+from tests.failure.conftest import RUN, task_finished, task_returned, wait_until
 from tests.support import ROOT, Deployment
 
 pytestmark = pytest.mark.slow
@@ -89,8 +89,7 @@ def test_bad_options_sent_by_name_are_refused_by_the_worker_and_nothing_is_froze
         sent = python(deployment, _SEND_BY_NAME, options)
         assert sent.returncode == 0, sent.stderr
         task = sent.stdout.strip()
-        wait_until(lambda: task_result(deployment, task), 30, f"the delivery of {options}")  # noqa: B023
-        result = task_result(deployment, task)
+        result = task_finished(deployment, task)
         assert result["status"] == "SUCCESS"
         refused = result["result"]
         assert isinstance(refused, dict) and refused["status"] == "invalid"

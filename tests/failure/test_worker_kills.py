@@ -25,6 +25,7 @@ from tests.failure.conftest import (
     log_problems,
     recorded,
     summary_calls,
+    task_finished,
     task_result,
     task_returned,
     wait_for_status,
@@ -102,7 +103,7 @@ def child_killed_mid_call(deployment: Deployment, fake: FakeAnthropic) -> float:
     recovery = time.monotonic() - killed
 
     assert_resumed_once(deployment, fake, final_fence=2)
-    result = task_result(deployment, task)
+    result = task_finished(deployment, task)
     assert result["status"] == "SUCCESS"
     assert result["result"] == {
         "run": f"digest:{RUN}",
