@@ -151,11 +151,28 @@ def round_trips(client: Client, action: Callable[[], Any]) -> list[str]:
     """
     start, end = f"start-{uuid.uuid4().hex}", f"end-{uuid.uuid4().hex}"
     seen: list[str] = []
+    failed: list[BaseException] = []
     ready = threading.Event()
+    # Its own connection with no read timeout: a process starting up may say nothing for
+    # longer than the client's timeout, and a watcher that timed out would count too few.
+    assert isinstance(client, redis.Redis), "MONITOR sees one server: count on a single one"
+    watching = redis.Redis(
+        connection_pool=redis.ConnectionPool(
+            connection_class=client.connection_pool.connection_class,
+            **{**client.connection_pool.connection_kwargs, "socket_timeout": None},
+        )
+    )
 
     def watch() -> None:
+        try:
+            count()
+        except BaseException as error:  # the caller re-raises it: never a partial count
+            failed.append(error)
+            ready.set()
+
+    def count() -> None:
         # redis-py leaves monitor unannotated.
-        with client.monitor() as monitor:  # type: ignore[no-untyped-call]
+        with watching.monitor() as monitor:  # type: ignore[no-untyped-call]
             ready.set()
             recording = False
             # Per connection: another one's commands may come between a MULTI and its EXEC.
@@ -178,12 +195,16 @@ def round_trips(client: Client, action: Callable[[], Any]) -> list[str]:
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    assert ready.wait(5)  # MONITOR has answered: every command from here on is streamed
-    client.echo(start)
-    action()
-    client.echo(end)
-    watcher.join(5)
+    try:
+        assert ready.wait(5)  # MONITOR has answered: every command from here on is streamed
+        client.echo(start)
+        action()
+        client.echo(end)
+        watcher.join(5)
+    finally:
+        watching.close()
     assert not watcher.is_alive(), "MONITOR never saw the end marker"
+    assert not failed, f"MONITOR's watcher died, so its count is partial: {failed[0]!r}"
     return seen
 
 
