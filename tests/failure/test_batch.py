@@ -196,7 +196,8 @@ def test_past_the_deadline_the_batches_are_cancelled_and_asked_synchronously(
 def test_an_operators_cancel_cancels_the_runs_batch(
     batched: Deployment, fake_anthropic: FakeAnthropic
 ) -> None:
-    fake_anthropic.batch_processing_time = 60.0
+    # Long enough that no request finishes during the test's four commands, however slow they run.
+    fake_anthropic.batch_processing_time = 600.0
     started = batched.cli("run", "--batch", RUN)
     assert started.stdout.splitlines()[-1].startswith("waiting: batch summarize msgbatch_")
     batch = fake_anthropic.batches[0].id
