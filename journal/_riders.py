@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -25,31 +25,44 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Rider:
-    """One script call that rides with a step's record."""
+    """One script call that rides with a step's record.
+
+    ``answered`` is handed the reply once the server has it, for a caller that others wait on.
+    """
 
     script: Script
     keys: tuple[KeyOrArg, ...]
     args: tuple[KeyOrArg, ...]
+    answered: Callable[[Any], None] | None = None
 
-    def send(self) -> Any:
-        """Send it alone, on the script's own client: its reply."""
-        return self.script(keys=self.keys, args=self.args)
+    def send(self) -> None:
+        """Send it alone, on the script's own client."""
+        self.heard(self.script(keys=self.keys, args=self.args))
+
+    def heard(self, reply: Any) -> None:
+        """The server's reply to it, sent alone or with a record."""
+        if self.answered is not None:
+            self.answered(reply)
 
 
 _riding: ContextVar[list[Rider] | None] = ContextVar("journal_riders", default=None)
 
 
 def send_with_record(
-    script: Script, keys: Sequence[KeyOrArg], args: Sequence[KeyOrArg] = ()
+    script: Script,
+    keys: Sequence[KeyOrArg],
+    args: Sequence[KeyOrArg] = (),
+    answered: Callable[[Any], None] | None = None,
 ) -> None:
     """Send ``script`` with the record of the step whose body runs now, in the same round trip.
 
     Outside a step's body (or in a thread of its own, which the step's context does not
-    reach) it is sent at once. The reply is not handed back: for writes whose answer the
-    body does not need, such as a rate limiter's settle.
+    reach) it is sent at once. For writes whose answer the body does not need, such as a rate
+    limiter's settle: the reply goes to ``answered``, once the server has it, for other
+    threads that wait for the write (none is called for a write the server refused).
     """
     riders = _riding.get()
-    rider = Rider(script, tuple(keys), tuple(args))
+    rider = Rider(script, tuple(keys), tuple(args), answered)
     if riders is None:
         rider.send()
     else:

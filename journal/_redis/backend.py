@@ -273,6 +273,8 @@ def _unsent(keys: RunKeys, riders: Sequence[Rider], replies: Sequence[Any]) -> l
             missed.append(rider)
         elif isinstance(reply, Exception):
             log.warning("a write sent with %s's record failed: %s", keys.run, reply)
+        else:
+            rider.heard(reply)
     return missed
 
 

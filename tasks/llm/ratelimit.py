@@ -12,7 +12,8 @@ learned from the answer's ``anthropic-ratelimit-*`` headers (limit per minute, r
 reset), so nothing needs configuring (``DIGEST_RATE_LIMITS`` overrides a
 model's limits where the headers are wrong or missing, as behind a proxy); a 429 without those
 headers holds every caller for its ``retry-after``. Until the first answer teaches anything,
-one call at a time asks.
+one call at a time asks: the other calls of its process wait until its settle is written,
+then ask once each; a call elsewhere asks again every 50 ms.
 
 The limits live under one hash tag per API key (a hash of it and the API's URL, never the key)
 and model, so the script touches one slot of a Redis Cluster.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -96,6 +98,7 @@ class Take:
     input: int
     output: int
     waited_ms: int
+    probe: bool = False
 
 
 class RateLimiter:
@@ -130,6 +133,8 @@ class RateLimiter:
         self._now = now
         self._reserve = script(client, "ratelimit_reserve")
         self._settle = script(client, "ratelimit_settle")
+        # A limits key -> set when this process's probe of it has settled.
+        self._probing: dict[str, threading.Event] = {}
 
     def take(
         self, model: str, input_tokens: int, max_tokens: int, until: float | None = None
@@ -155,10 +160,19 @@ class RateLimiter:
                 args=[input_tokens, max_tokens, PROBE_MS, KEEP_MS, *self.overrides.of(model)],
             )
             if int(reply[0]) == 1:
+                probe = len(reply) > 4
+                if probe:
+                    self._probing[key] = threading.Event()
                 if waited:
                     emit("capacity_wait_seconds", model, waited)
                 return Take(
-                    key, model, input_tokens, int(reply[2]), int(reply[3]), int(waited * 1000)
+                    key,
+                    model,
+                    input_tokens,
+                    int(reply[2]),
+                    int(reply[3]),
+                    int(waited * 1000),
+                    probe,
                 )
             wait = int(reply[1]) / 1000
             left = math.inf if until is None else max(0.0, until - self._now())
@@ -168,6 +182,13 @@ class RateLimiter:
                 raise NoRoomByDeadline(model, float(until or 0.0))
             if waited + wait > self.wait_over:
                 raise CapacityWait(model, wait)
+            probed = self._probing.get(key)
+            if probed is not None and len(reply) > 2:
+                # This process's own call probes: its answer, not a poll, says when to ask.
+                started = time.monotonic()
+                probed.wait(min(int(reply[2]) / 1000, left))
+                waited += time.monotonic() - started
+                continue
             # A little jitter, so callers woken together do not all ask at the same instant.
             pause = wait + random.uniform(0, 0.005)
             self._sleep(pause)
@@ -214,10 +235,14 @@ class RateLimiter:
             1 if refused else 0,
             KEEP_MS,
         ]
+        heard = self._probing.pop(take.key, None) if take.probe else None
         if refused:  # at once: what a refusal teaches holds back every other caller now
             self._settle(keys=[take.key], args=args)
+            if heard is not None:
+                heard.set()
         else:  # with the step's record, in its round trip (at once if the step fails)
-            send_with_record(self._settle, [take.key], args)
+            answered = None if heard is None else (lambda _reply: heard.set())
+            send_with_record(self._settle, [take.key], args, answered)
 
     def state(self, model: str) -> LimitState | None:
         """What is known of ``model``'s limits now (``digest show``, metrics); None: nothing."""

@@ -11,8 +11,13 @@
 -- ARGV[3] - how long a probing call holds the probe, ms
 -- ARGV[4] - how long the hash outlives its last use, ms
 -- ARGV[5..7] - requests, input and output tokens per minute the operator set (0: learned)
--- returns {1, 0, input, output} when taken (the amounts taken, to settle later), or
---         {0, wait ms} when some limit has no room yet (nothing taken).
+-- returns {1, 0, input, output} when taken (the amounts taken, to settle later),
+--         {1, 0, input, output, 1} when taken as the probe: the caller settles it at once,
+--           since its answer is what every waiting call waits for,
+--         {0, wait ms} when some limit has no room yet (nothing taken), or
+--         {0, wait ms, probe ms} when a probe is in flight (nothing taken): asked again within
+--           50 ms, by a caller that cannot know when it ends; probe ms is how long it holds at
+--           most, for a caller whose own process probes and hears its answer.
 local key = KEYS[1]
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + tonumber(time[2]) / 1000
@@ -37,11 +42,12 @@ local overridden = overrides.requests > 0 or overrides.input > 0 or overrides.ou
 if not s['learned'] and not overridden then
   local probe = tonumber(s['probe'] or '0')
   if probe > now then
-    return {0, math.min(math.ceil(probe - now), 50)}
+    local holds = math.ceil(probe - now)
+    return {0, math.min(holds, 50), holds}
   end
   redis.call('HSET', key, 'probe', tostring(now + tonumber(ARGV[3])))
   redis.call('PEXPIRE', key, ARGV[4])
-  return {1, 0, input, output}
+  return {1, 0, input, output, 1}
 end
 local needs = {requests = 1, input = input, output = output}
 local wait = 0

@@ -134,6 +134,28 @@ def test_a_write_sent_with_a_steps_record_rides_in_its_round_trip(
     assert own_client.get(elsewhere) == b"2"
 
 
+def test_a_write_sent_with_a_record_hands_its_reply_over_once_the_server_has_it(
+    journal: Journal, own_client: redis.Redis, prefix: str
+) -> None:
+    """Another thread may wait for such a write (a limiter's probe): it hears when it landed."""
+    counter = Script(journal.client, "return redis.call('INCR', KEYS[1])")
+    elsewhere = f"{prefix}:elsewhere"
+    replies: list[int] = []
+
+    def call() -> str:
+        send_with_record(counter, [elsewhere], [], replies.append)
+        assert replies == []  # not yet: it waits for the record
+        return "answered"
+
+    sent = round_trips(
+        journal.client, lambda: execute(journal, "wf", "r1", lambda run: run.step("s0", call))
+    )
+    assert len(sent) == 1 + 2, sent
+    assert replies == [1]  # the server's reply: it ran
+    send_with_record(counter, [elsewhere], [], replies.append)  # outside a step: at once
+    assert replies == [1, 2]
+
+
 def test_a_write_of_a_failed_attempt_is_sent_at_once_and_only_once(
     journal: Journal, own_client: redis.Redis, prefix: str
 ) -> None:
