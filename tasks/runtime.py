@@ -24,6 +24,7 @@ from journal import connect as journal_connect
 from journal.contrib.checks import connect_checked
 from journal.contrib.embedded import embedded_broker_url, embedded_url
 from journal.errors import StoreUnavailable
+from journal.ops.views import Prefetch
 from tasks.config import Config
 from tasks.errors import ModelNotConfigured, is_transient_failure
 from tasks.keys import DigestKeys
@@ -118,7 +119,14 @@ def connect(url: str) -> Client:
     return journal_connect(url, **CLIENT_OPTIONS)
 
 
-def checked_store(config: Config, logger: logging.Logger) -> Client:
+def keyspace(config: Config) -> Keyspace:
+    """Where the journal's runs live in the store, known before connecting."""
+    return Keyspace(config.key_prefix, shards=config.journal_shards)
+
+
+def checked_store(
+    config: Config, logger: logging.Logger, prefetch: Prefetch | None = None
+) -> Client:
     """Connect to the journal store and refuse one the digest cannot rely on.
 
     The one connect-and-check of every process: a command line building its runtime and a
@@ -134,12 +142,14 @@ def checked_store(config: Config, logger: logging.Logger) -> Client:
         ClockSkewed: this machine's clock is off the store's.
     """
     url = store_url(config)
-    # One round trip asks whether it is a cluster node, what it keeps, and its clock.
+    # One round trip asks whether it is a cluster node, what it keeps, and its clock, and
+    # reads ``prefetch``'s run.
     return connect_checked(
         url,
         SystemClock(),
         logger=logger,
         accept=lambda cluster: config.check_store(cluster=cluster),
+        prefetch=prefetch,
         **CLIENT_OPTIONS,
     )
 
@@ -169,15 +179,17 @@ class Store:
         )
 
     @classmethod
-    def open(cls, config: Config) -> Store:
+    def open(cls, config: Config, prefetch: Prefetch | None = None) -> Store:
         """Connect to the store and check it (``checked_store``), its journal and keys named.
+
+        ``prefetch``: a run to read in the start-up checks' transaction (``inspect_run``).
 
         Raises:
             StoreUnavailable: the store did not answer.
         """
         url = store_url(config)
         try:
-            client = checked_store(config, log)
+            client = checked_store(config, log, prefetch)
         except (redis.ConnectionError, redis.TimeoutError) as down:
             raise StoreUnavailable(
                 url, str(down) or type(down).__name__, HINTS.store_down
@@ -185,7 +197,7 @@ class Store:
         cluster = isinstance(client, redis.RedisCluster)
         journal = Journal(
             client,
-            keyspace=Keyspace(config.key_prefix, shards=config.journal_shards),
+            keyspace=keyspace(config),
             hints=HINTS,
             settings=Settings(
                 lease_ttl=config.lease_ttl,
@@ -238,7 +250,9 @@ class Runtime(Store):
         return Budget(ledger, config.max_cost_usd, config.prices, longest)
 
     @classmethod
-    def build(cls, config: Config, *, allow_offline: bool) -> Runtime:
+    def build(
+        cls, config: Config, *, allow_offline: bool, prefetch: Prefetch | None = None
+    ) -> Runtime:
         """Connect (``Store.open``) and choose the adapters.
 
         Args:
@@ -246,8 +260,9 @@ class Runtime(Store):
             allow_offline: use the offline summarizer when no API key is set (the CLI);
                 a worker passes ``config.offline_allowed`` so that a deployment with its own
                 Redis refuses to fake summaries silently.
+            prefetch: a run to read in the start-up checks' transaction (``inspect_run``).
         """
-        store = Store.open(config)
+        store = Store.open(config, prefetch)
         return cls(
             config,
             store.client,

@@ -434,6 +434,26 @@ class Snapshot:
     effects: dict[bytes, bytes]
     flight: dict[bytes, bytes]
 
+    # How many replies ``ask`` queues: a caller's own transaction may carry them.
+    READS = 7
+
+    @staticmethod
+    def ask(pipe: redis.client.Pipeline, keys: RunKeys) -> None:
+        """Queue the reads of one run on ``pipe``, a transaction: ``READS`` replies."""
+        pipe.hgetall(keys.meta)
+        pipe.hgetall(keys.steps)
+        pipe.get(keys.lease)
+        pipe.pttl(keys.lease)
+        pipe.hgetall(keys.signals)
+        pipe.hgetall(keys.effects)
+        pipe.hgetall(keys.flight)
+
+    @classmethod
+    def of(cls, replies: Sequence[Any]) -> Snapshot:
+        """The run the replies of ``ask`` describe."""
+        meta, steps, holder, ttl, signals, effects, flight = replies
+        return cls(meta, steps, holder, int(ttl), signals, effects, flight)
+
 
 class StepStore(Protocol):
     """What a run in progress sends to its store: records, a signal's lookup, effects, wake-ups.
@@ -990,15 +1010,8 @@ class RedisBackend:
     def snapshot(self, keys: RunKeys) -> Snapshot:
         """One consistent read of a run: meta, steps, lease, signals, effects, steps in flight."""
         pipe = self.client.pipeline(transaction=True)
-        pipe.hgetall(keys.meta)
-        pipe.hgetall(keys.steps)
-        pipe.get(keys.lease)
-        pipe.pttl(keys.lease)
-        pipe.hgetall(keys.signals)
-        pipe.hgetall(keys.effects)
-        pipe.hgetall(keys.flight)
-        meta, steps, holder, ttl, signals, effects, flight = pipe.execute()
-        return Snapshot(meta, steps, holder, int(ttl), signals, effects, flight)
+        Snapshot.ask(pipe, keys)
+        return Snapshot.of(pipe.execute())
 
     def effects(self, keys: RunKeys) -> dict[bytes, bytes]:
         """The run's effects hash (see ``effect_claim.lua``)."""

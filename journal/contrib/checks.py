@@ -24,10 +24,11 @@ from typing import Any
 import redis
 
 from journal._clock import Clock
-from journal._redis.backend import cluster_client, plain_client
+from journal._redis.backend import Snapshot, cluster_client, plain_client
 from journal._redis.backend import connect as journal_connect
 from journal._redis.scripts import Client, all_sources
 from journal.errors import ClockSkewed, StoreEvicts
+from journal.ops.views import Prefetch
 
 __all__ = [
     "MAX_SKEW_S",
@@ -144,6 +145,7 @@ def connect_checked(
     *,
     logger: logging.Logger | None = None,
     accept: Callable[[bool], None] | None = None,
+    prefetch: Prefetch | None = None,
     **options: Any,
 ) -> Client:
     """Connect to the store at ``url`` and check it, asking everything in one round trip.
@@ -160,6 +162,8 @@ def connect_checked(
         logger: where warnings go; this module's logger by default.
         accept: told whether the store is a cluster, before anything is judged; it raises to
             refuse a store its caller cannot use.
+        prefetch: a run to read in the same transaction, on a single server (its snapshot is
+            left unread on a cluster, whose run may live on another node).
         options: client options (timeouts), passed to whichever client is built.
 
     Raises:
@@ -168,7 +172,9 @@ def connect_checked(
         redis.ConnectionError: the store did not answer.
     """
     plain = plain_client(url, options)
-    replies, asked_at = _asked_at_once(plain, clock)
+    replies, asked_at = _asked_at_once(plain, clock, prefetch)
+    if not replies and prefetch is not None:  # a cluster node refuses other slots' keys in it
+        replies, asked_at = _asked_at_once(plain, clock, None)
     if not replies:  # a command refused outright: asked one at a time, as check_persistence
         plain.close()
         return _checked_apart(journal_connect(url, **options), url, clock, logger, accept)
@@ -188,13 +194,16 @@ def connect_checked(
     return plain
 
 
-def _asked_at_once(plain: redis.Redis, clock: Clock) -> tuple[list[Any], float]:
+def _asked_at_once(
+    plain: redis.Redis, clock: Clock, prefetch: Prefetch | None
+) -> tuple[list[Any], float]:
     """The start-up questions' replies, in one transaction (none if one is refused outright).
 
     One transaction, so that it is one round trip to count as well as to wait for; the time
     returned is the middle of it on ``clock``, what the server's TIME is held against. Every
     script registered so far is loaded in it too, so that a process never meets NOSCRIPT on a
     server that has not restarted since: a cold start costs no round trip more than a warm one.
+    A ``prefetch`` is read in it too (the replies exclude it).
     """
     pipe = plain.pipeline(transaction=True)
     for name in ("appendonly", "appendfsync", "maxmemory-policy"):
@@ -202,6 +211,8 @@ def _asked_at_once(plain: redis.Redis, clock: Clock) -> tuple[list[Any], float]:
     pipe.info()  # the default sections: server, persistence, memory, cluster
     pipe.waitaof(0, 0, 0)
     pipe.time()
+    if prefetch is not None:
+        Snapshot.ask(pipe, prefetch.keys)
     sources = all_sources()
     for source in sources:  # a new server misses none, and a known script is only hashed
         pipe.script_load(source)
@@ -213,7 +224,14 @@ def _asked_at_once(plain: redis.Redis, clock: Clock) -> tuple[list[Any], float]:
     except BaseException:
         plain.close()
         raise
-    return replies[: len(replies) - len(sources)], (before + clock.now()) / 2
+    asked_at = (before + clock.now()) / 2
+    replies = replies[: len(replies) - len(sources)]
+    if prefetch is not None and replies:
+        read = replies[-Snapshot.READS :]
+        del replies[-Snapshot.READS :]
+        if not any(isinstance(reply, Exception) for reply in read):
+            prefetch.snapshot = Snapshot.of(read)
+    return replies, asked_at
 
 
 def _checked_apart(

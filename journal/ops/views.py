@@ -15,6 +15,8 @@ from journal._schema.status import RunStatus
 
 if TYPE_CHECKING:  # a view reads a journal it is given: `digest --help` lists the states alone
     from journal._journal import Journal
+    from journal._redis.backend import Snapshot
+    from journal._schema.keys import RunKeys
 
 # What an operator filters on: the stored status, refined where one word would mislead.
 STATES = (
@@ -90,10 +92,37 @@ class RunView:
         return next((r for r in self.steps if r.key == key), None)
 
 
-def inspect_run(journal: Journal, workflow: str, run_id: str) -> RunView:
-    """One consistent read of a run (a MULTI of reads: one round trip, one snapshot)."""
+@dataclass
+class Prefetch:
+    """A run's read, asked in the start-up checks' transaction (``connect_checked``).
+
+    A command line reads a run before it opens it, to refuse bad input before any write:
+    asked with the start-up checks, that read costs no round trip of its own. A store checked
+    apart (a cluster) leaves it unread, and ``inspect_run`` reads as usual.
+
+    Attributes:
+        keys: the run's, from ``Keyspace.run``.
+        snapshot: what the transaction read; ``inspect_run`` takes it once.
+    """
+
+    keys: RunKeys
+    snapshot: Snapshot | None = None
+
+
+def inspect_run(
+    journal: Journal, workflow: str, run_id: str, *, prefetched: Prefetch | None = None
+) -> RunView:
+    """One consistent read of a run (a MULTI of reads: one round trip, one snapshot).
+
+    ``prefetched``: the same run read in the start-up checks' transaction, used instead of a
+    read of its own when it holds one; it is taken, so a later view reads afresh.
+    """
     keys = journal.keys(workflow, run_id)
-    seen = journal.backend.snapshot(keys)
+    seen = prefetched.snapshot if prefetched is not None and prefetched.keys == keys else None
+    if seen is None:
+        seen = journal.backend.snapshot(keys)
+    else:
+        prefetched.snapshot = None  # type: ignore[union-attr]  # taken: never read stale
     holder, ttl = seen.holder, seen.lease_ttl_ms
     meta = RunMeta.parse(keys.run, seen.meta)
     wait = meta.wait

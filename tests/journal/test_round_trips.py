@@ -16,7 +16,18 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from journal import Effect, Journal, Keyspace, RetryPolicy, Run, Script, send_with_record
+from journal import (
+    Effect,
+    Journal,
+    Keyspace,
+    RetryPolicy,
+    Run,
+    Script,
+    SystemClock,
+    send_with_record,
+)
+from journal.contrib.checks import connect_checked
+from journal.ops.views import Prefetch, RunView, inspect_run
 from tests.support import execute, returning, round_trips
 
 STEPS = 10
@@ -176,3 +187,27 @@ def test_a_write_of_a_failed_attempt_is_sent_at_once_and_only_once(
     assert own_client.get(elsewhere) == b"2"  # and the answered one's with the record
     assert send_with_record(counter, [elsewhere], []) is None  # outside a step: sent at once
     assert own_client.get(elsewhere) == b"3"
+
+
+def test_a_run_read_with_the_start_up_checks_costs_no_round_trip_of_its_own(
+    journal: Journal, own_client: redis.Redis, own_redis_url: str, prefix: str
+) -> None:
+    """A command line reads a run before opening it: with its start-up checks, in one trip."""
+    execute(journal, "wf", "r1", steps(2))
+    prefetch = Prefetch(Keyspace(prefix).run("wf", "r1"))
+    views: list[RunView] = []
+
+    def start_and_read() -> None:
+        # RESP2 and no client name: a new connection's handshake is not what is counted.
+        client = connect_checked(
+            own_redis_url, SystemClock(), prefetch=prefetch, protocol=2, driver_info=None
+        )
+        views.append(
+            inspect_run(Journal(client, keyspace=Keyspace(prefix)), "wf", "r1", prefetched=prefetch)
+        )
+
+    sent = round_trips(own_client, start_and_read)
+    assert sent == ["MULTI"]
+    assert views[0] == inspect_run(journal, "wf", "r1")
+    assert [record.key for record in views[0].steps] == ["s0", "s1"]
+    assert prefetch.snapshot is None  # taken: a later view reads afresh, never a stale one

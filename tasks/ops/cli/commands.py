@@ -19,7 +19,7 @@ from journal.errors import (
     RunParked,
 )
 from journal.logs import redact
-from journal.ops.views import Cursor, RunView, inspect_run, list_runs
+from journal.ops.views import Cursor, Prefetch, RunView, inspect_run, list_runs
 from tasks.config import Config
 from tasks.config.variables import parse_duration
 from tasks.errors import BadInput
@@ -37,7 +37,7 @@ from tasks.ops.cli.render import (
     verdict_line,
     view_json,
 )
-from tasks.runtime import Runtime, Store, use_runtime
+from tasks.runtime import Runtime, Store, keyspace, use_runtime
 
 if TYPE_CHECKING:  # running a digest's: what reads or acts on runs imports none of it
     from journal import Journal, StepEvent
@@ -85,16 +85,19 @@ def cmd_run(config: Config, run_id: str, args: argparse.Namespace) -> int:
     from tasks.job.workflow import digest, preview
     from tasks.llm.client import OfflineSummarizer
 
-    runtime = Runtime.build(config, allow_offline=True)
+    # A dry run is a workflow of its own, in a scratch journal: a worker never runs a preview.
+    workflow = preview if args.dry_run else digest
+    # Read with the start-up checks; a retry writes first, so its run is read after.
+    prefetch = None if args.retry else Prefetch(keyspace(config).run(workflow.name, run_id))
+    runtime = Runtime.build(config, allow_offline=True, prefetch=prefetch)
     use_runtime(runtime)  # the workflow's runtime in this process: offline allowed
     journal = runtime.journal
     offline = runtime.summarizer if isinstance(runtime.summarizer, OfflineSummarizer) else None
     if args.retry:  # only a failed run: any other is refused, and nothing is written
         retry_run(journal, WORKFLOW, run_id)
         print(f"  reset {WORKFLOW}:{run_id}: its next start is a deliberate retry", file=sys.stderr)
-    # A dry run is a workflow of its own, in a scratch journal: a worker never runs a preview.
-    workflow = preview if args.dry_run else digest
-    options = _run_options(config, args, inspect_run(journal, workflow.name, run_id), offline)
+    view = inspect_run(journal, workflow.name, run_id, prefetched=prefetch)
+    options = _run_options(config, args, view, offline)
     try:
         outcome = workflow.start(run_id, options, on_step=_step_printer(offline))
     except RunParked as parked:
