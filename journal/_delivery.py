@@ -204,6 +204,7 @@ class Runner:
             retry_state=wait if wait is not None and wait.kind == "retry" else None,
             on_step=on_step,
             record_wait=self.settings.record_wait,
+            effects_begun=grant.effects,
         )
         heartbeat.start()
         return run, heartbeat

@@ -6,10 +6,13 @@ the step could wake after another took over and act again. ``Run.effect`` closes
 
 1. **Claim.** One script checks the lease and records "effect claimed by fence F, until
    deadline D" (D = the server's time + the effect's timeout + a margin) before it starts.
+   An effect the run's opening found no claim of is not claimed yet: until its confirmation
+   it cannot have happened, so no later holder has anything to wait for, and the
+   confirmation takes the claim.
 2. **Confirm.** Right before the last step that can still be undone (for SMTP: before DATA)
    the function calls ``effect.confirm()``: one script renews the lease and marks the claim
-   *confirmed*: from here on the effect may have happened. The claim's timeout is
-   checked against a clock read before the claim was sent.
+   *confirmed* (or takes it, confirmed): from here on the effect may have happened. The
+   claim's timeout is checked against a clock read before the claim was sent.
 3. **Last moment.** At the very instant before the irreversible write (SMTP's end-of-data
    marker) ``effect.last_moment()`` checks the timeout again, with no I/O: past it, the
    function abandons the act, and a later holder that waited out D acts instead.
@@ -41,10 +44,11 @@ from typing import Any
 
 import redis
 
+from journal._cancel import Cancelled
 from journal._clock import millis
 from journal._holder import ProcessIdentity
 from journal._lease import Holding
-from journal._redis.backend import Claimant, EffectClaimed, EffectTerms, Settled
+from journal._redis.backend import Claimant, Confirming, EffectClaimed, EffectTerms, Settled
 from journal._schema import codec
 from journal.errors import (
     EffectAmbiguous,
@@ -84,6 +88,8 @@ class Effect:
         revocable: an operator's cancel of the run does not wait for this effect: the
             application undoes what it started.
         confirmed: ``confirm`` passed: from here on the effect may have happened.
+        claim_at_confirm: no claim of the effect stood when the run opened: ``confirm`` takes
+            it, and until then there is none to settle.
         outcome: how this holder settled the claim (``done``, ``released``, ``ambiguous``),
             ``done`` when an earlier holder had, or None while it is open.
     """
@@ -96,6 +102,7 @@ class Effect:
         timeout: float,
         repeatable: bool = False,
         revocable: bool = False,
+        claim_at_confirm: bool = False,
     ) -> None:
         self.run = holding.keys.run
         self.key = key
@@ -112,6 +119,8 @@ class Effect:
         self._clock = holding.clock
         self._claimed_at = 0.0
         self.confirmed = False
+        self.claim_at_confirm = claim_at_confirm
+        self._claim_sent = not claim_at_confirm
         self.outcome: str | None = None
 
     def claim(self) -> None:
@@ -124,6 +133,9 @@ class Effect:
             EffectAmbiguous: an earlier claimant may have acted, and no repeat is allowed.
             LeaseLost: the lease was lost (``Fenced`` when another holder owns it).
         """
+        if self.claim_at_confirm:
+            self._claimed_at = time.monotonic()  # its timeout runs from here all the same
+            return
         me = ProcessIdentity.current()
         terms = EffectTerms(
             claim_ms(self.timeout),
@@ -172,7 +184,22 @@ class Effect:
         """
         if time.monotonic() - self._claimed_at >= self.timeout:
             raise self._late()
-        if not self._guard.confirm((self.key, self._fence)):  # the renewal, in one round trip
+        confirming = Confirming(self.key, self._fence)
+        taking = not self._claim_sent
+        if taking:  # the claim's own timeout starts now, before its request
+            self._claimed_at = time.monotonic()
+            me = ProcessIdentity.current().encode()
+            confirming = Confirming(
+                self.key, self._fence, claim_ms(self.timeout), me, self.revocable
+            )
+            self._claim_sent = True  # a reply may never come: the claim may stand from here
+        try:
+            confirmed = self._guard.confirm(confirming)  # the renewal, in one round trip
+        except (LeaseLost, Cancelled):
+            self._claim_sent = not taking  # the store answered, and took no claim
+            raise
+        if not confirmed:
+            self._claim_sent = not taking
             raise self._lost(True, "could be confirmed")
         self.confirmed = True
 
@@ -232,6 +259,9 @@ class Effect:
 
     def _settle(self, state: str, value: bytes) -> None:
         if self.outcome is not None:
+            return
+        if not self._claim_sent:  # never claimed: nothing stands to settle
+            self.outcome = state
             return
         status = self._backend.effect_settle(
             self._keys, self._holder, self.key, self._fence, state, value

@@ -26,7 +26,15 @@ from typing import Any, Protocol
 from journal._cancel import Cancelled
 from journal._clock import Clock
 from journal._holder import ProcessIdentity
-from journal._redis.backend import Opened, Opening, OpenReply, RedisBackend, Renewed, StepStore
+from journal._redis.backend import (
+    Confirming,
+    Opened,
+    Opening,
+    OpenReply,
+    RedisBackend,
+    Renewed,
+    StepStore,
+)
 from journal._schema.keys import RunKeys
 from journal.errors import CorruptJournal, LeaseBusy, LeaseLost
 from journal.events import emit
@@ -51,6 +59,8 @@ class Grant:
     """For an opening: the meta hash as it was before this start, flat (field, value, ...)."""
     steps: list[Any] = field(default_factory=list)
     """For an opening: the steps hash, flat (step key, record, ...)."""
+    effects: frozenset[str] | None = None
+    """For an opening: the effects that had a claim; one absent never did."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +129,8 @@ class Lease:
             return Found(reply.status, reply.meta)
         holder = f"{reply.fence}:{self.token}"
         fence, stalled = reply.fence, reply.stalled
-        return Grant(holder, fence, stalled, asked, reply.status, reply.meta, reply.steps)
+        effects = None if reply.effects is None else frozenset(f.decode() for f in reply.effects)
+        return Grant(holder, fence, stalled, asked, reply.status, reply.meta, reply.steps, effects)
 
     def _acquire(
         self, now_ms: int, me: ProcessIdentity, dead_holder: str, opening: Opening | None
@@ -135,7 +146,7 @@ class Lease:
         self,
         holder: str,
         flight: Mapping[str, int] | None = None,
-        confirming: tuple[str, int] | None = None,
+        confirming: Confirming | None = None,
     ) -> Renewed:
         """Extend the lease if we still hold it (compare-and-PEXPIRE), pushing its due time.
 
@@ -143,8 +154,8 @@ class Lease:
             holder: ``<fence>:<token>``, ours.
             flight: the steps we run now (step key -> started at, ms), published for
                 operators in the same round trip; none clears what the last renewal said.
-            confirming: an effect's step key and the fence that claimed it: its claim is
-                marked confirmed in the same round trip, unless a cancel is pending.
+            confirming: an effect's confirmation: its claim is marked confirmed (taken, if
+                asked and nobody has one) in the same round trip, unless a cancel is pending.
         """
         due_at = None if self.due_after_ms is None else self.due_after_ms()
         return self.backend.renew(self.keys, holder, self.ttl_ms, due_at, flight or {}, confirming)
@@ -262,11 +273,11 @@ class Guard(Protocol):
         """Raise unless the run may start another step."""
         ...
 
-    def confirm(self, effect: tuple[str, int] | None = None) -> bool:
+    def confirm(self, effect: Confirming | None = None) -> bool:
         """Raise unless the run may act now; with ``effect``, confirm its claim in that check.
 
-        ``effect`` is the step key and the fence of a claim to mark confirmed; False when that
-        claim is no longer this fence's claimed one (nothing confirmed).
+        False when that claim is no longer this fence's claimed one, or could not be taken
+        (nothing confirmed).
         """
         ...
 
@@ -360,18 +371,18 @@ class Heartbeat:
         if self.cancelled.is_set():
             raise Cancelled(self._lease.keys.run)
 
-    def confirm(self, effect: tuple[str, int] | None = None) -> bool:
+    def confirm(self, effect: Confirming | None = None) -> bool:
         """Renew synchronously, now, whatever the last confirmation: for an irreversible act.
 
         The lease is then held until at least the time before the request plus the TTL.
 
         Args:
-            effect: the step key and the fence of an effect's claim, marked confirmed by the
+            effect: an effect's confirmation: its claim is marked confirmed (or taken) by the
                 same script that renews (one round trip), unless the run is cancelled.
 
         Returns:
-            False when ``effect``'s claim is no longer this fence's claimed one (the lease
-            renewed all the same, nothing confirmed); True otherwise.
+            False when ``effect``'s claim is no longer this fence's claimed one, or another's
+            stands (the lease renewed all the same, nothing confirmed); True otherwise.
 
         Raises:
             LeaseLost: the lease is gone or held by another.
@@ -384,7 +395,7 @@ class Heartbeat:
             raise Cancelled(self._lease.keys.run)
         return renewed is not Renewed.NOT_THIS_CLAIM
 
-    def _renew(self, effect: tuple[str, int] | None = None) -> Renewed:
+    def _renew(self, effect: Confirming | None = None) -> Renewed:
         asked = time.monotonic()
         status = self._lease.renew(self._holder, self.flight.now(), effect)
         if status is Renewed.LOST:

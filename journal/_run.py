@@ -116,6 +116,7 @@ class Run:
         on_step: Callable[[StepEvent], None] | None = None,
         record_wait: RecordWait = NO_WAIT,
         policy: StepPolicy | None = None,
+        effects_begun: frozenset[str] | None = None,
     ) -> None:
         self.keys = holding.keys
         self.holder = holding.holder
@@ -131,6 +132,9 @@ class Run:
         self._record_wait = record_wait
         self._lock = self._cursor.lock
         self._wake_by: float | None = None
+        # The effects that had a claim when the run opened (None: unknown, as in memory); one
+        # absent is claimed by its confirmation, a round trip less.
+        self._effects_begun = None if effects_begun is None else set(effects_begun)
         self.ran = 0
         self.args: dict[str, Any] = {}
 
@@ -216,18 +220,23 @@ class Run:
             return self._replay(key, recorded)  # type: ignore[no-any-return]
         self.check_lease()
         started = millis(self.clock.now())
+        begun = self._effects_begun
         handle = Effect(
             self._holding,
             key=key,
             timeout=timeout,
             repeatable=repeatable,
             revocable=revocable,
+            claim_at_confirm=begun is not None and key not in begun,
         )
         try:
             result = run_effect(handle, fn)
         except EffectAmbiguous as unknown:
             emit("effect_ambiguous", step_name(key), workflow=self.keys.workflow)
             raise Suspend(Wait(kind="decision", step=key, reason=unknown.detail)) from None
+        finally:
+            if begun is not None:  # a claim may stand now: another attempt claims first
+                begun.add(key)
         return self._record(key, result, 1, started, "effect", None)  # type: ignore[no-any-return]
 
     def map(

@@ -54,6 +54,14 @@
  *   timeout of claimed_at or not at all: last_moment checks it with no I/O at the instant
  *   before the marker, and the model makes the check and the act one step. A pause between
  *   the two longer than the claim's margin is the window docs/guarantees.md names.
+ * - An effect the run's opening read no claim of (open.lua's HKEYS of the effects hash:
+ *   `unclaimed`, cf == 0) is not claimed before the function starts: until its confirmation
+ *   it cannot have happened, so nothing can wait on it. Its confirmation takes the claim,
+ *   confirmed (renew.lua, unless any claim stands), its claimed_at stamped again right before.
+ *   Only the lease holder claims, and renew.lua checks the lease first, so no claim can appear
+ *   between the opening's read and the confirmation; each guard (the read, renew.lua's "no
+ *   claim stands") keeps E1-E3 alone (-DEFFECTS_UNREAD, -DCLAIM_OVERWRITTEN: checked safe),
+ *   and without both a done effect is acted again (refuted, E3).
  * - The claimant's process gone (holder.py) is `cdead`: a crash while its claim is open. The
  *   waiting holder may prove it (same host), or not (another host): both are tried.
  * - What the claimant knows after DATA: the 250 (settle "done"), or no answer (settle
@@ -102,7 +110,8 @@
  *                                    the deadline or "dead"), {4} ambiguous (ok 4:
  *                                    EffectAmbiguous -> Run.effect's Suspend(decision))
  *   la = lage[id]; the confirm step  Effect.confirm: the timeout check, then Heartbeat.confirm:
- *                                    journal/lua/renew.lua renews and confirms the claim
+ *                                    journal/lua/renew.lua renews and confirms the claim, or,
+ *                                    `unclaimed` (Run._effects_begun lacks it), takes it
  *   the act ........................ Effect.last_moment, then the end-of-data marker taken
  *                                    (tasks/mail/smtp.py _Envelope.transmit)
  *   settle(SETTLED) ................ effect.accepted: journal/lua/effect_settle.lua "done"
@@ -165,6 +174,8 @@
  *                       the claim ambiguous: the operator, asked, resends a done act -> E3
  *   -DDONE_FORGOTTEN    effect_claim.lua without its "done" answer: a done effect claimed
  *                       again                                              -> E3
+ *   -DEFFECTS_UNREAD -DCLAIM_OVERWRITTEN   the opening reads no effect and renew.lua takes
+ *                       a claim whatever stands: a done effect is acted again -> E3
  *   -DNO_RELEASE        a suspending run keeps its lease: once expiries run out, no later
  *                       delivery can take the run                      -> ltl done
  *   -DWATERMARK_PAST_CLAIM   dispatch_due counts a week another dispatcher claims as no
@@ -464,9 +475,13 @@ proctype Worker(byte id) {
   byte ok;
   bool seen[STEPS];
   bool proved, resumed;
+  bool unclaimed;      /* the opening read no claim of the effect: its confirmation claims */
   byte la;
 start:
-  atomic { my = 0; ok = 0; seen[WORK] = 0; seen[NAP] = 0; seen[SEND] = 0; lage[id] = TIMEOUT };
+  atomic {
+    my = 0; ok = 0; seen[WORK] = 0; seen[NAP] = 0; seen[SEND] = 0; lage[id] = TIMEOUT;
+    unclaimed = 0
+  };
   {
     /* Journal.execute: the meta read; a terminal run is already-done */
     if
@@ -495,7 +510,14 @@ start:
     update_meta(RUNNING);                             /* open.lua */
     if :: !ok -> goto start :: else -> skip fi;
     index(ARMED);                                     /* ZADD due <lease deadline> */
-    d_step { seen[WORK] = rec[WORK]; seen[NAP] = rec[NAP]; seen[SEND] = rec[SEND] };   /* _open */
+    d_step {                                          /* open.lua's reply: HGETALL, HKEYS */
+      seen[WORK] = rec[WORK]; seen[NAP] = rec[NAP]; seen[SEND] = rec[SEND];
+#ifdef EFFECTS_UNREAD
+      unclaimed = 1                                   /* as if no effect had a claim */
+#else
+      unclaimed = (cf == 0)
+#endif
+    };
 
     /* run.step("work", ...) */
     if
@@ -540,6 +562,12 @@ start:
     :: seen[SEND] -> skip
     :: else ->
        /* check_lease, and ensure() after a wait: their loss is the claim's {-1}/{-2} */
+       if
+       :: unclaimed ->                                /* claimed by its confirmation */
+          lage[id] = 0;                               /* Effect.claim: claimed_at */
+          goto deliver
+       :: else -> skip
+       fi;
 claim:
        atomic {                                       /* Effect.claim */
          if                                           /* the claimant proved gone (holder.py)? */
@@ -566,14 +594,27 @@ end_decided: cstate != AMBIGUOUS;                       /* the decision wakes it
           goto start
        :: ok == 3 -> skip                             /* effect.earlier: sent, not again */
        :: ok == 1 ->
+deliver:
           /* SmtpMailer._deliver: connect, MAIL, RCPT; then effect.confirm(): the timeout
              check, then Heartbeat.confirm: renew.lua checks the lease, renews it and marks
-             the claim confirmed in one script, one step here as it is one on the server. */
+             the claim confirmed in one script, one step here as it is one on the server.
+             Unclaimed, the confirmation takes the claim, confirmed, with claimed_at stamped
+             again before its request: the claim's deadline runs from there. */
           la = lage[id];
           d_step {
             if
+            :: unclaimed -> lage[id] = 0              /* claimed_at, before the request */
+            :: else -> skip
+            fi;
+            if
             :: lease == my && la < TIMEOUT && cf == my && cstate == CLAIMED ->
                cstate = CONFIRMED; ok = 1
+#ifdef CLAIM_OVERWRITTEN
+            :: lease == my && la < TIMEOUT && unclaimed ->   /* whatever claim stands */
+#else
+            :: lease == my && la < TIMEOUT && unclaimed && cf == 0 ->
+#endif
+               cf = my; cstate = CONFIRMED; sage = 0; cdead = 0; ok = 1
             :: else -> ok = 0                         /* LeaseLost, EffectLate, -3 */
             fi;
             la = 0

@@ -213,6 +213,12 @@ def returning(value: T) -> Callable[[], T]:
     return lambda: value
 
 
+def server_ms(store: redis.Redis) -> int:
+    """The server's clock, in milliseconds: what a script's deadlines are written against."""
+    seconds, micros = store.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
 def as_bytes(value: bytes | str | None) -> bytes:
     """A value read back by a test's client, which never decodes replies: bytes, or fail."""
     assert isinstance(value, bytes), f"expected bytes from Redis, got {value!r}"

@@ -344,6 +344,8 @@ class OpenReply:
         meta: for an opening, the meta hash before this start (acquired), or all of it (ended,
             parked); flat field, value pairs.
         steps: for an opening that acquired, the steps hash, flat.
+        effects: for an opening that acquired, the effects hash's fields: an effect absent
+            from them has no claim.
         remaining_ms, holder, process: for a busy lease, the live holder's.
         detail: the counter (bad counter) or the stored wait (bad wait).
     """
@@ -353,6 +355,7 @@ class OpenReply:
     stalled: int = 0
     meta: list[Any] = field(default_factory=list)
     steps: list[Any] = field(default_factory=list)
+    effects: list[bytes] | None = None
     remaining_ms: int = 0
     holder: str = ""
     process: bytes = b""
@@ -376,6 +379,26 @@ class Claimant:
     fence: int
     process: str
     earlier: str = ""
+
+
+@dataclass(frozen=True)
+class Confirming:
+    """An effect's confirmation, sent with a lease renewal (see ``renew.lua``).
+
+    Attributes:
+        effect: the effect's step key.
+        fence: the holder's fence, whose claim it must be.
+        claim_ms: above 0, the claim is taken here when nobody has one (the opening read
+            none): how long it stands, as ``EffectTerms.claim_ms``.
+        process: the holder's process identity (JSON), kept with a claim taken here.
+        revocable: as ``EffectTerms.revocable``, for a claim taken here.
+    """
+
+    effect: str
+    fence: int
+    claim_ms: int = 0
+    process: str = ""
+    revocable: bool = False
 
 
 @dataclass(frozen=True)
@@ -594,7 +617,7 @@ class RedisBackend:
         run_keys = [keys.lease, keys.fence, keys.meta, keys.steps]
         args: list[KeyOrArg] = [token, ttl_ms, now_ms, process, dead_holder]
         if opening is not None:
-            run_keys += [keys.index.runs, keys.index.due]
+            run_keys += [keys.index.runs, keys.index.due, keys.effects]
             args += [opening.max_stalled_starts, opening.due_at_ms, keys.run]
             frozen = b"" if opening.args is None else codec.dumps(opening.args)
             args += [keys.workflow, keys.run_id, frozen]
@@ -610,7 +633,7 @@ class RedisBackend:
         if status in (Opened.BAD_COUNTER, Opened.BAD_WAIT):
             return OpenReply(status, detail=_text(reply[1]))
         if len(reply) > 3:
-            return OpenReply(status, int(reply[1]), int(reply[2]), reply[3], reply[4])
+            return OpenReply(status, int(reply[1]), int(reply[2]), reply[3], reply[4], reply[5])
         return OpenReply(status, int(reply[1]), int(reply[2]))
 
     def renew(
@@ -620,23 +643,26 @@ class RedisBackend:
         ttl_ms: int,
         due_at_ms: int | None,
         flight: Mapping[str, int],
-        confirming: tuple[str, int] | None = None,
+        confirming: Confirming | None = None,
     ) -> Renewed:
         """Extend the lease if ``holder`` still has it; publish its steps in ``flight``.
 
         ``flight``: step key -> started at (ms), replacing what the last renewal published;
-        ``due_at_ms`` also pushes the run's due time; ``confirming``, an effect's step key and
-        the fence that claimed it, also marks that claim confirmed, in the same round trip.
+        ``due_at_ms`` also pushes the run's due time; ``confirming`` also confirms an effect's
+        claim (taking it, if asked and nobody has), in the same round trip.
         """
         run_keys = [keys.lease, keys.meta, keys.flight, keys.effects]
-        effect, fence = confirming or ("", 0)
+        confirm = confirming or Confirming("", 0)
         args: list[KeyOrArg] = [
             holder,
             ttl_ms,
             0 if due_at_ms is None else due_at_ms,
             keys.run,
-            effect,
-            fence,
+            confirm.effect,
+            confirm.fence,
+            confirm.claim_ms,
+            confirm.process,
+            "1" if confirm.revocable else "",
         ]
         if due_at_ms is not None:
             run_keys.append(keys.index.due)

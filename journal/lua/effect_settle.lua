@@ -10,13 +10,18 @@
 -- ARGV[5] - the receipt, JSON, or the line ("" when released)
 -- returns 1 when settled by the lease holder, 2 when settled by a claimant that has lost the
 --         lease (a waiting run may have to be woken), -3 when the claim is no longer this
---         fence's to settle (nothing written).
+--         fence's to settle (nothing written). Releasing a claim that was never taken (its
+--         confirmation, which takes it, never reached the store) writes nothing and answers
+--         as a settlement: 1 or 2.
 -- The claim's own fence settles it with the lease or without: only the process that claimed
 -- it knows what happened under it, and no later holder acts on a claim that is not settled
 -- without first waiting out its deadline. Unknown never overwrites what is known.
 local claim = redis.call('HGET', KEYS[2], ARGV[2])
 if not claim then
-  return -3
+  if ARGV[4] ~= 'released' then
+    return -3
+  end
+  return redis.call('GET', KEYS[1]) == ARGV[1] and 1 or 2
 end
 local fence, deadline, state = string.match(claim, '^(%d+):(%d+):(%a+)$')
 if fence ~= ARGV[3] then

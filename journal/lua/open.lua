@@ -6,6 +6,7 @@
 -- KEYS[4] - the run's steps hash
 -- KEYS[5] - the runs index (sorted set: full run id -> last update, ms); opening only
 -- KEYS[6] - the due index (sorted set: full run id -> when to look again, ms); opening only
+-- KEYS[7] - the run's effects hash (see effect_claim.lua); opening only, read only
 -- ARGV[1] - the caller's random token
 -- ARGV[2] - lease time to live, in milliseconds
 -- ARGV[3] - now, in milliseconds (the caller's clock, stored in meta)
@@ -21,9 +22,11 @@
 -- ARGV[13] - this delivery's trace context (W3C traceparent), kept as meta.trace unless an
 --            earlier delivery's is there; "" (or absent) when it is not traced
 -- returns {1, fence, starts_without_progress} when the lease alone was taken,
---         {1, fence, starts_without_progress, meta, steps} when the run was opened: meta is
---           args, wait, created_at, deliveries, starts, trace and every field that is not plain ASCII of the meta hash as it was
---           before this script (flat field, value list), steps the steps hash (flat),
+--         {1, fence, starts_without_progress, meta, steps, effects} when the run was opened:
+--           meta is args, wait, created_at, deliveries, starts, trace and every field that is
+--           not plain ASCII of the meta hash as it was before this script (flat field, value
+--           list), steps the steps hash (flat), effects the effects hash's fields: an effect
+--           absent from them was never claimed, so its confirmation may claim it (renew.lua),
 --         {0, remaining_ms, holder, holder_process} when another holder's lease is live,
 --         {-1, field} when a counter it must increment is not an integer (nothing written
 --           but the delivery count),
@@ -135,4 +138,4 @@ if ARGV[13] and ARGV[13] ~= '' then
 end
 redis.call('ZADD', KEYS[5], ARGV[3], ARGV[8])
 redis.call('ZADD', KEYS[6], ARGV[7], ARGV[8])
-return {1, fence, stalled, meta, redis.call('HGETALL', KEYS[4])}
+return {1, fence, stalled, meta, redis.call('HGETALL', KEYS[4]), redis.call('HKEYS', KEYS[7])}

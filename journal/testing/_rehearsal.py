@@ -25,6 +25,7 @@ from journal._clock import Clock
 from journal._lease import Holding, InFlight
 from journal._redis.backend import (
     Claimant,
+    Confirming,
     EffectClaim,
     EffectTerms,
     Recorded,
@@ -157,7 +158,7 @@ class _Held:
     def ensure(self) -> None:
         """Always held."""
 
-    def confirm(self, effect: tuple[str, int] | None = None) -> bool:
+    def confirm(self, effect: Confirming | None = None) -> bool:
         """Always held; no claim of a replay ever stands (``effect_claim`` refused it)."""
         return effect is None
 

@@ -98,19 +98,28 @@ def test_a_late_answer_to_the_end_of_data_keeps_its_items_and_is_emailed_once(
     print("late end-of-data answer: 1 email (the old mailer: 2), each of the 8 items once")
 
 
+# The line of effect_settle.lua whose write the store refuses, as the server names it.
+SETTLE_WRITE = next(
+    number
+    for number, line in enumerate(
+        (ROOT / "journal" / "lua" / "effect_settle.lua").read_text().splitlines(), start=1
+    )
+    if line.startswith("redis.call('HSET', KEYS[2], ARGV[2], fence")
+)
 REFUSALS = {
     # Full under noeviction: every write that grows memory is refused.
     "full": (
         ("maxmemory", 1),
         ("maxmemory", 0),
         "OutOfMemoryError: command not allowed when used memory > 'maxmemory'. script: on "
-        "@user_script:29.",
+        f"@user_script:{SETTLE_WRITE}.",
     ),
     # Demoted to a replica (a failover's old primary): every write is refused.
     "read-only": (
         ("replicaof", "127.0.0.1 1"),
         ("replicaof", "no one"),
-        "ReadOnlyError: You can't write against a read only replica. script: on @user_script:29.",
+        "ReadOnlyError: You can't write against a read only replica. script: on "
+        f"@user_script:{SETTLE_WRITE}.",
     ),
 }
 

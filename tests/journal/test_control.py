@@ -33,16 +33,41 @@ def steps_of(journal: Journal, run_id: str) -> list[str]:
     return [record.key for record in inspect_run(journal, "wf", run_id).steps]
 
 
-def test_a_cancel_is_refused_once_an_effect_is_claimed_and_the_run_finishes(
+def test_a_cancel_before_an_effects_confirmation_lands_and_the_effect_never_acts(
+    journal: Journal,
+) -> None:
+    """Until its confirmation an effect cannot have happened: nothing holds the cancel back."""
+    acted: list[str] = []
+
+    def act(effect: Effect) -> str:
+        assert cancel(journal, "wf", "r", "not this week").immediate is False  # at its boundary
+        effect.confirm()
+        acted.append("sent")
+        return "sent"
+
+    def body(run: Run) -> str:
+        run.effect("send", act, timeout=10)
+        run.step("after", lambda: "bookkeeping")
+        return "finished"
+
+    outcome = execute(journal, "wf", "r", body)
+
+    assert outcome.status == "cancelled"
+    assert acted == []
+    assert steps_of(journal, "r") == []
+    assert journal.effect_states(journal.keys("wf", "r")) == {}
+
+
+def test_a_cancel_is_refused_once_an_effect_is_confirmed_and_the_run_finishes(
     journal: Journal,
 ) -> None:
     refusals: list[EffectUnderway] = []
 
     def act(effect: Effect) -> str:
-        with pytest.raises(EffectUnderway) as refused:  # claimed: it may happen any moment now
+        effect.confirm()
+        with pytest.raises(EffectUnderway) as refused:  # confirmed: it may happen any moment
             cancel(journal, "wf", "r", "too late")
         refusals.append(refused.value)
-        effect.confirm()
         return "sent"
 
     def body(run: Run) -> str:
@@ -55,7 +80,7 @@ def test_a_cancel_is_refused_once_an_effect_is_claimed_and_the_run_finishes(
     assert (outcome.status, outcome.result) == ("done", "finished")
     assert steps_of(journal, "r") == ["send", "after"]
     [refused] = refusals
-    assert (refused.effect, refused.state) == ("send", "claimed")
+    assert (refused.effect, refused.state) == ("send", "confirmed")
     assert str(refused) == "run wf:r: its effect 'send' is under way; it will finish"
     assert "cancel" not in journal.meta(journal.keys("wf", "r"))
 
@@ -63,14 +88,18 @@ def test_a_cancel_is_refused_once_an_effect_is_claimed_and_the_run_finishes(
 def test_a_revocable_effect_does_not_refuse_a_cancel_nor_keep_the_run_from_a_purge(
     journal: Journal,
 ) -> None:
+    def create(effect: Effect) -> str:
+        effect.confirm()
+        return "b1"
+
     def body(run: Run) -> str:
-        run.effect("batch", lambda effect: "b1", timeout=10, revocable=True)
+        run.effect("batch", create, timeout=10, revocable=True)
         run.sleep("look", 3600)
         return "finished"
 
     assert execute(journal, "wf", "r", body).status == "waiting"
     keys = journal.keys("wf", "r")
-    assert journal.effect_states(keys) == {"batch": "claimed"}  # not settled, yet revocable
+    assert journal.effect_states(keys) == {"batch": "confirmed"}  # not settled, yet revocable
 
     assert cancel(journal, "wf", "r", "not this week").immediate  # its application undoes it
 

@@ -91,8 +91,13 @@ def zombie_then_winner(
     *,
     timeout: float,
     vanish: bool = False,
+    released_before: bool = False,
 ) -> tuple[list[str], list[Any], float, list[BaseException]]:
-    """A holder claims the effect, loses its lease mid-effect; a second holder resolves it."""
+    """A holder starts the effect, loses its lease mid-effect; a second holder resolves it.
+
+    ``released_before``: an earlier holder released a claim of it, so the zombie claims it
+    before calling the function, not at its confirmation.
+    """
     first = make_journal(lease_ttl=0.3)
     second = make_journal(lease_ttl=5.0)
     keys = first.keys("wf", "r1")
@@ -117,6 +122,8 @@ def zombie_then_winner(
 
         return run.effect("send", act, timeout=timeout)
 
+    if released_before:
+        first.client.hset(keys.effects, "send", "0:0:released")
     try:
         execute(first, "wf", "r1", zombie)
     except LeaseLost as lost:
@@ -129,6 +136,22 @@ def test_a_zombie_before_its_irreversible_moment_is_stopped_by_confirm(
 ) -> None:
     delivered, outcome, took, errors = zombie_then_winner(
         make_journal, lambda sink, effect: sink.send("k", effect), timeout=0.5
+    )
+    assert delivered == ["k"]  # the winner's only
+    assert outcome == [{"key": "k", "sent": True}]
+    # The zombie never confirmed, so it never claimed: the winner had nothing to wait for.
+    assert took < 0.3
+    assert len(errors) == 1  # the zombie stopped with LeaseLost
+
+
+def test_a_zombies_live_claim_is_waited_for_and_the_zombie_stopped_by_confirm(
+    make_journal: MakeJournal,
+) -> None:
+    delivered, outcome, took, errors = zombie_then_winner(
+        make_journal,
+        lambda sink, effect: sink.send("k", effect),
+        timeout=0.5,
+        released_before=True,
     )
     assert delivered == ["k"]  # the winner's only
     assert outcome == [{"key": "k", "sent": True}]
@@ -192,7 +215,7 @@ def test_an_effect_that_failed_is_released_and_retried_at_once(make_journal: Mak
 
     with pytest.raises(ConnectionError):
         execute(journal, "wf", "r1", body)
-    assert effects_hash(journal)["send"] == "1:0:released"
+    assert effects_hash(journal) == {}  # it failed before its confirmation, which claims
     started = time.monotonic()
     assert execute(journal, "wf", "r1", body).result == "ok"
     assert time.monotonic() - started < 2  # not the 30 s timeout

@@ -552,8 +552,40 @@ def test_the_effect_scripts_answer_each_of_their_codes(journal: Journal, keys: R
     assert claim(third.holder, 3) == [1, 0]  # released: nothing happened, nothing resumed
 
 
-def test_an_effect_whose_lease_is_gone_is_never_called(journal: Journal, keys: RunKeys) -> None:
+def test_an_effect_whose_lease_is_gone_never_passes_its_confirmation(
+    journal: Journal, keys: RunKeys
+) -> None:
+    """Unclaimed when the run opened, the effect is claimed by its confirmation: refused."""
+    acted: list[str] = []
+
+    def send(effect: Effect) -> None:
+        effect.confirm()
+        acted.append("send")
+
+    def body(run: Run) -> None:
+        journal.client.set(keys.lease, "2:winner")
+        run.effect("send", send, timeout=5)
+
+    with pytest.raises(LeaseLost, match="expired or was taken over"):
+        execute(journal, "wf", "r1", body)
+
+    def expired(run: Run) -> None:
+        journal.client.delete(journal.keys("wf", "r2").lease)
+        run.effect("send", send, timeout=5)
+
+    with pytest.raises(LeaseLost, match="expired or was taken over"):
+        execute(journal, "wf", "r2", expired)
+    assert acted == []
+    assert journal.client.hlen(keys.effects) == 0
+    assert journal.client.hlen(journal.keys("wf", "r2").effects) == 0
+
+
+def test_an_effect_claimed_before_whose_lease_is_gone_is_never_called(
+    journal: Journal, keys: RunKeys
+) -> None:
+    """Claimed when the run opened, the effect is claimed again first: refused, never called."""
     called: list[str] = []
+    journal.client.hset(keys.effects, "send", "9:0:released")  # an earlier holder stopped
 
     def body(run: Run) -> None:
         journal.client.set(keys.lease, "2:winner")
@@ -561,15 +593,8 @@ def test_an_effect_whose_lease_is_gone_is_never_called(journal: Journal, keys: R
 
     with pytest.raises(Fenced, match="effect 'send' refused"):
         execute(journal, "wf", "r1", body)
-
-    def expired(run: Run) -> None:
-        journal.client.delete(journal.keys("wf", "r2").lease)
-        run.effect("send", lambda effect: called.append("send"), timeout=5)
-
-    with pytest.raises(LeaseLost, match="expired before effect 'send' could be claimed"):
-        execute(journal, "wf", "r2", expired)
     assert called == []
-    assert journal.client.hlen(keys.effects) == 0
+    assert journal.client.hgetall(keys.effects) == {b"send": b"9:0:released"}
 
 
 def test_a_receipt_after_a_takeover_is_saved_and_the_run_woken(

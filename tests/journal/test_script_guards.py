@@ -11,6 +11,8 @@ what it left stored.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import redis
 
@@ -21,6 +23,7 @@ from journal._redis.backend import (
     Claimant,
     Closed,
     Closing,
+    Confirming,
     Decided,
     EffectClaimed,
     EffectTerms,
@@ -31,7 +34,7 @@ from journal._redis.backend import (
 from journal._schema.keys import RunKeys
 from journal.errors import CorruptJournal
 from tests.conftest import MakeJournal
-from tests.support import acquire, as_text, execute
+from tests.support import acquire, as_text, execute, server_ms
 
 LIVE = 9_999_999_999_999  # a deadline no test outlives
 PAST = 1  # a deadline long gone
@@ -174,10 +177,88 @@ def test_a_confirmation_of_an_effect_never_claimed_is_refused(
 ) -> None:
     grant = take(journal, keys)
 
-    confirmed = journal.backend.renew(keys, grant.holder, 60_000, None, {}, ("send", grant.fence))
+    confirming = Confirming("send", grant.fence)  # not asked to take it: it must stand
+
+    confirmed = journal.backend.renew(keys, grant.holder, 60_000, None, {}, confirming)
 
     assert confirmed is Renewed.NOT_THIS_CLAIM
     assert store.exists(keys.effects) == 0
+
+
+def test_a_confirmation_takes_the_claim_nobody_has_confirmed_with_its_deadline(
+    journal: Journal, store: redis.Redis, keys: RunKeys
+) -> None:
+    grant = take(journal, keys)
+    before = server_ms(store)
+    confirming = Confirming("send", grant.fence, 60_000, '{"pid": 7}', revocable=True)
+
+    confirmed = journal.backend.renew(keys, grant.holder, 60_000, None, {}, confirming)
+
+    assert confirmed is Renewed.EXTENDED
+    stored = hash_of(store, keys.effects)
+    fence, deadline, state = stored.pop("send").split(":")
+    assert (int(fence), state) == (grant.fence, "confirmed")
+    assert before + 60_000 <= int(deadline) <= server_ms(store) + 60_000
+    assert stored == {"send:process": '{"pid": 7}', "send:revocable": "1"}
+    plain = Confirming("mail", grant.fence, 60_000, "p")  # not revocable: a cancel waits for it
+    assert journal.backend.renew(keys, grant.holder, 60_000, None, {}, plain) is Renewed.EXTENDED
+    assert "mail:revocable" not in hash_of(store, keys.effects)
+
+
+def test_a_confirmation_asked_to_claim_takes_nothing_over_an_earlier_claim(
+    journal: Journal, store: redis.Redis, keys: RunKeys
+) -> None:
+    earlier = take(journal, keys)
+    store.hset(keys.effects, "send", f"{earlier.fence}:{LIVE}:claimed")
+    store.delete(keys.lease)  # its holder died: the next holder takes over, with a new fence
+    grant = take(journal, keys)
+    confirming = Confirming("send", grant.fence, 60_000, "p")
+
+    confirmed = journal.backend.renew(keys, grant.holder, 60_000, None, {}, confirming)
+
+    assert confirmed is Renewed.NOT_THIS_CLAIM
+    assert hash_of(store, keys.effects) == {"send": f"{earlier.fence}:{LIVE}:claimed"}
+
+
+def test_a_confirmation_asked_to_claim_while_a_cancel_is_pending_takes_nothing(
+    journal: Journal, store: redis.Redis, keys: RunKeys
+) -> None:
+    grant = take(journal, keys)
+    store.hset(keys.meta, "cancel", "operator")
+    confirming = Confirming("send", grant.fence, 60_000, "p")
+
+    renewed = journal.backend.renew(keys, grant.holder, 60_000, None, {}, confirming)
+
+    assert renewed is Renewed.CANCEL_PENDING
+    assert store.exists(keys.effects) == 0  # no claim: the cancel lands, and nothing acts
+
+
+def test_releasing_a_claim_never_taken_writes_nothing_and_says_whether_the_lease_held(
+    journal: Journal, store: redis.Redis, keys: RunKeys
+) -> None:
+    grant = take(journal, keys)
+
+    def settle(state: str) -> Settled:
+        return journal.backend.effect_settle(keys, grant.holder, "send", grant.fence, state, b"")
+
+    assert settle("released") is Settled.SETTLED
+    assert settle("done") is Settled.NOT_THIS_CLAIM  # only a confirmation leads to an act
+    assert settle("ambiguous") is Settled.NOT_THIS_CLAIM
+    store.delete(keys.lease)
+    assert settle("released") is Settled.SETTLED_WITHOUT_LEASE
+    assert store.exists(keys.effects) == 0
+
+
+def test_an_opening_reads_which_effects_have_a_claim(
+    journal: Journal, store: redis.Redis, keys: RunKeys
+) -> None:
+    store.hset(keys.effects, mapping={"send": f"1:{LIVE}:claimed", "send:process": "p"})
+    opening = Opening(max_stalled_starts=5, due_at_ms=LIVE, args=None)
+
+    grant = Lease(keys, journal.backend, 60_000).open(1000, opening)
+
+    assert isinstance(grant, Grant)
+    assert grant.effects == frozenset({"send", "send:process"})
 
 
 def test_a_confirmation_while_a_cancel_is_pending_renews_but_confirms_nothing(
@@ -189,7 +270,9 @@ def test_a_confirmation_while_a_cancel_is_pending_renews_but_confirms_nothing(
     store.hset(keys.meta, "cancel", "operator")
     store.pexpire(keys.lease, 1000)
 
-    renewed = journal.backend.renew(keys, grant.holder, 60_000, None, {}, ("send", grant.fence))
+    renewed = journal.backend.renew(
+        keys, grant.holder, 60_000, None, {}, Confirming("send", grant.fence)
+    )
 
     assert renewed is Renewed.CANCEL_PENDING
     assert as_text(store.hget(keys.effects, "send")).endswith(":claimed")  # never acted
@@ -262,3 +345,17 @@ def test_the_claimants_own_receipt_settles_what_a_later_holder_found_ambiguous(
 
     assert known is Settled.SETTLED_WITHOUT_LEASE
     assert hash_of(store, keys.effects) == {"send": "1:0:done", "send:receipt": '{"id":"m-1"}'}
+
+
+def test_a_revocable_claim_is_kept_as_such_for_a_cancel_to_read(
+    journal: Journal, store: redis.Redis, keys: RunKeys
+) -> None:
+    grant = take(journal, keys)
+    us = Claimant(grant.holder, grant.fence, "p")
+    revocable = dataclasses.replace(TERMS, revocable=True)
+
+    assert (
+        journal.backend.effect_claim(keys, "batch", us, revocable).status is EffectClaimed.CLAIMED
+    )
+
+    assert hash_of(store, keys.effects)["batch:revocable"] == "1"

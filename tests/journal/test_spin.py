@@ -120,8 +120,19 @@ def report_refuted(capsys: pytest.CaptureFixture[str], what: str, verdict: Verdi
         (EFFECT, "R1 R2 M1 M2 E1 E2 E3"),
         (REPEATABLE, "R1 R2 M1 M2 E1 E2 E3"),
         (DISPATCH, "D1"),
+        # An effect unclaimed at the opening is claimed by its confirmation; each of the two
+        # guards of that keeps the effect safe alone (both gone: refuted, below).
+        ((*EFFECT, "-DEFFECTS_UNREAD"), "E1 E2 E3, renew.lua's guard alone"),
+        ((*EFFECT, "-DCLAIM_OVERWRITTEN"), "E1 E2 E3, the opening's read alone"),
     ],
-    ids=["journal", "effect", "effect-repeatable", "dispatch"],
+    ids=[
+        "journal",
+        "effect",
+        "effect-repeatable",
+        "dispatch",
+        "effect-claim-at-confirmation-unread",
+        "effect-claim-at-confirmation-overwritten",
+    ],
 )
 def test_every_interleaving_keeps_the_safety_properties(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], config: tuple[str, ...], properties: str
@@ -135,6 +146,8 @@ def test_every_interleaving_keeps_the_safety_properties(
 
 def config_name(config: tuple[str, ...]) -> str:
     names = {JOURNAL: "journal", EFFECT: "effect", REPEATABLE: "effect, repeatable"}
+    if config[: len(EFFECT)] == EFFECT and config not in names:
+        return f"effect, {config[-1].removeprefix('-D')}"
     return names.get(config, "dispatch")
 
 
@@ -173,6 +186,9 @@ def test_every_fair_schedule_gets_there(
         # claim ambiguous: the operator, asked, resends what was done
         (EFFECT, "-DLATE_RECEIPT_REFUSED", "E3"),
         (EFFECT, "-DDONE_FORGOTTEN", "E3"),  # effect_claim.lua claims a done effect again
+        # The opening reads no effect (each one is claimed by its confirmation) and renew.lua
+        # takes a claim whatever stands: a done effect is claimed and acted again.
+        ((*EFFECT, "-DEFFECTS_UNREAD"), "-DCLAIM_OVERWRITTEN", "E3"),
         # dispatch_due passes a week another dispatcher claims and has not published
         (DISPATCH, "-DWATERMARK_PAST_CLAIM", "D1"),
     ],

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from tasks.scripts import script
-from tests.support import as_text
+from tests.support import as_text, server_ms
 
 BUDGET = 1000
 
@@ -22,11 +22,6 @@ BUDGET = 1000
 @pytest.fixture
 def usage(prefix: str) -> str:
     return f"{prefix}:usage"
-
-
-def server_ms(store: redis.Redis) -> int:
-    seconds, micros = store.time()
-    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def fields(store: redis.Redis, key: str) -> dict[str, str]:
