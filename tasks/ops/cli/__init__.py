@@ -13,6 +13,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any, TextIO, cast
 
 from journal.errors import (
     ControlRefused,
@@ -91,9 +92,40 @@ def run_id_of(given: str) -> str:
     return run_id if colon else given
 
 
+# What a shell reports of a command ended by a closed pipe (128 + SIGPIPE).
+EXIT_READER_GONE = 128 + signal.SIGPIPE
+
+
+class _Stdout:
+    """stdout, ending the process at once and quietly when its reader has gone.
+
+    As SIGPIPE's default action would (`digest show | head`), but for stdout alone: a socket's
+    reader going away (a browser leaving a console page mid-answer, an API closing a
+    connection) stays an error the code that wrote handles, never the end of the process.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            os._exit(EXIT_READER_GONE)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            os._exit(EXIT_READER_GONE)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def entry() -> None:
-    """The ``digest`` console script: a process of its own, so it may own SIGPIPE and its exit."""
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `digest show | head` ends quietly
+    """The ``digest`` console script: a process of its own, so it may own stdout and its exit."""
+    sys.stdout = cast(TextIO, _Stdout(sys.stdout))
     try:
         code = main()
     except SystemExit as stop:  # argparse's --help and usage errors, already printed
