@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -33,6 +34,17 @@ def steps_of(journal: Journal, run_id: str) -> list[str]:
     return [record.key for record in inspect_run(journal, "wf", run_id).steps]
 
 
+def send_then_bookkeeping(act: Callable[[Effect], str]) -> Callable[[Run], str]:
+    """A workflow that performs ``act`` as its effect, then a step after it."""
+
+    def body(run: Run) -> str:
+        run.effect("send", act, timeout=10)
+        run.step("after", lambda: "bookkeeping")
+        return "finished"
+
+    return body
+
+
 def test_a_cancel_before_an_effects_confirmation_lands_and_the_effect_never_acts(
     journal: Journal,
 ) -> None:
@@ -45,12 +57,7 @@ def test_a_cancel_before_an_effects_confirmation_lands_and_the_effect_never_acts
         acted.append("sent")
         return "sent"
 
-    def body(run: Run) -> str:
-        run.effect("send", act, timeout=10)
-        run.step("after", lambda: "bookkeeping")
-        return "finished"
-
-    outcome = execute(journal, "wf", "r", body)
+    outcome = execute(journal, "wf", "r", send_then_bookkeeping(act))
 
     assert outcome.status == "cancelled"
     assert acted == []
@@ -70,12 +77,7 @@ def test_a_cancel_is_refused_once_an_effect_is_confirmed_and_the_run_finishes(
         refusals.append(refused.value)
         return "sent"
 
-    def body(run: Run) -> str:
-        run.effect("send", act, timeout=10)
-        run.step("after", lambda: "bookkeeping")
-        return "finished"
-
-    outcome = execute(journal, "wf", "r", body)
+    outcome = execute(journal, "wf", "r", send_then_bookkeeping(act))
 
     assert (outcome.status, outcome.result) == ("done", "finished")
     assert steps_of(journal, "r") == ["send", "after"]

@@ -132,14 +132,20 @@ def test_an_effect_costs_its_confirmation_its_settlement_and_its_record(
 def test_a_write_sent_with_a_steps_record_rides_in_its_round_trip(
     journal: Journal, own_client: redis.Redis, prefix: str
 ) -> None:
-    """A step's body may send a write of another slot (a limiter's settle) with its record."""
+    """A step's body may send a write of another slot (a limiter's settle) with its record.
+
+    Another thread may wait for such a write (a limiter's probe): its reply is handed over
+    once the server has it.
+    """
     counter = Script(journal.client, "return redis.call('INCR', KEYS[1])")
     elsewhere = f"{prefix}:elsewhere"
     counter(keys=[elsewhere])  # loaded on the server, as a warm process's scripts are
+    replies: list[int] = []
 
     def body(run: Run) -> str:
         def call() -> str:
-            send_with_record(counter, [elsewhere], [])
+            send_with_record(counter, [elsewhere], [], replies.append)
+            assert replies == []  # not yet: it waits for the record
             return "answered"
 
         return run.step("s0", call)
@@ -147,28 +153,9 @@ def test_a_write_sent_with_a_steps_record_rides_in_its_round_trip(
     sent = round_trips(journal.client, lambda: execute(journal, "wf", "r1", body))
     assert len(sent) == 1 + 2, sent  # the record carried the write: open, record, close
     assert own_client.get(elsewhere) == b"2"
-
-
-def test_a_write_sent_with_a_record_hands_its_reply_over_once_the_server_has_it(
-    journal: Journal, own_client: redis.Redis, prefix: str
-) -> None:
-    """Another thread may wait for such a write (a limiter's probe): it hears when it landed."""
-    counter = Script(journal.client, "return redis.call('INCR', KEYS[1])")
-    elsewhere = f"{prefix}:elsewhere"
-    replies: list[int] = []
-
-    def call() -> str:
-        send_with_record(counter, [elsewhere], [], replies.append)
-        assert replies == []  # not yet: it waits for the record
-        return "answered"
-
-    sent = round_trips(
-        journal.client, lambda: execute(journal, "wf", "r1", lambda run: run.step("s0", call))
-    )
-    assert len(sent) == 1 + 2, sent
-    assert replies == [1]  # the server's reply: it ran
+    assert replies == [2]  # the server's reply: it ran
     send_with_record(counter, [elsewhere], [], replies.append)  # outside a step: at once
-    assert replies == [1, 2]
+    assert replies == [2, 3]
 
 
 def test_a_write_of_a_failed_attempt_is_sent_at_once_and_only_once(
