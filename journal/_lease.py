@@ -129,7 +129,12 @@ class Lease:
             return Found(reply.status, reply.meta)
         holder = f"{reply.fence}:{self.token}"
         fence, stalled = reply.fence, reply.stalled
-        effects = None if reply.effects is None else frozenset(f.decode() for f in reply.effects)
+        # A field that is not text is no step key: replaced, it matches none.
+        effects = (
+            None
+            if reply.effects is None
+            else frozenset(name.decode(errors="replace") for name in reply.effects)
+        )
         return Grant(holder, fence, stalled, asked, reply.status, reply.meta, reply.steps, effects)
 
     def _acquire(

@@ -145,3 +145,18 @@ def test_a_listing_names_a_run_whose_meta_is_not_text(make_journal: MakeJournal)
         list_runs(journal)
     assert (caught.value.run, caught.value.field) == ("wf:r1", "meta.last_error")
     assert "not UTF-8" in str(caught.value)
+
+
+def test_an_effects_hash_field_that_is_not_text_never_stops_a_run(
+    make_journal: MakeJournal,
+) -> None:
+    """The opening reads the effects hash's fields; one no step key could be is not one."""
+    journal = make_journal()
+    journal.client.hset(journal.keys("wf", "r1").effects, b"\xff\xfe", b"junk")
+
+    def send(run: Run) -> str:
+        return str(run.effect("send", lambda effect: effect.confirm() or "sent", timeout=5))
+
+    outcome = execute(journal, "wf", "r1", send)
+
+    assert (outcome.status, outcome.result) == ("done", "sent")
