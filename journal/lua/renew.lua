@@ -51,7 +51,8 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   if not claim and tonumber(ARGV[7]) > 0 then
     local time = redis.call('TIME')
     local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-    redis.call('HSET', KEYS[4], ARGV[5], ARGV[6] .. ':' .. (now + tonumber(ARGV[7])) .. ':confirmed',
+    local deadline = now + tonumber(ARGV[7])
+    redis.call('HSET', KEYS[4], ARGV[5], ARGV[6] .. ':' .. deadline .. ':confirmed',
       ARGV[5] .. ':process', ARGV[8])
     if ARGV[9] == '1' then
       redis.call('HSET', KEYS[4], ARGV[5] .. ':revocable', '1')

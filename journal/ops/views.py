@@ -118,11 +118,11 @@ def inspect_run(
     read of its own when it holds one; it is taken, so a later view reads afresh.
     """
     keys = journal.keys(workflow, run_id)
-    seen = prefetched.snapshot if prefetched is not None and prefetched.keys == keys else None
+    seen = None
+    if prefetched is not None and prefetched.keys == keys:
+        seen, prefetched.snapshot = prefetched.snapshot, None  # taken: never read stale
     if seen is None:
         seen = journal.backend.snapshot(keys)
-    else:
-        prefetched.snapshot = None  # type: ignore[union-attr]  # taken: never read stale
     holder, ttl = seen.holder, seen.lease_ttl_ms
     meta = RunMeta.parse(keys.run, seen.meta)
     wait = meta.wait
