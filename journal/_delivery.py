@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -205,6 +205,7 @@ class Runner:
             on_step=on_step,
             record_wait=self.settings.record_wait,
             effects_begun=grant.effects,
+            defer_repeatable=True,
         )
         heartbeat.start()
         return run, heartbeat
@@ -223,7 +224,7 @@ class Runner:
                 try:
                     result = body(run)
                 except Suspend as suspend:
-                    if self._suspend(keys, holder, suspend.wait, heartbeat):
+                    if self._suspend(keys, holder, suspend.wait, heartbeat, run.unwritten):
                         return Outcome(
                             keys.run, "waiting", None, suspend.wait, run.ran, run.replayed
                         )
@@ -231,7 +232,7 @@ class Runner:
                 break
         except Cancelled:
             heartbeat.stop()
-            self._cancel(keys, holder)
+            self._cancel(keys, holder, run.unwritten)
             self._ended(keys, "cancelled", created)
             return Outcome(keys.run, "cancelled", None, None, run.ran, run.replayed)
         except (LeaseLost, StoreUnavailable):
@@ -253,7 +254,7 @@ class Runner:
             raise self.backend.unavailable(down) from down
         except Exception as error:
             heartbeat.stop()
-            verdict = self._fail(keys, holder, error, created, run.wakes_by)
+            verdict = self._fail(keys, holder, error, created, run)
             if verdict is not None:
                 raise verdict from error
             raise
@@ -261,7 +262,7 @@ class Runner:
             heartbeat.stop()  # interpreter exit: behave like a crash, the lease expires
             raise
         heartbeat.stop()
-        self._finish(keys, holder, result)
+        self._finish(keys, holder, result, run.unwritten)
         self._ended(keys, outcome_of(result), created)
         return Outcome(keys.run, "done", result, None, run.ran, run.replayed)
 
@@ -294,7 +295,14 @@ class Runner:
         """When a running run is due again should its holder die: lease expiry plus a grace."""
         return millis(self.clock.now() + self.settings.lease_ttl + self.settings.recovery_grace)
 
-    def _suspend(self, keys: RunKeys, holder: str, wait: Wait, heartbeat: Heartbeat) -> bool:
+    def _suspend(
+        self,
+        keys: RunKeys,
+        holder: str,
+        wait: Wait,
+        heartbeat: Heartbeat,
+        records: Sequence[tuple[str, bytes]],
+    ) -> bool:
         now = millis(self.clock.now())
         fields = {
             "status": RunStatus.WAITING,
@@ -307,7 +315,9 @@ class Runner:
         with heartbeat.paused():
             signal = wait.signal or ""
             written = self._close(
-                keys, holder, Closing(fields, now, due, unless_signal=signal, unless_cancelled=True)
+                keys,
+                holder,
+                Closing(fields, now, due, signal, unless_cancelled=True, records=records),
             )
             if written is Closed.CLOSED:
                 heartbeat.stop(join=False)
@@ -318,7 +328,9 @@ class Runner:
         heartbeat.stop()
         return True
 
-    def _finish(self, keys: RunKeys, holder: str, result: Any) -> None:
+    def _finish(
+        self, keys: RunKeys, holder: str, result: Any, records: Sequence[tuple[str, bytes]]
+    ) -> None:
         now = millis(self.clock.now())
         fields = {
             "status": RunStatus.DONE,
@@ -330,7 +342,7 @@ class Runner:
             "last_error": DELETE,
             **dict.fromkeys(STREAK, DELETE),
         }
-        self._close(keys, holder, Closing(fields, now))
+        self._close(keys, holder, Closing(fields, now, records=records))
 
     def _fail(
         self,
@@ -338,11 +350,12 @@ class Runner:
         holder: str,
         error: BaseException,
         created: float,
-        wake_by: float | None = None,
+        run: Run,
     ) -> JournalError | None:
         """Record a failure; a transient one stays in the due index for the sweep to retry.
 
-        The retry is due no later than ``wake_by`` (``Run.wake_by``), if that is still ahead.
+        The retry is due no later than ``run.wakes_by`` (``Run.wake_by``), if that is still
+        ahead. The run's unwritten records go with the failure: they are finished steps.
 
         Returns:
             ``RetryScheduled`` or ``GaveUp``, for the caller to raise in the error's place; or
@@ -367,7 +380,9 @@ class Runner:
                 deadline = since + policy.give_up_after
                 fields |= {"failing_since": millis(since), "failures": failures}
                 if now < deadline:
-                    retry_at = woken_by(min(now + policy.delay(failures), deadline), wake_by, now)
+                    retry_at = woken_by(
+                        min(now + policy.delay(failures), deadline), run.wakes_by, now
+                    )
                     fields |= {
                         "status": RunStatus.RETRYING,
                         "retry_at": millis(retry_at),
@@ -378,7 +393,7 @@ class Runner:
                     fields["gave_up_at"] = millis(now)
                     verdict = GaveUp(keys.run, described, failures, since)
             due = None if retry_at is None else millis(retry_at)
-            self._close(keys, holder, Closing(fields, millis(now), due))
+            self._close(keys, holder, Closing(fields, millis(now), due, records=run.unwritten))
             if retry_at is None:
                 self._ended(keys, "failed", created)
         except (LeaseLost, StoreUnavailable):
@@ -403,7 +418,9 @@ class Runner:
             return now, 1
         return since, failures + 1
 
-    def _cancel(self, keys: RunKeys, holder: str) -> None:
+    def _cancel(
+        self, keys: RunKeys, holder: str, records: Sequence[tuple[str, bytes]] = ()
+    ) -> None:
         now = millis(self.clock.now())
         fields = {
             "status": RunStatus.CANCELLED,
@@ -412,7 +429,7 @@ class Runner:
             "starts_without_progress": 0,
             "wait": DELETE,
         }
-        self._close(keys, holder, Closing(fields, now))
+        self._close(keys, holder, Closing(fields, now, records=records))
 
     def _park(self, keys: RunKeys, holder: str, starts: int, created: float) -> None:
         now = millis(self.clock.now())

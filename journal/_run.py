@@ -27,7 +27,7 @@ from journal._redis.backend import NO_WAIT, Recorded, RecordWait, StepWrite
 from journal._replay import ReplayCursor
 from journal._retry import RetryPolicy
 from journal._retry import attempt as retry_loop
-from journal._riders import Rider, riding
+from journal._riders import Rider, riding, send_alone
 from journal._schema import codec, records
 from journal._schema.meta import Wait
 from journal._schema.steps import StepKey
@@ -117,6 +117,7 @@ class Run:
         record_wait: RecordWait = NO_WAIT,
         policy: StepPolicy | None = None,
         effects_begun: frozenset[str] | None = None,
+        defer_repeatable: bool = False,
     ) -> None:
         self.keys = holding.keys
         self.holder = holding.holder
@@ -135,6 +136,9 @@ class Run:
         # The effects that had a claim when the run opened (None: unknown, as in memory); one
         # absent is claimed by its confirmation, a round trip less.
         self._effects_begun = None if effects_begun is None else set(effects_begun)
+        # Records of repeatable steps not written yet: they go with the run's next write.
+        self._defer_repeatable = defer_repeatable
+        self._unwritten: list[tuple[str, bytes]] = []
         self.ran = 0
         self.args: dict[str, Any] = {}
 
@@ -162,8 +166,20 @@ class Run:
         base = f"{self.keys.workflow}-{self.keys.run_id}"
         return base if step is None else f"{base}-{step}"
 
-    def step(self, key: str, fn: Callable[[], T], *, retry: RetryPolicy | None = None) -> T:
+    def step(
+        self,
+        key: str,
+        fn: Callable[[], T],
+        *,
+        retry: RetryPolicy | None = None,
+        repeatable: bool = False,
+    ) -> T:
         """Run ``fn`` once for this run: replay its recorded result, or call and record it.
+
+        A ``repeatable`` step's ``fn`` is safe to run again (a set union, a delete of what the
+        run itself holds), so the run goes on without waiting for its record: the record is
+        written with the run's next write (the next step's record, or the run's closing), a
+        round trip less. A crash before that write runs ``fn`` again.
 
         Raises:
             ReplayMismatch: ``key`` is new while earlier-recorded steps have not been replayed.
@@ -175,7 +191,7 @@ class Run:
         if recorded is None:
             recorded = self._cursor.take(key)
             if recorded is None:
-                return self._execute(key, fn, retry, kind="step", group=None)
+                return self._execute(key, fn, retry, "step", None, repeatable=repeatable)
         if self._on_step is not None:
             self._replay(key, recorded)
         elif tracing.enabled():
@@ -418,6 +434,11 @@ class Run:
         self._wake_by = at
 
     @property
+    def unwritten(self) -> tuple[tuple[str, bytes], ...]:
+        """Records of repeatable steps that wait for the run's next write, which the closing is."""
+        return tuple(self._unwritten)
+
+    @property
     def wakes_by(self) -> float | None:
         """The time ``wake_by`` set, if any."""
         return self._wake_by
@@ -490,6 +511,8 @@ class Run:
         group: str | None,
         seq: int | None = None,
         report: Callable[[StepEvent], object] | None = None,
+        *,
+        repeatable: bool = False,
     ) -> T:
         if self._policy is not None:
             self._policy.admit(key, kind)
@@ -513,7 +536,10 @@ class Run:
                 self.check_lease,
                 self._wake_by,
             )
-        return self._record(key, result, attempt, started, kind, group, seq, report, riders)  # type: ignore[no-any-return]
+        deferred = repeatable and self._defer_repeatable
+        return self._record(  # type: ignore[no-any-return]
+            key, result, attempt, started, kind, group, seq, report, riders, deferred=deferred
+        )
 
     def _record(
         self,
@@ -526,10 +552,14 @@ class Run:
         seq: int | None = None,
         report: Callable[[StepEvent], object] | None = None,
         riders: Sequence[Rider] = (),
+        *,
+        deferred: bool = False,
     ) -> Any:
         """Record ``key`` (numbered ``seq``, or next), then report it, or hand ``report`` it.
 
         ``riders``: what the step's body sent with its record (``journal._riders``).
+        ``deferred``: the record waits for the run's next write (a repeatable step's), and
+        the step counts as recorded meanwhile; its riders go at once.
         """
         finished = millis(self.clock.now())
         encoded = records.encode(
@@ -544,8 +574,7 @@ class Run:
             kind=kind,
             group=group,
         )
-        write = StepWrite(self.holder, key, encoded, self._record_wait, riders)
-        status, found = self._backend.record(self.keys, write)
+        status, found = self._write(key, encoded, riders, deferred)
         if status is Recorded.RECORDED_CANCEL_PENDING:  # an operator cancelled the run:
             self._guard.cancelled.set()  # no step starts after this one
         if status is Recorded.LEASE_EXPIRED:
@@ -569,6 +598,20 @@ class Run:
         self._trace(event, seconds)
         (report or self._report)(event)
         return record["result"]
+
+    def _write(
+        self, key: str, encoded: bytes, riders: Sequence[Rider], deferred: bool
+    ) -> tuple[Recorded, Any]:
+        """Send the record, with every deferred one before it; or defer it in turn."""
+        if deferred:
+            with self._lock:
+                self._unwritten.append((key, encoded))
+            send_alone(riders)
+            return Recorded.RECORDED, None
+        with self._lock:
+            earlier, self._unwritten = self._unwritten, []
+        write = StepWrite(self.holder, key, encoded, self._record_wait, riders, earlier)
+        return self._backend.record(self.keys, write)
 
     def _report(self, event: StepEvent) -> None:
         if self._on_step is not None:

@@ -48,6 +48,7 @@ COPIED = ("journal", "tasks", "tests", "data", "pyproject.toml")
 # a fifth of a second and kill a dozen mutants that otherwise waited 17 s for them.
 PROTOCOL_TESTS = (
     "tests/journal/test_control.py",
+    "tests/journal/test_repeatable_steps.py",
     "tests/journal/test_holder.py",
     "tests/journal/test_protocol.py",
     "tests/journal/test_sweep.py",
@@ -209,6 +210,12 @@ MUTANTS = (
     ),
     lua(
         "record",
+        "a repeatable step's waiting record is dropped",
+        "  redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 1])\n",
+        "",
+    ),
+    lua(
+        "record",
         "the last write wins",
         "redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3])",
         "redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])",
@@ -252,7 +259,13 @@ MUTANTS = (
         "redis.call('HEXISTS', KEYS[3], ARGV[2]) == 1",
         "redis.call('HEXISTS', KEYS[3], ARGV[2]) == 2",
     ),
-    lua("close", "a field is never deleted", "if #ARGV > 7 + 2 * sets then", "if false then"),
+    lua("close", "a field is never deleted", "if #ARGV >= first_delete then", "if false then"),
+    lua(
+        "close",
+        "a repeatable step's waiting record is dropped",
+        "redis.call('HSETNX', KEYS[7], ARGV[i], ARGV[i + 1])",
+        "",
+    ),
     lua(
         "close",
         "the lease is kept",
@@ -749,6 +762,7 @@ LUA_TESTS: dict[str, tuple[str, ...]] = {
     "journal/lua/claim_due.lua": ("tests/journal/test_sweep.py",),
     "journal/lua/expect.lua": ("tests/journal/test_sweep.py",),
     "journal/lua/close.lua": (
+        "tests/journal/test_repeatable_steps.py",
         "tests/journal/test_retry_resume.py",
         "tests/journal/test_corrupt_fields.py",
         "tests/journal/test_control.py",
@@ -797,6 +811,8 @@ LUA_TESTS: dict[str, tuple[str, ...]] = {
         "tests/journal/test_control.py",
     ),
     "journal/lua/record.lua": (
+        "tests/journal/test_repeatable_steps.py",
+        "tests/journal/test_round_trips.py",
         "tests/journal/test_retry_resume.py",
         "tests/journal/test_holder.py",
         "tests/journal/test_step_kinds.py",

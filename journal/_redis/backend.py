@@ -108,6 +108,8 @@ class StepWrite:
         encoded: the record itself (``journal._schema.records``).
         wait: what the record waits for before the step counts as done.
         riders: writes of other slots the step's body sent, carried with the record.
+        earlier: records of repeatable steps that waited for a write of the run's, as step
+            key, record pairs: written before this one, in its script.
     """
 
     holder: str
@@ -115,6 +117,7 @@ class StepWrite:
     encoded: bytes
     wait: RecordWait = NO_WAIT
     riders: Sequence[Rider] = ()
+    earlier: Sequence[tuple[str, bytes]] = ()
 
 
 def connect(url: str, **options: Any) -> Client:
@@ -324,6 +327,8 @@ class Closing:
             index.
         unless_signal: a signal whose arrival stops the closing (a run about to wait for it).
         unless_cancelled: a pending cancel stops the closing.
+        records: records of repeatable steps that waited for a write of the run's, as step
+            key, record pairs: written with the status, or not at all.
     """
 
     fields: Mapping[str, Any]
@@ -331,6 +336,7 @@ class Closing:
     due_ms: int | None = None
     unless_signal: str = ""
     unless_cancelled: bool = False
+    records: Sequence[tuple[str, bytes]] = ()
 
 
 @dataclass(frozen=True)
@@ -524,6 +530,14 @@ T = TypeVar("T")
 _END = object()
 
 
+def _flat(records: Sequence[tuple[str, bytes]]) -> list[KeyOrArg]:
+    """Step key, record pairs as a script's arguments."""
+    flat: list[KeyOrArg] = []
+    for step, record in records:
+        flat += (step, record)
+    return flat
+
+
 def _translating(operation: Operation) -> Operation:
     """``operation`` raising ``StoreUnavailable`` for a lost connection, lazily read replies too."""
 
@@ -691,7 +705,7 @@ class RedisBackend:
             NotDurable: the server did not confirm what the write's ``wait`` asks for in time.
         """
         run_keys = (keys.lease, keys.steps, keys.meta)
-        args = (write.holder, write.step, write.encoded)
+        args = (write.holder, write.step, write.encoded, *_flat(write.earlier))
         along = () if isinstance(self.client, redis.RedisCluster) else write.riders
         if write.wait.waits or along:
             reply = self._record_pipelined(keys, run_keys, args, write.wait, along)
@@ -836,6 +850,7 @@ class RedisBackend:
                 keys.index.runs,
                 keys.index.due,
                 keys.flight,
+                keys.steps,
             ],
             args=[
                 holder,
@@ -845,7 +860,9 @@ class RedisBackend:
                 closing.now_ms,
                 "" if due_ms is None else due_ms,
                 len(sets) // 2,
+                len(closing.records),
                 *sets,
+                *_flat(closing.records),
                 *deletes,
             ],
         )

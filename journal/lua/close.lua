@@ -1,11 +1,12 @@
--- End a holder's turn on a run: write its status, index it and give the lease back, fenced,
--- in one round trip; optionally not when a signal arrived or a cancel is pending.
+-- End a holder's turn on a run: write its status (and the records of repeatable steps that
+-- waited for a write), index it and give the lease back, fenced, in one round trip; optionally not when a signal arrived or a cancel is pending.
 -- KEYS[1] - the run's lease key
 -- KEYS[2] - the run's meta hash
 -- KEYS[3] - the run's signals hash
 -- KEYS[4] - the runs index (sorted set: full run id -> last update, ms)
 -- KEYS[5] - the due index (sorted set: full run id -> when to look again, ms)
 -- KEYS[6] - the run's in-flight hash (see renew.lua): a run given back has no step in flight
+-- KEYS[7] - the run's steps hash
 -- ARGV[1] - the holder, "<fence>:<token>"
 -- ARGV[2] - a signal name: when that signal is already stored, write nothing ("" to skip the check)
 -- ARGV[3] - "1" to write nothing when a cancel of the run is pending (a run about to wait)
@@ -13,7 +14,11 @@
 -- ARGV[5] - now, in milliseconds: the run's score in the runs index
 -- ARGV[6] - when the run is due again, in milliseconds; "" to take it out of the due index
 -- ARGV[7] - how many meta fields to set, n
--- ARGV[8..7+2n] - field, value pairs to set in meta; the rest, meta fields to delete
+-- ARGV[8] - how many step records to write, r (repeatable steps whose records waited for a
+--           write of the run's, see journal/_run.py)
+-- ARGV[9..8+2n] - field, value pairs to set in meta
+-- ARGV[9+2n..8+2n+2r] - step key, record pairs, each written first-writer-wins
+-- ARGV[9+2n+2r..] - meta fields to delete
 -- returns 1 when written, indexed and released,
 --         3 when the named signal had already arrived (nothing written: the caller goes on),
 --         4 when a cancel is pending (nothing written: the caller cancels the run),
@@ -31,12 +36,16 @@ end
 if ARGV[2] ~= '' and redis.call('HEXISTS', KEYS[3], ARGV[2]) == 1 then
   return 3
 end
-local sets = tonumber(ARGV[7])
-if sets > 0 then
-  redis.call('HSET', KEYS[2], unpack(ARGV, 8, 7 + 2 * sets))
+local first_record = 9 + 2 * tonumber(ARGV[7])
+local first_delete = first_record + 2 * tonumber(ARGV[8])
+if first_record > 9 then
+  redis.call('HSET', KEYS[2], unpack(ARGV, 9, first_record - 1))
 end
-if #ARGV > 7 + 2 * sets then
-  redis.call('HDEL', KEYS[2], unpack(ARGV, 8 + 2 * sets))
+for i = first_record, first_delete - 1, 2 do
+  redis.call('HSETNX', KEYS[7], ARGV[i], ARGV[i + 1])
+end
+if #ARGV >= first_delete then
+  redis.call('HDEL', KEYS[2], unpack(ARGV, first_delete))
 end
 if ARGV[6] == '' then
   redis.call('ZREM', KEYS[5], ARGV[4])

@@ -152,7 +152,7 @@ def run_digest(
         run, "select", ITEMS, lambda: select_unseen(runtime, source, owner, claim=not dry_run)
     )
     if not week:
-        run.step("done", lambda: True)
+        run.step("done", lambda: True, repeatable=True)
         return report("nothing-new", 0, calls, held=held_elsewhere(runtime, owner))
 
     # 2. One model call per item (or one Message Batch), each answer its own step: a crash
@@ -173,7 +173,7 @@ def run_digest(
     if config.approval if options.approval is None else options.approval:
         email, refused = await_approval(run, config.approval_timeout, email)
         if refused is not None:
-            run.step("done", lambda: release(runtime, owner, [item.id for item in week]))
+            let_go_at_the_end(run, runtime, owner, [item.id for item in week])
             return report(refused.status, 0, calls, skipped=skipped, reason=refused.reason)
 
     # 4. The side effect, fenced, under an idempotency key derived from the run. A send that
@@ -214,9 +214,18 @@ def remember_sent(
         seen.append(mark_seen(runtime, [item.id for item, _ in kept]))
         return seen[0].count
 
-    run.step("mark-seen", remember)
-    run.step("done", lambda: release(runtime, owner, [entry["id"] for entry in skipped]))
+    run.step("mark-seen", remember, repeatable=True)  # a set union: its record rides the closing
+    let_go_at_the_end(run, runtime, owner, [entry["id"] for entry in skipped])
     return held_elsewhere(runtime, owner, seen[0] if seen else None)
+
+
+def let_go_at_the_end(run: Run, runtime: Runtime, owner: str, ids: list[str]) -> None:
+    """The last step, ``done``: the run lets go of the items it holds and does not send.
+
+    Safe to repeat (only this run's own claims are deleted), so its record goes with the
+    run's closing rather than in a round trip of its own.
+    """
+    run.step("done", lambda: release(runtime, owner, ids), repeatable=True)
 
 
 @dataclass(frozen=True)

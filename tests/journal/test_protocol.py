@@ -406,7 +406,7 @@ def test_a_cancel_is_learnt_at_a_renewal_and_stops_the_next_step(
 
 def close_keys(journal: Journal, keys: RunKeys) -> list[str]:
     index = only_index(journal)
-    return [keys.lease, keys.meta, keys.signals, index.runs, index.due, keys.flight]
+    return [keys.lease, keys.meta, keys.signals, index.runs, index.due, keys.flight, keys.steps]
 
 
 def test_the_close_script_answers_each_of_its_four_codes(journal: Journal, keys: RunKeys) -> None:
@@ -418,7 +418,7 @@ def test_the_close_script_answers_each_of_its_four_codes(journal: Journal, keys:
     ) -> Any:
         return journal.backend.scripts.close(
             keys=close_keys(journal, keys),
-            args=[holder, signal, "", keys.run, 7, due, len(fields) // 2, *fields, *delete],
+            args=[holder, signal, "", keys.run, 7, due, len(fields) // 2, 0, *fields, *delete],
         )
 
     journal.client.hset(keys.signals, "go", b'"payload"')
@@ -448,7 +448,17 @@ def test_a_wait_is_not_saved_over_a_pending_cancel(journal: Journal, keys: RunKe
     def close(unless_cancelled: str, *fields: str) -> Any:
         return journal.backend.scripts.close(
             keys=close_keys(journal, keys),
-            args=[grant.holder, "", unless_cancelled, keys.run, 7, "", len(fields) // 2, *fields],
+            args=[
+                grant.holder,
+                "",
+                unless_cancelled,
+                keys.run,
+                7,
+                "",
+                len(fields) // 2,
+                0,
+                *fields,
+            ],
         )
 
     journal.client.hset(keys.meta, "cancel", "wrong week")

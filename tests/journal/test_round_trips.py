@@ -64,6 +64,21 @@ def test_a_run_of_new_steps_costs_one_round_trip_per_step_plus_two(journal: Jour
     assert [command.split()[0] for command in sent] == ["EVALSHA"] * (STEPS + 2)
 
 
+def test_a_repeatable_step_costs_no_round_trip_of_its_own(journal: Journal) -> None:
+    def body(run: Run) -> int:
+        run.step("a", returning(1))
+        run.step("b", returning(2), repeatable=True)
+        run.step("c", returning(3))
+        run.step("d", returning(4), repeatable=True)
+        return run.step("e", returning(5), repeatable=True)
+
+    sent = round_trips(journal.client, lambda: execute(journal, "wf", "r1", body))
+    # The opening, the records of a and c (b's with c's), the closing (d's and e's with it).
+    assert len(sent) == 4, sent
+    steps_hash = journal.client.hkeys(journal.keys("wf", "r1").steps)
+    assert sorted(steps_hash) == [b"a", b"b", b"c", b"d", b"e"]
+
+
 def test_a_delivery_is_counted_in_the_opening_round_trip(journal: Journal) -> None:
     def deliver() -> None:
         execute(journal, "wf", "r1", steps(STEPS), args={"to": "a@b"}, delivered=True)

@@ -173,9 +173,9 @@ class Schedules(RuleBasedStateMachine):
         worker.phase += 1
 
     def _finish(self, worker: Worker, _: bool) -> None:
-        assert worker.heartbeat is not None
+        assert worker.heartbeat is not None and worker.run is not None
         worker.heartbeat.stop()
-        self.journal.runner._finish(self.keys, worker.holder, "done")
+        self.journal.runner._finish(self.keys, worker.holder, "done", worker.run.unwritten)
         worker.stop()
 
     @rule(w=st.integers(0, WORKERS - 1))
