@@ -57,6 +57,8 @@ CRASH_LINE = b"simulated crash at "
 ARMED_WEEKS = 3
 # How often the loop looks again at something it waits for (a held send, a slow call).
 POLL_S = 0.1
+# How often the operator of a focus with questions looks for runs that failed ambiguous.
+ASK_EVERY_S = 0.25
 # How long a sender is frozen inside its send: past its lease (DIGEST_LEASE_TTL=2) and the
 # SMTP timeout (3 s), so another worker takes the run over meanwhile.
 FREEZE_S = 5.0
@@ -195,6 +197,7 @@ class Campaign:
         self.published: set[str] = set()
         self._slow_titles: set[str] = set()
         self._bursts = itertools.count(1)
+        self._asked: set[str] = set()
         self.timeline: Timeline | None = None
         self.runtime: Runtime | None = None
         self.monitor: Monitor | None = None
@@ -243,6 +246,8 @@ class Campaign:
         return self.timeline
 
     def _play(self) -> None:
+        if self.power.ask_failed_ambiguous:
+            self._later_at(ASK_EVERY_S, "ask about failed ambiguous runs", self._ask_about_failed)
         for event in self.plan:
             self._wait_until(self.started + event.at)
             self._dispatch_event(event)
@@ -805,6 +810,25 @@ class Campaign:
         if verb == "mark-sent" and not self._in_mailbox(run_id):
             verb = "resend"  # the operator checked the mailbox: it did not arrive
         self._command(verb, run_id, aimed=bool(candidates))
+
+    def _ask_about_failed(self) -> None:
+        """Aim the focus's verbs at each run that has failed with its send ambiguous, once."""
+        assert self.runtime is not None and self.monitor is not None
+        if self.quiet:
+            return
+        journal = self.runtime.journal
+        for run_id in self.monitor.run_ids():
+            keys = journal.keys(WORKFLOW, run_id)
+            if run_id in self._asked or journal.effect_states(keys).get("send") != "ambiguous":
+                continue
+            if journal.meta(keys).get("status") != "failed":
+                continue
+            self._asked.add(run_id)
+            for verb in self.power.ask_failed_ambiguous:
+                why = "it failed with its send ambiguous"
+                command = functools.partial(self._command, verb, run_id, True, why)
+                self._background(f"operator {verb}", command)
+        self._later_at(ASK_EVERY_S, "ask about failed ambiguous runs", self._ask_about_failed)
 
     def _command(self, verb: str, run_id: str, aimed: bool, why: str | None = None) -> None:
         """One operator command, logged before and after with what it said."""

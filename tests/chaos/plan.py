@@ -97,6 +97,9 @@ class Power:
             between claim and publish loses its week (found by the campaign; seeds.txt), which
             would hide whether a bug planted in the dispatcher is caught.
         modes: what each start of a worker runs its weeks with, in turn.
+        ask_failed_ambiguous: verbs an operator aims at a run as soon as it has failed with
+            its send ambiguous (its email may be out), besides the drawn ones: such a run is
+            soon taken over by a duplicate delivery, and a drawn command would seldom meet it.
     """
 
     week_seconds: float = 8.0
@@ -110,6 +113,7 @@ class Power:
     env: dict[str, str] = field(default_factory=dict)
     spare_first_dispatch: bool = False
     modes: tuple[dict[str, str], ...] = MODES
+    ask_failed_ambiguous: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -246,15 +250,19 @@ FOCUS = {
     ),
     # The same sends, under a deployment that repeats an ambiguous send under its key instead
     # of waiting (DIGEST_AMBIGUOUS_SEND=resend) and gives up at once: the run fails for good
-    # with its email maybe out, the one case `digest release` is asked about such a run.
+    # with its email maybe out, the one case `digest release` is asked about such a run. Every
+    # week is dispatched on time: a dispatcher that dies or stalls holds its weeks back until
+    # the next one publishes them, and a 45 s run could then see one week send in all.
     "failed-ambiguous": Power(
         weights={"smtp-hold": 3.0, "smtp-drop": 1.0},
         faults_per_minute=20.0,
         operators_per_minute=20.0,
         verbs={"release": 3.0, "retry": 1.0},
+        dispatcher_faults=(None,),
         smtp_phases=("DATA",),
         smtp_hold_seconds=(3.5, 6.0),
         env={"DIGEST_AMBIGUOUS_SEND": "resend", "DIGEST_GIVE_UP_AFTER": "0"},
+        ask_failed_ambiguous=("release",),
     ),
     # Sends held after the marker (ambiguous) while operators cancel the runs sending them
     # (refused: the email may be out); the next weeks must not take and send their items.
