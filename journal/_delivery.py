@@ -205,7 +205,7 @@ class Runner:
             on_step=on_step,
             record_wait=self.settings.record_wait,
             effects_begun=grant.effects,
-            defer_repeatable=True,
+            defer_records=True,
         )
         heartbeat.start()
         return run, heartbeat

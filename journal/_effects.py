@@ -92,6 +92,8 @@ class Effect:
             it, and until then there is none to settle.
         outcome: how this holder settled the claim (``done``, ``released``, ``ambiguous``),
             ``done`` when an earlier holder had, or None while it is open.
+        receipt_stored: the store holds the effect's receipt (this holder's or an earlier
+            one's): a replay of the run can answer from it.
     """
 
     def __init__(
@@ -122,6 +124,7 @@ class Effect:
         self.claim_at_confirm = claim_at_confirm
         self._claim_sent = not claim_at_confirm
         self.outcome: str | None = None
+        self.receipt_stored = False
 
     def claim(self) -> None:
         """Claim the effect, or learn that it happened; wait out an earlier live claimant.
@@ -154,6 +157,7 @@ class Effect:
             if claim.status is EffectClaimed.DONE_EARLIER:
                 self.earlier = codec.loads(claim.receipt)
                 self.outcome = "done"
+                self.receipt_stored = True
                 return
             if claim.status is EffectClaimed.AMBIGUOUS:
                 raise EffectAmbiguous(self._keys.run, self.key, claim.detail)
@@ -269,6 +273,7 @@ class Effect:
         self.outcome = state
         if status is Settled.NOT_THIS_CLAIM:  # a later holder claimed it: this one is stale
             raise self._lost(True, "could be settled")
+        self.receipt_stored = state == "done"
         if status is Settled.SETTLED_WITHOUT_LEASE:
             # A run waiting on this claim (for its deadline, or for a decision) goes on now.
             self._backend.make_due(self._keys, millis(self._clock.now()))

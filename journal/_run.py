@@ -117,7 +117,7 @@ class Run:
         record_wait: RecordWait = NO_WAIT,
         policy: StepPolicy | None = None,
         effects_begun: frozenset[str] | None = None,
-        defer_repeatable: bool = False,
+        defer_records: bool = False,
     ) -> None:
         self.keys = holding.keys
         self.holder = holding.holder
@@ -136,8 +136,9 @@ class Run:
         # The effects that had a claim when the run opened (None: unknown, as in memory); one
         # absent is claimed by its confirmation, a round trip less.
         self._effects_begun = None if effects_begun is None else set(effects_begun)
-        # Records of repeatable steps not written yet: they go with the run's next write.
-        self._defer_repeatable = defer_repeatable
+        # Records that may wait (a repeatable step's, a settled effect's) go with the run's
+        # next write; not where records wait for an fsync or replicas, nor in memory.
+        self._defer_records = defer_records and not record_wait.waits
         self._unwritten: list[tuple[str, bytes]] = []
         self.ran = 0
         self.args: dict[str, Any] = {}
@@ -253,7 +254,9 @@ class Run:
         finally:
             if begun is not None:  # a claim may stand now: another attempt claims first
                 begun.add(key)
-        return self._record(key, result, 1, started, "effect", None)  # type: ignore[no-any-return]
+        # Its receipt stands in the store: a replay answers from it, so the record may wait.
+        deferred = handle.receipt_stored
+        return self._record(key, result, 1, started, "effect", None, deferred=deferred)  # type: ignore[no-any-return]
 
     def map(
         self,
@@ -536,9 +539,8 @@ class Run:
                 self.check_lease,
                 self._wake_by,
             )
-        deferred = repeatable and self._defer_repeatable
         return self._record(  # type: ignore[no-any-return]
-            key, result, attempt, started, kind, group, seq, report, riders, deferred=deferred
+            key, result, attempt, started, kind, group, seq, report, riders, deferred=repeatable
         )
 
     def _record(
@@ -558,8 +560,8 @@ class Run:
         """Record ``key`` (numbered ``seq``, or next), then report it, or hand ``report`` it.
 
         ``riders``: what the step's body sent with its record (``journal._riders``).
-        ``deferred``: the record waits for the run's next write (a repeatable step's), and
-        the step counts as recorded meanwhile; its riders go at once.
+        ``deferred``: the record may wait for the run's next write (a repeatable step's, a
+        settled effect's), the step counting as recorded meanwhile; its riders go at once.
         """
         finished = millis(self.clock.now())
         encoded = records.encode(
@@ -574,7 +576,7 @@ class Run:
             kind=kind,
             group=group,
         )
-        status, found = self._write(key, encoded, riders, deferred)
+        status, found = self._write(key, encoded, riders, deferred and self._defer_records)
         if status is Recorded.RECORDED_CANCEL_PENDING:  # an operator cancelled the run:
             self._guard.cancelled.set()  # no step starts after this one
         if status is Recorded.LEASE_EXPIRED:

@@ -48,7 +48,7 @@ COPIED = ("journal", "tasks", "tests", "data", "pyproject.toml")
 # a fifth of a second and kill a dozen mutants that otherwise waited 17 s for them.
 PROTOCOL_TESTS = (
     "tests/journal/test_control.py",
-    "tests/journal/test_repeatable_steps.py",
+    "tests/journal/test_deferred_records.py",
     "tests/journal/test_holder.py",
     "tests/journal/test_protocol.py",
     "tests/journal/test_sweep.py",
@@ -762,7 +762,7 @@ LUA_TESTS: dict[str, tuple[str, ...]] = {
     "journal/lua/claim_due.lua": ("tests/journal/test_sweep.py",),
     "journal/lua/expect.lua": ("tests/journal/test_sweep.py",),
     "journal/lua/close.lua": (
-        "tests/journal/test_repeatable_steps.py",
+        "tests/journal/test_deferred_records.py",
         "tests/journal/test_retry_resume.py",
         "tests/journal/test_corrupt_fields.py",
         "tests/journal/test_control.py",
@@ -811,7 +811,7 @@ LUA_TESTS: dict[str, tuple[str, ...]] = {
         "tests/journal/test_control.py",
     ),
     "journal/lua/record.lua": (
-        "tests/journal/test_repeatable_steps.py",
+        "tests/journal/test_deferred_records.py",
         "tests/journal/test_round_trips.py",
         "tests/journal/test_retry_resume.py",
         "tests/journal/test_holder.py",

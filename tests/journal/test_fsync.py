@@ -118,6 +118,19 @@ def test_without_the_setting_a_record_is_the_script_alone(valkey: StartValkey) -
     assert sent(packets, b"WAITAOF") == []
 
 
+def test_with_the_setting_no_record_waits_for_a_later_write(valkey: StartValkey) -> None:
+    """A repeatable step's record is fsynced as it is made, like any other."""
+    client, packets = valkey("--appendonly", "yes", "--appendfsync", "everysec")
+    journal = Journal(client, keyspace=Keyspace("j"), settings=Settings(fsync_records=True))
+    warm_up(journal, packets)
+
+    def body(run: Run) -> list[int]:
+        return [run.step("a", lambda: 1, repeatable=True), run.step("b", lambda: 2)]
+
+    execute(journal, "wf", "r1", body)
+    assert record_packets(journal, packets) == [[b"EVALSHA", b"WAITAOF"]] * 2
+
+
 def test_a_fsynced_record_costs_one_round_trip(valkey: StartValkey) -> None:
     client, packets = valkey("--appendonly", "yes", "--appendfsync", "everysec")
     journal = Journal(client, keyspace=Keyspace("j"), settings=Settings(fsync_records=True))
