@@ -185,10 +185,6 @@ def test_a_cold_offline_run_meets_the_target(offline: Counted) -> None:
     assert offline.cold <= COLD_EXTRA, offline.sent
 
 
-def test_a_cold_run_with_the_model_meets_the_target(with_model: Counted) -> None:
-    assert with_model.cold <= COLD_EXTRA + with_model.calls, with_model.sent
-
-
 # A worker's delivery, the warm case: its process made its start-up checks before, and no read
 # comes before the opening (that is the command line's refusal of a corrupt journal). What is
 # left over the journal's opening and closing is the digest's own: the item claims, the send's
