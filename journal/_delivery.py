@@ -254,7 +254,7 @@ class Runner:
             raise self.backend.unavailable(down) from down
         except Exception as error:
             heartbeat.stop()
-            verdict = self._fail(keys, holder, error, created, run)
+            verdict = self._fail(keys, holder, error, created, run.wakes_by, run.unwritten)
             if verdict is not None:
                 raise verdict from error
             raise
@@ -350,12 +350,13 @@ class Runner:
         holder: str,
         error: BaseException,
         created: float,
-        run: Run,
+        wake_by: float | None,
+        records: Sequence[tuple[str, bytes]],
     ) -> JournalError | None:
         """Record a failure; a transient one stays in the due index for the sweep to retry.
 
-        The retry is due no later than ``run.wakes_by`` (``Run.wake_by``), if that is still
-        ahead. The run's unwritten records go with the failure: they are finished steps.
+        The retry is due no later than ``wake_by`` (``Run.wake_by``), if that is still ahead.
+        ``records``, the run's unwritten ones, go with the failure: they are finished steps.
 
         Returns:
             ``RetryScheduled`` or ``GaveUp``, for the caller to raise in the error's place; or
@@ -380,9 +381,7 @@ class Runner:
                 deadline = since + policy.give_up_after
                 fields |= {"failing_since": millis(since), "failures": failures}
                 if now < deadline:
-                    retry_at = woken_by(
-                        min(now + policy.delay(failures), deadline), run.wakes_by, now
-                    )
+                    retry_at = woken_by(min(now + policy.delay(failures), deadline), wake_by, now)
                     fields |= {
                         "status": RunStatus.RETRYING,
                         "retry_at": millis(retry_at),
@@ -393,7 +392,7 @@ class Runner:
                     fields["gave_up_at"] = millis(now)
                     verdict = GaveUp(keys.run, described, failures, since)
             due = None if retry_at is None else millis(retry_at)
-            self._close(keys, holder, Closing(fields, millis(now), due, records=run.unwritten))
+            self._close(keys, holder, Closing(fields, millis(now), due, records=records))
             if retry_at is None:
                 self._ended(keys, "failed", created)
         except (LeaseLost, StoreUnavailable):

@@ -255,8 +255,9 @@ class Run:
             if begun is not None:  # a claim may stand now: another attempt claims first
                 begun.add(key)
         # Its receipt stands in the store: a replay answers from it, so the record may wait.
-        deferred = handle.receipt_stored
-        return self._record(key, result, 1, started, "effect", None, deferred=deferred)  # type: ignore[no-any-return]
+        return self._record(  # type: ignore[no-any-return]
+            key, result, 1, started, "effect", None, deferred=handle.receipt_stored
+        )
 
     def map(
         self,
@@ -438,7 +439,7 @@ class Run:
 
     @property
     def unwritten(self) -> tuple[tuple[str, bytes], ...]:
-        """Records of repeatable steps that wait for the run's next write, which the closing is."""
+        """Records that wait for the run's next write (a repeatable step's, a settled effect's)."""
         return tuple(self._unwritten)
 
     @property

@@ -108,7 +108,7 @@ class StepWrite:
         encoded: the record itself (``journal._schema.records``).
         wait: what the record waits for before the step counts as done.
         riders: writes of other slots the step's body sent, carried with the record.
-        earlier: records of repeatable steps that waited for a write of the run's, as step
+        earlier: records that waited for a write of the run's (``Run.unwritten``), as step
             key, record pairs: written before this one, in its script.
     """
 
@@ -327,7 +327,7 @@ class Closing:
             index.
         unless_signal: a signal whose arrival stops the closing (a run about to wait for it).
         unless_cancelled: a pending cancel stops the closing.
-        records: records of repeatable steps that waited for a write of the run's, as step
+        records: records that waited for a write of the run's (``Run.unwritten``), as step
             key, record pairs: written with the status, or not at all.
     """
 

@@ -1,5 +1,6 @@
--- End a holder's turn on a run: write its status (and the records of repeatable steps that
--- waited for a write), index it and give the lease back, fenced, in one round trip; optionally not when a signal arrived or a cancel is pending.
+-- End a holder's turn on a run: write its status (and the step records that waited for a
+-- write), index it and give the lease back, fenced, in one round trip; optionally not when a
+-- signal arrived or a cancel is pending.
 -- KEYS[1] - the run's lease key
 -- KEYS[2] - the run's meta hash
 -- KEYS[3] - the run's signals hash
@@ -14,8 +15,8 @@
 -- ARGV[5] - now, in milliseconds: the run's score in the runs index
 -- ARGV[6] - when the run is due again, in milliseconds; "" to take it out of the due index
 -- ARGV[7] - how many meta fields to set, n
--- ARGV[8] - how many step records to write, r (repeatable steps whose records waited for a
---           write of the run's, see journal/_run.py)
+-- ARGV[8] - how many step records to write, r (records that waited for a write of the run's:
+--           a repeatable step's, a settled effect's; Run.unwritten in journal/_run.py)
 -- ARGV[9..8+2n] - field, value pairs to set in meta
 -- ARGV[9+2n..8+2n+2r] - step key, record pairs, each written first-writer-wins
 -- ARGV[9+2n+2r..] - meta fields to delete

@@ -5,8 +5,8 @@
 -- ARGV[1] - the holder, "<fence>:<token>"
 -- ARGV[2] - the step key (hash field)
 -- ARGV[3] - the step record, JSON
--- ARGV[4..] - earlier steps' records that waited for this write (repeatable steps, see
---             journal/_run.py): step key, record pairs, each written first-writer-wins before it
+-- ARGV[4..] - earlier steps' records that waited for this write (a repeatable step's, a settled
+--             effect's: Run.unwritten): step key, record pairs, each first-writer-wins, before it
 -- returns 1 when recorded (a bare integer: the common reply is the cheapest to parse),
 --         3 when recorded and a cancel of the run is pending (the run stops before its next step),
 --         {2, existing_record} when the step was already recorded (the caller adopts it),
